@@ -1,0 +1,167 @@
+# %% [markdown]
+# # The Annotated Transformer, as a book
+#
+# In 2017 a short paper, *Attention Is All You Need* {cite}`vaswani2017attention`, replaced the
+# recurrent networks that machine translation had been built on with a model made almost
+# entirely of attention. That model, the Transformer, is now the shape of nearly every large
+# language, speech and vision model. This book rebuilds it from an empty file, in PyTorch
+# {cite}`paszke2019pytorch`, one section of the paper at a time, and checks every piece as it
+# goes.
+#
+# The book follows the tradition of *The Annotated Transformer* {cite}`rush2018annotated`,
+# later revised by {cite:t}`huang2022annotated`: the paper's argument and a working
+# implementation side by side. It is written anew: the text and the code are our own, the code
+# runs on today's PyTorch, the numbers in the text were measured by the cells that print them,
+# and a test suite checks both the code and the chapters.
+
+# %% tags=["setup", "hide-cell"]
+# Setup (hidden in the book). In Google Colab, install the book's package: it brings the
+# module the chapters import from and the libraries they use, and leaves Colab's torch alone.
+# Everywhere else, `make book` has already built an environment with all of it.
+import sys
+
+if "google.colab" in sys.modules:
+    import subprocess
+
+    REPO = "https://github.com/annotated-transformer/annotated-transformer-book"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", f"the-annotated-transformer[book] @ git+{REPO}"],
+        check=True,
+    )
+
+# %% [markdown]
+# ## What the book covers
+#
+# The chapters follow the paper.
+#
+# * **Part I, the model** (the paper's sections 1 to 4): the encoder and decoder stacks,
+#   scaled dot-product and multi-head attention, the feed-forward layers, embeddings and
+#   positional encodings, the assembled model, and why self-attention beats recurrence and
+#   convolution on the measures that matter for long sequences.
+# * **Part II, training** (section 5): batches and masks, the training loop, batching by token
+#   count, the learning-rate schedule and optimizer, dropout and label smoothing, and two small
+#   tasks (copying and sorting) that a CPU learns in minutes.
+# * **Part III, a real-world example**: German-to-English translation on Multi30k
+#   {cite}`elliott2016multi30k`, on a CPU or on one or many GPUs, scored with sacreBLEU
+#   {cite}`post2018call`.
+# * **Part IV, beyond the paper**: what the trained model attends to, and more.
+#
+# The whole model fits in one equation per idea. The one the paper is named after is
+# scaled dot-product attention: queries $Q$ are compared with keys $K$, and the scores weigh
+# the values $V$,
+#
+# $$
+# \mathrm{Attention}(Q, K, V) = \mathrm{softmax}\!\left(\frac{Q K^\top}{\sqrt{d_k}}\right) V .
+# $$
+#
+# Chapter 3 takes it apart term by term.
+
+# %% [markdown]
+# ## How to read it
+#
+# Each chapter is a Jupyter notebook. Read it here, with its outputs as they came out when we
+# ran it, or run it yourself:
+#
+# * **In Colab.** The rocket button at the top of each page opens the chapter in Google Colab.
+#   Its first cell (hidden here, under "Show code cell source") installs this book's package and
+#   imports what earlier chapters built, so any chapter runs on its own.
+# * **On your machine.** Clone the repository and type `make book` to build this book into
+#   `_build/html`, or `make test` to run every chapter and every test. Both set up a Python
+#   environment in `.venv` first. A CPU is enough for Parts I and II.
+#
+# Every definition the book makes is written once, in the chapter that explains it, in a cell
+# tagged `export`. `make sync` collects those cells, in reading order, into a single module,
+# `the_annotated_transformer.py`, which later chapters and the tests import by name:
+#
+# ```python
+# from the_annotated_transformer import make_model, subsequent_mask
+# ```
+#
+# A test fails when the module no longer matches the chapters, so the code you read is the
+# code that runs.
+
+# %% [markdown]
+# ## Charts that draw offline
+#
+# The book draws its charts with altair, which describes a chart as a Vega-Lite specification
+# and leaves the drawing to JavaScript in the browser. Altair's own renderers fetch that
+# JavaScript from a CDN; this book serves Vega, Vega-Lite and vega-embed itself, so a chart
+# needs only a container and a call to `vegaEmbed`. This is the first export cell of the book:
+
+# %% tags=["export"]
+import json
+import sys
+import uuid
+
+
+def book_chart_html(spec: dict, **metadata) -> dict[str, str]:
+    """HTML for one chart: a container and a call to the vegaEmbed that the book page loads."""
+    chart_id = f"vega-chart-{uuid.uuid4().hex}"
+    spec_json = json.dumps(spec, sort_keys=True).replace("</", "<\\/")  # never end the script
+    script = (
+        "(function () {\n"
+        f'  var el = document.getElementById("{chart_id}");\n'
+        '  if (typeof vegaEmbed === "undefined") {\n'
+        '    el.textContent = "This chart is drawn by the built book; in Jupyter, run '
+        "alt.renderers.enable('default') and re-run the cell.\";\n"
+        "    return;\n"
+        "  }\n"
+        f'  vegaEmbed(el, {spec_json}, {{"actions": false}});\n'
+        "})();"
+    )
+    return {"text/html": f'<div id="{chart_id}" class="book-chart"></div>\n<script>\n{script}\n</script>'}
+
+
+def enable_book_charts() -> None:
+    """Render altair charts with the book's local Vega files (Colab keeps altair's renderer)."""
+    import altair as alt
+
+    if "google.colab" in sys.modules:
+        return
+    alt.renderers.register("book", book_chart_html)
+    alt.renderers.enable("book")
+
+
+# %% [markdown]
+# Every chapter's setup cell calls `enable_book_charts()`. Here is a first chart: the BLEU
+# scores that the paper reports for English-to-German translation on newstest2014 (its Table 2),
+# the Transformer next to the best models of the time.
+
+# %%
+import altair as alt
+
+enable_book_charts()
+
+table_2 = [  # single models, English-to-German, newstest2014 (Vaswani et al., 2017, Table 2)
+    {"model": "ByteNet", "BLEU": 23.75, "kind": "earlier models"},
+    {"model": "GNMT + RL", "BLEU": 24.6, "kind": "earlier models"},
+    {"model": "ConvS2S", "BLEU": 25.16, "kind": "earlier models"},
+    {"model": "MoE", "BLEU": 26.03, "kind": "earlier models"},
+    {"model": "Transformer (base)", "BLEU": 27.3, "kind": "Transformer"},
+    {"model": "Transformer (big)", "BLEU": 28.4, "kind": "Transformer"},
+]
+alt.Chart(alt.Data(values=table_2)).mark_bar().encode(
+    x=alt.X("BLEU:Q", scale=alt.Scale(domain=[20, 30], clamp=True), title="BLEU (EN-DE)"),
+    y=alt.Y("model:N", sort=None, title=None),
+    color=alt.Color("kind:N", title=None),
+    tooltip=["model:N", "BLEU:Q"],
+).properties(width=420, height=180, title="English-to-German BLEU, newstest2014")
+
+# %% [markdown]
+# The models behind the other bars are ByteNet {cite}`kalchbrenner2016neural`, Google's neural
+# translation system {cite}`wu2016google`, convolutional sequence-to-sequence learning
+# {cite}`gehring2017convolutional` and a mixture of experts {cite}`shazeer2017outrageously`.
+# The base Transformer beat them all after twelve hours on eight GPUs; in Part III we train a
+# smaller one on a smaller task and measure what it reaches.
+#
+# ## Credits
+#
+# The model and every idea in Parts I and II are from {cite:t}`vaswani2017attention`. The idea
+# of annotating the paper with running code is Alexander Rush's {cite}`rush2018annotated`; the
+# 2022 revision {cite}`huang2022annotated` brought it up to date with the PyTorch of its day. The
+# copy and sort tasks and the picture of the Transformer as a graph come from the Deep Graph
+# Library's tutorial {cite}`wang2019dgl`. Where this book departs from the classic version, to
+# fix a bug or to follow current practice, a note says so and why.
+#
+# The next chapter starts where the paper starts: with the problem the Transformer was built to
+# solve.

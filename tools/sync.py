@@ -1,0 +1,126 @@
+"""Assemble the_annotated_transformer.py from the chapters and refresh their jupytext twins.
+
+The chapters are the source. `make sync` reads the notebooks in `_toc.yml` order, copies every
+cell tagged `export` into the module (a jupytext py:percent file, one block per chapter), writes
+the repository URL from `_config.yml` into each setup cell, and rewrites each chapter's text twin
+in `book/twins/`. `python tools/sync.py --check` changes nothing and fails when any of those
+files is out of date; the tests run it.
+"""
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+import jupytext
+import nbformat
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+MODULE = ROOT / "the_annotated_transformer.py"
+TWINS = "twins"
+TWIN_FORMAT = "py:percent"
+PAIRING = f"ipynb,{TWINS}//{TWIN_FORMAT}"
+REPO_LINE = re.compile(r'^(\s*)REPO = ".*"$', re.MULTILINE)
+
+HEADER = '''\
+# %% [markdown]
+# # the_annotated_transformer
+#
+# GENERATED FILE: do not edit. `make sync` writes it from the cells tagged `export` in the
+# book's chapters, in the order of `_toc.yml`; each block below names its chapter. To change a
+# definition, edit the chapter that explains it, then run `make sync`.
+
+# %%
+"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), as built in the book."""
+'''
+
+
+def toc_files() -> list[str]:
+    """Every page of the book in reading order, as `_toc.yml` lists them (without suffix)."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    files = [toc["root"]]
+    for part in toc.get("parts", []):
+        files += [entry["file"] for entry in part["chapters"]]
+    return files
+
+
+def chapters() -> list[Path]:
+    """The chapter notebooks in reading order (pages written in Markdown are not chapters)."""
+    return [ROOT / f"{name}.ipynb" for name in toc_files() if not (ROOT / f"{name}.md").exists()]
+
+
+def repository_url() -> str:
+    """The repository named in `_config.yml`, used by setup cells and launch buttons."""
+    return yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
+
+
+def tags(cell: nbformat.NotebookNode) -> list[str]:
+    return cell.get("metadata", {}).get("tags", [])
+
+
+def module_text(notebooks: dict[Path, nbformat.NotebookNode]) -> str:
+    """The module: the header, then each chapter's export cells under the chapter's name."""
+    blocks = [HEADER]
+    for path, nb in notebooks.items():
+        cells = [c.source.strip() for c in nb.cells if "export" in tags(c)]
+        if not cells:
+            continue
+        title = path.relative_to(ROOT).as_posix()
+        blocks.append(f"# %% [markdown]\n# ## From {title}\n")
+        blocks += [f"# %%\n{source}\n" for source in cells]
+    return "\n\n".join(blocks)
+
+
+def refreshed(nb: nbformat.NotebookNode, url: str) -> nbformat.NotebookNode:
+    """The notebook with its setup cell pointing at `url` and its jupytext pairing set."""
+    for cell in nb.cells:
+        if "setup" in tags(cell):
+            cell.source = REPO_LINE.sub(lambda m: f'{m.group(1)}REPO = "{url}"', cell.source)
+    nb.metadata.setdefault("jupytext", {})["formats"] = PAIRING
+    return nb
+
+
+def twin_path(path: Path) -> Path:
+    return path.parent / TWINS / f"{path.stem}.py"
+
+
+def twin_text(nb: nbformat.NotebookNode) -> str:
+    return jupytext.writes(nb, fmt=TWIN_FORMAT)
+
+
+def expected_files() -> dict[Path, str]:
+    """Every file that sync owns, with the text it should have."""
+    url = repository_url()
+    missing = [p.name for p in chapters() if not p.exists()]
+    if missing:  # a chapter being written; tests/test_structure.py fails on it
+        print("skipping chapters that do not exist yet: " + ", ".join(missing), file=sys.stderr)
+    notebooks = {
+        p: refreshed(nbformat.read(p, as_version=4), url) for p in chapters() if p.exists()
+    }
+    files = {MODULE: module_text(notebooks)}
+    for path, nb in notebooks.items():
+        files[path] = nbformat.writes(nb) + "\n"
+        files[twin_path(path)] = twin_text(nb)
+    return files
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="fail if any file is out of date")
+    args = parser.parse_args()
+    stale = []
+    for path, text in expected_files().items():
+        if path.exists() and path.read_text() == text:
+            continue
+        stale.append(path.relative_to(ROOT).as_posix())
+        if not args.check:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+    if args.check and stale:
+        sys.exit("out of date (run `make sync`): " + ", ".join(stale))
+    print("updated: " + ", ".join(stale) if stale else "everything in sync")
+
+
+if __name__ == "__main__":
+    main()
