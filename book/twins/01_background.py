@@ -1,0 +1,175 @@
+# %% [markdown]
+# # Background: from recurrence to attention
+#
+# Before 2017, a neural translation system read a sentence one word at a time. This chapter
+# follows the first two sections of {cite:t}`vaswani2017attention`: what that way of reading
+# cost, what convolutional models did about it, and the idea the Transformer kept when it
+# threw the rest away.
+
+# %% tags=["setup", "hide-cell"]
+# Setup (hidden in the book): in Colab, install the book's package; everywhere, import what
+# earlier chapters built.
+import sys
+
+if "google.colab" in sys.modules:
+    import subprocess
+
+    REPO = "https://github.com/annotated-transformer/annotated-transformer-book"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", f"the-annotated-transformer[book] @ git+{REPO}"],
+        check=True,
+    )
+
+from the_annotated_transformer import enable_book_charts
+
+enable_book_charts()
+
+# %% [markdown]
+# ## Sequence transduction
+#
+# Translation is a *transduction* problem: a sequence of symbols goes in (a German sentence)
+# and another comes out (its English translation), and the two need not have the same length.
+# The models that led the field in 2017 split the work in two. An **encoder** reads the source
+# sentence $(x_1, \dots, x_n)$ and turns it into a sequence of vectors; a **decoder** writes the
+# target $(y_1, \dots, y_m)$ one symbol at a time, each step looking at the encoder's vectors
+# and at what it has written so far {cite}`sutskever2014sequence`. The Transformer keeps this
+# split; what it changes is what happens inside the encoder and the decoder.
+#
+# ## Recurrence: one position after another
+#
+# A recurrent network, such as the long short-term memory (LSTM) of
+# {cite:t}`hochreiter1997long`, reads a sequence by updating a hidden state,
+#
+# $$
+# h_t = f(h_{t-1}, x_t),
+# $$
+#
+# so the state at position $t$ summarises everything up to $t$. That makes recurrence a natural
+# fit for language, and it is what made sequence-to-sequence translation work
+# {cite}`sutskever2014sequence`. It also has two costs.
+#
+# * **No parallelism within a sequence.** $h_t$ cannot be computed before $h_{t-1}$. A GPU can
+#   run many sentences side by side, but inside one sentence of $n$ words there are $n$ steps
+#   that must happen in order. Long sentences also mean fewer of them fit in memory at once, so
+#   the batch, the only place left to find parallel work, shrinks exactly when it is needed.
+# * **Long paths between words.** For the representation of word $t$ to depend on word $t-d$,
+#   the information has to survive $d$ applications of $f$. The gating of the LSTM helps, but
+#   every step is a chance to blur or lose it, and the gradient that teaches the dependency has
+#   to travel the same $d$ steps back.
+#
+# Work on factorised layers and conditional computation {cite}`shazeer2017outrageously` had made
+# each step cheaper, but the sequence of steps remained.
+#
+# ## Attention: a shortcut for the decoder
+#
+# {cite:t}`bahdanau2015neural` gave the decoder a way around the second cost. Instead of
+# squeezing the whole source sentence into one final state, the decoder computes, at every
+# output step, a weighted average of *all* the encoder's states, with weights that say how
+# relevant each source word is right now. The decoder is then one step away from every source
+# word, whatever its position. {cite:t}`luong2015effective` simplified the scoring. But in these
+# systems attention sat *on top of* recurrent networks: the encoder and the decoder still
+# marched through their sequences one position at a time.
+#
+# ## Convolution: parallel, but with distance still costing
+#
+# Convolutional models attacked the first cost. A convolution computes the representation of
+# every position from a small window of neighbours, for all positions at once, so a layer has no
+# sequential steps at all. ByteNet {cite}`kalchbrenner2016neural` and ConvS2S
+# {cite}`gehring2017convolutional` built translation systems this way.
+#
+# The price moves to the second cost. A layer of kernel width $k$ only sees $k$ neighbours, so
+# two words $d$ positions apart are related only after enough layers have been stacked for their
+# windows to overlap. ConvS2S stacks ordinary convolutions: each layer widens the view by $k-1$
+# positions, and the number of layers needed grows **linearly** with $d$, as about
+# $d/(k-1)$. ByteNet uses *dilated* convolutions, whose gaps double from layer to layer, so the
+# view doubles too and the number of layers grows **logarithmically**, as about $\log_2 d$.
+#
+# The cell below counts, for each kind of model, how many steps (recurrent updates or stacked
+# layers) connect two positions $d$ apart, with kernel width $k = 3$ for both convolutional
+# models. These are idealised counts for one direction of reading, not measurements; chapter 6
+# puts numbers on the same comparison.
+
+# %%
+import math
+
+import altair as alt
+
+
+def recurrent_steps(d: int) -> int:
+    """Recurrent updates between positions d apart: one per position."""
+    return d
+
+
+def convolution_layers(d: int, k: int = 3) -> int:
+    """Stacked layers of width k until a window spans distance d (ConvS2S-like)."""
+    return math.ceil(d / (k - 1))
+
+
+def dilated_convolution_layers(d: int, k: int = 3) -> int:
+    """Layers of width k, dilations 1, 2, 4, ..., until the window spans d (ByteNet-like)."""
+    layers, reach = 0, 0
+    while reach < d:
+        reach += (k - 1) * 2**layers
+        layers += 1
+    return layers
+
+
+distances = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+rows = []
+for d in distances:
+    rows += [
+        {"distance": d, "model": "recurrent (LSTM)", "steps": recurrent_steps(d)},
+        {"distance": d, "model": "convolution, k=3 (ConvS2S)", "steps": convolution_layers(d)},
+        {"distance": d, "model": "dilated convolution, k=3 (ByteNet)",
+         "steps": dilated_convolution_layers(d)},
+        {"distance": d, "model": "self-attention (Transformer)", "steps": 1},
+    ]
+
+for d in (16, 1024):
+    counts = {r["model"]: r["steps"] for r in rows if r["distance"] == d}
+    print(f"distance {d:4d}: " + ", ".join(f"{m} {s}" for m, s in counts.items()))
+
+# %%
+alt.Chart(alt.Data(values=rows)).mark_line(point=True).encode(
+    x=alt.X("distance:Q", scale=alt.Scale(type="log", base=2), title="distance d (positions)"),
+    y=alt.Y("steps:Q", scale=alt.Scale(type="log", base=2),
+            title="steps to relate the two positions"),
+    color=alt.Color("model:N", title=None, sort=None),
+    tooltip=["model:N", "distance:Q", "steps:Q"],
+).properties(width=480, height=280, title="How far apart can two words be?")
+
+# %% [markdown]
+# On these log-log axes the recurrent line climbs with slope one, the ConvS2S-like stack runs
+# parallel to it at half the height, the dilated stack grows by one layer each time the distance
+# doubles, and self-attention stays flat at one step. The shorter the path between two words,
+# the easier it is for a network to learn a dependency between them; the paper uses exactly this
+# argument in its section 4, which we return to in chapter 6.
+#
+# ## Self-attention
+#
+# *Self-attention* (or intra-attention) applies attention inside a single sequence: every
+# position builds its new representation as a weighted average over all positions of the same
+# sequence, the weights again computed from the content. Before the Transformer it had been used
+# as a component, next to recurrent networks, in reading comprehension
+# {cite}`cheng2016long`, natural language inference {cite}`parikh2016decomposable` and sentence
+# embeddings {cite}`lin2017structured`. End-to-end memory networks
+# {cite}`sukhbaatar2015end` had also shown that attention repeated over several "hops", without
+# a recurrence over the sequence, could answer simple questions.
+#
+# A self-attention layer relates every pair of positions in one step, and it does so for all
+# positions at once, with matrix products that a GPU runs in parallel. Its one drawback is the
+# averaging: a weighted average of many positions is blurrier than any one of them. The
+# Transformer answers this with *multi-head* attention, several attentions side by side, each
+# free to look at different positions (chapter 3).
+#
+# ## The Transformer
+#
+# {cite:t}`vaswani2017attention` took the step nobody had taken: a transduction model whose
+# encoder and decoder compute their representations with self-attention alone, and no recurrence
+# or convolution at all. Order, which recurrence gave for free, comes back through positional
+# encodings added to the inputs (chapter 4). The result trained in a fraction of the time of the
+# models before it and translated better (the chart in the introduction).
+#
+# You now have the problem the Transformer solves and the shape of its answer: keep the
+# encoder-decoder split, replace recurrence by attention everywhere. The next chapter builds the
+# skeleton that holds it, the encoder and decoder stacks.

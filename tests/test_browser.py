@@ -1,0 +1,120 @@
+"""The built book in a real browser, offline: pages load cleanly, charts draw, math typesets.
+
+Runs after `make book` (make test builds first). Chromium is Debian's (tools/ensure_chromium.sh);
+every request that leaves the local test server is blocked and counted as a failure.
+"""
+
+import functools
+import http.server
+import re
+import shutil
+import threading
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HTML = ROOT / "_build" / "html"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def built_pages() -> list[str]:
+    """The book's own pages (one per _toc.yml entry), relative to _build/html."""
+    import yaml
+
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    files = [toc["root"]] + [c["file"] for part in toc["parts"] for c in part["chapters"]]
+    return [f"{name}.html" for name in files]
+
+
+@pytest.fixture(scope="module")
+def server():
+    if not (HTML / "index.html").exists():
+        pytest.fail("the book is not built: run `make book` first")
+    handler = functools.partial(_QuietHandler, directory=str(HTML))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 - the base class's name
+        pass
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    executable = shutil.which("chromium")
+    if executable is None:
+        pytest.fail("Chromium is missing: run tools/ensure_chromium.sh")
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+def test_no_built_page_references_an_external_script():
+    external = re.compile(r'<script[^>]*\bsrc="(https?:)?//', re.IGNORECASE)
+    offenders = [
+        str(p.relative_to(HTML)) for p in HTML.rglob("*.html") if external.search(p.read_text())
+    ]
+    assert offenders == []
+
+
+@pytest.mark.parametrize("page_path", built_pages())
+def test_page_renders_offline_with_charts_and_math(server, browser, page_path):
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    errors, outside = [], []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+
+    def only_local(route):
+        if urlparse(route.request.url).netloc == urlparse(server).netloc:
+            route.continue_()
+        else:
+            outside.append(route.request.url)
+            route.abort()
+
+    page.route("**/*", only_local)
+    page.goto(f"{server}/{page_path}", wait_until="load")
+
+    charts = page.locator("div.book-chart").count()
+    if charts:  # vega-embed marks each container it has drawn into and adds an svg or canvas
+        page.wait_for_function(
+            """n => [...document.querySelectorAll('div.book-chart')].filter(el => {
+                   const g = el.querySelector('svg, canvas');
+                   return g && g.getBoundingClientRect().width > 0
+                          && g.getBoundingClientRect().height > 0;
+               }).length === n""",
+            arg=charts,
+            timeout=30_000,
+        )
+    maths = page.locator(".math").count()
+    if maths:
+        page.wait_for_function(
+            "n => document.querySelectorAll('mjx-container').length >= n", arg=maths,
+            timeout=30_000,
+        )
+        assert page.locator("mjx-merror").count() == 0, "MathJax could not typeset some math"
+    if page_path == "book/intro.html":  # the front page shows both, by design
+        assert charts >= 1 and maths >= 1
+
+    screenshots = ROOT / "_build" / "screenshots"
+    screenshots.mkdir(exist_ok=True)
+    page.screenshot(full_page=True, path=str(screenshots / page_path.replace("/", "_").replace(".html", ".png")))
+    context.close()
+    assert outside == [], f"requests that left the machine: {outside}"
+    assert errors == [], f"console errors: {errors}"

@@ -1,0 +1,120 @@
+"""The book's structure: the table of contents, the chapters' setup cells, the generated module."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+from sync import chapters, toc_files  # noqa: E402
+
+HEAVY = ["altair", "pandas", "spacy", "sacrebleu", "sentencepiece", "pynvml", "matplotlib"]
+
+
+def tags(cell) -> list[str]:
+    return cell.get("metadata", {}).get("tags", [])
+
+
+def exported_names(nb) -> set[str]:
+    """Top-level names that a chapter's export cells define."""
+    names = set()
+    for cell in nb.cells:
+        if "export" not in tags(cell):
+            continue
+        for node in ast.parse(cell.source).body:
+            if isinstance(node, ast.FunctionDef | ast.ClassDef):
+                names.add(node.name)
+            elif isinstance(node, ast.Assign):
+                names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                names.add(node.target.id)
+    return names
+
+
+def imported_from_module(cell) -> list[str]:
+    tree = ast.parse(cell.source)
+    return [
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module == "the_annotated_transformer"
+        for alias in node.names
+    ]
+
+
+def test_every_file_in_the_table_of_contents_exists():
+    missing = [
+        name for name in toc_files()
+        if not (ROOT / f"{name}.ipynb").exists() and not (ROOT / f"{name}.md").exists()
+    ]
+    assert missing == []
+
+
+@pytest.mark.parametrize("path", chapters(), ids=lambda p: p.stem)
+def test_chapter_starts_with_a_hidden_setup_cell_that_imports_only_earlier_exports(path):
+    nb = nbformat.read(path, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    setup = code[0]
+    assert "setup" in tags(setup) and "hide-cell" in tags(setup), "first code cell is not setup"
+    assert [c for c in code[1:] if "setup" in tags(c)] == [], "more than one setup cell"
+    assert 'REPO = "' in setup.source and "google.colab" in setup.source
+
+    earlier = set()
+    for other in chapters():
+        if other == path:
+            break
+        earlier |= exported_names(nbformat.read(other, as_version=4))
+    not_earlier = sorted(set(imported_from_module(setup)) - earlier)
+    assert not_earlier == [], f"imports names no earlier chapter exports: {not_earlier}"
+    later = [c for c in code[1:] if imported_from_module(c)]
+    assert later == [], "only the setup cell imports from the_annotated_transformer"
+
+
+@pytest.mark.parametrize("path", chapters(), ids=lambda p: p.stem)
+def test_chapter_is_executed_with_outputs_stored(path):
+    nb = nbformat.read(path, as_version=4)
+    runnable = [c for c in nb.cells if c.cell_type == "code" and "export" not in tags(c)]
+    if runnable[1:]:  # beyond the setup cell
+        assert any(c.outputs for c in runnable), "no outputs stored: run tools/run_chapter.py"
+    errors = [o for c in runnable for o in c.outputs if o.output_type == "error"]
+    assert errors == []
+
+
+def test_each_name_is_defined_in_exactly_one_chapter():
+    seen: dict[str, str] = {}
+    clashes = []
+    for path in chapters():
+        for name in exported_names(nbformat.read(path, as_version=4)):
+            if name in seen:
+                clashes.append(f"{name}: {seen[name]} and {path.name}")
+            seen[name] = path.name
+    assert clashes == []
+
+
+def test_module_holds_only_definitions():
+    """Export cells define things; examples, prints and training stay in the chapters."""
+    tree = ast.parse((ROOT / "the_annotated_transformer.py").read_text())
+    allowed = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef, ast.Assign,
+               ast.AnnAssign)
+    statements = [
+        f"line {node.lineno}: {ast.unparse(node)[:60]}"
+        for node in tree.body
+        if not isinstance(node, allowed)
+        and not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))
+    ]
+    assert statements == []
+
+
+def test_module_imports_quietly_without_heavy_libraries():
+    probe = (
+        "import sys, the_annotated_transformer\n"
+        f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert result.stdout.strip() == "[]", "importing the module printed or loaded heavy modules"
+    assert result.stderr == ""
