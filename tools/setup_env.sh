@@ -1,13 +1,21 @@
 #!/usr/bin/env bash
 # Create .venv with everything the book and its tests need; safe to run again.
-# torch: keep a torch that is already in the venv; otherwise prefer the CPU build 2.13.0
-# that this kind of machine has on disk, and fall back to whatever fits requirements.txt.
+# torch: keep a torch that is already there (in the venv, or in the Python that makes it);
+# otherwise prefer the CPU build 2.13.0 that this kind of machine has on disk, and fall back
+# to whatever fits requirements.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
 
-[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+if [ ! -x "$VENV/bin/python" ]; then
+    # A machine that already has torch (Colab, a GPU box) keeps it: the venv sees it.
+    if "$PYTHON" -c "import torch" 2>/dev/null; then
+        "$PYTHON" -m venv --system-site-packages "$VENV"
+    else
+        "$PYTHON" -m venv "$VENV"
+    fi
+fi
 py="$VENV/bin/python"
 "$py" -m pip install -q --upgrade pip
 
