@@ -114,7 +114,8 @@ def test_page_renders_offline_with_charts_and_math(server, browser, page_path):
 
     screenshots = ROOT / "_build" / "screenshots"
     screenshots.mkdir(exist_ok=True)
-    page.screenshot(full_page=True, path=str(screenshots / page_path.replace("/", "_").replace(".html", ".png")))
+    shot = screenshots / page_path.replace("/", "_").replace(".html", ".png")
+    page.screenshot(full_page=True, path=str(shot))
     context.close()
     assert outside == [], f"requests that left the machine: {outside}"
     assert errors == [], f"console errors: {errors}"

@@ -28,7 +28,9 @@ def from_twin(path: Path) -> nbformat.NotebookNode:
         old = nbformat.read(path, as_version=4)
         nb.metadata = old.metadata
     nb.metadata.setdefault("jupytext", {})["formats"] = PAIRING
-    nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
+    nb.metadata["kernelspec"] = {
+        "display_name": "Python 3", "language": "python", "name": "python3"
+    }
     return nb
 
 
@@ -37,13 +39,7 @@ def execute(path: Path, nb: nbformat.NotebookNode) -> None:
     client = NotebookClient(
         nb, timeout=1800, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
     )
-    client.execute()
-    for cell in nb.cells:  # drop execution counts so that re-running gives small diffs
-        if cell.cell_type == "code":
-            cell.execution_count = None
-            for output in cell.outputs:
-                if output.output_type == "execute_result":
-                    output.execution_count = None
+    client.execute()  # numbers the cells 1, 2, ... in order, as nbval expects
     nbformat.write(nb, path)
 
 

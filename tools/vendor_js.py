@@ -1,8 +1,9 @@
 """Fetch the JavaScript the built book needs (Vega, Vega-Lite, vega-embed, MathJax) from npm.
 
 The book must draw charts and typeset math with no network, so these libraries are served from
-`_vendor/` (copied to `_static/` in the built book) instead of a CDN. Versions are pinned (Vega-Lite matches altair's schema) and
-each tarball is checked against the integrity hash npm published for it.
+`_vendor/` (copied to `_static/` in the built book) instead of a CDN. Versions are pinned
+(Vega-Lite matches altair's schema) and each tarball is checked against the integrity hash npm
+published for it.
 """
 
 import base64
