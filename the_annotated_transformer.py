@@ -34,7 +34,8 @@ def book_chart_html(spec: dict, **metadata) -> dict[str, str]:
         f'  vegaEmbed(el, {spec_json}, {{"actions": false}});\n'
         "})();"
     )
-    return {"text/html": f'<div id="{chart_id}" class="book-chart"></div>\n<script>\n{script}\n</script>'}
+    container = f'<div id="{chart_id}" class="book-chart"></div>'
+    return {"text/html": f"{container}\n<script>\n{script}\n</script>"}
 
 
 def enable_book_charts() -> None:
@@ -45,3 +46,977 @@ def enable_book_charts() -> None:
         return
     alt.renderers.register("book", book_chart_html)
     alt.renderers.enable("book")
+
+
+# %% [markdown]
+# ## From book/02_encoder_decoder.ipynb
+
+
+# %%
+import copy
+
+import torch
+from torch import nn
+
+
+class EncoderDecoder(nn.Module):
+    """The Transformer's outer shape: encode the source once, decode the target against it."""
+
+    def __init__(
+        self,
+        encoder: nn.Module,
+        decoder: nn.Module,
+        src_embed: nn.Module,
+        tgt_embed: nn.Module,
+        generator: nn.Module,
+    ) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.decoder = decoder
+        self.src_embed = src_embed
+        self.tgt_embed = tgt_embed
+        self.generator = generator
+
+    def forward(
+        self, src: torch.Tensor, tgt: torch.Tensor, src_mask: torch.Tensor, tgt_mask: torch.Tensor
+    ) -> torch.Tensor:
+        """Decoder output (batch, n_tgt, d_model); `self.generator` turns it into log-probs."""
+        return self.decode(self.encode(src, src_mask), src_mask, tgt, tgt_mask)
+
+    def encode(self, src: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
+        """Memory (batch, n_src, d_model) from source token ids (batch, n_src)."""
+        return self.encoder(self.src_embed(src), src_mask)
+
+    def decode(
+        self,
+        memory: torch.Tensor,
+        src_mask: torch.Tensor,
+        tgt: torch.Tensor,
+        tgt_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """Decoder output (batch, n_tgt, d_model) for target ids (batch, n_tgt) given memory."""
+        return self.decoder(self.tgt_embed(tgt), memory, src_mask, tgt_mask)
+
+
+class Generator(nn.Module):
+    """The last step: a linear map to the vocabulary, then log-softmax over it."""
+
+    def __init__(self, d_model: int, vocab: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(d_model, vocab)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Log-probabilities (..., vocab) of the next token."""
+        return torch.log_softmax(self.proj(x), dim=-1)
+
+
+# %%
+def clones(module: nn.Module, N: int) -> nn.ModuleList:
+    """N independent deep copies of `module`: same shape, separate weights."""
+    return nn.ModuleList([copy.deepcopy(module) for _ in range(N)])
+
+
+# %%
+class LayerNorm(nn.Module):
+    """Normalize each position's features to mean 0, variance 1, then scale and shift."""
+
+    def __init__(self, features: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(features))  # gamma
+        self.bias = nn.Parameter(torch.zeros(features))  # beta
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mean = x.mean(dim=-1, keepdim=True)
+        var = x.var(dim=-1, keepdim=True, unbiased=False)  # biased, as torch.nn.LayerNorm
+        return self.weight * (x - mean) / torch.sqrt(var + self.eps) + self.bias
+
+
+# %%
+class SublayerConnection(nn.Module):
+    """A residual connection around one sublayer, with layer norm before (pre) or after (post)."""
+
+    def __init__(self, size: int, dropout: float, norm_first: bool = True) -> None:
+        super().__init__()
+        self.norm = LayerNorm(size)
+        self.dropout = nn.Dropout(dropout)
+        self.norm_first = norm_first
+
+    def forward(self, x: torch.Tensor, sublayer) -> torch.Tensor:
+        """x + Dropout(Sublayer(LayerNorm(x))) in pre-norm; LayerNorm(x + ...) in post-norm."""
+        if self.norm_first:
+            return x + self.dropout(sublayer(self.norm(x)))
+        return self.norm(x + self.dropout(sublayer(x)))
+
+
+# %%
+class EncoderLayer(nn.Module):
+    """One encoder layer: self-attention, then feed-forward, each in a sublayer connection."""
+
+    def __init__(
+        self,
+        size: int,
+        self_attn: nn.Module,
+        feed_forward: nn.Module,
+        dropout: float,
+        norm_first: bool = True,
+    ) -> None:
+        super().__init__()
+        self.self_attn = self_attn
+        self.feed_forward = feed_forward
+        self.sublayer = clones(SublayerConnection(size, dropout, norm_first=norm_first), 2)
+        self.size = size
+        self.norm_first = norm_first
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        x = self.sublayer[0](x, lambda x: self.self_attn(x, x, x, mask))  # (batch, n, d_model)
+        return self.sublayer[1](x, self.feed_forward)
+
+
+class Encoder(nn.Module):
+    """N encoder layers; a final layer norm in pre-norm models, where the stream is unnormalized."""
+
+    def __init__(self, layer: EncoderLayer, N: int) -> None:
+        super().__init__()
+        self.layers = clones(layer, N)
+        self.norm = LayerNorm(layer.size) if layer.norm_first else nn.Identity()
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """Memory (batch, n_src, d_model) from embedded source (batch, n_src, d_model)."""
+        for layer in self.layers:
+            x = layer(x, mask)
+        return self.norm(x)
+
+
+# %%
+class DecoderLayer(nn.Module):
+    """One decoder layer: masked self-attention, attention over the memory, feed-forward."""
+
+    def __init__(
+        self,
+        size: int,
+        self_attn: nn.Module,
+        src_attn: nn.Module,
+        feed_forward: nn.Module,
+        dropout: float,
+        norm_first: bool = True,
+    ) -> None:
+        super().__init__()
+        self.size = size
+        self.self_attn = self_attn
+        self.src_attn = src_attn
+        self.feed_forward = feed_forward
+        self.sublayer = clones(SublayerConnection(size, dropout, norm_first=norm_first), 3)
+        self.norm_first = norm_first
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor,
+        src_mask: torch.Tensor | None,
+        tgt_mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        m = memory  # (batch, n_src, d_model)
+        x = self.sublayer[0](x, lambda x: self.self_attn(x, x, x, tgt_mask))  # (batch, n_tgt, d)
+        x = self.sublayer[1](x, lambda x: self.src_attn(x, m, m, src_mask))
+        return self.sublayer[2](x, self.feed_forward)
+
+
+class Decoder(nn.Module):
+    """N decoder layers; a final layer norm in pre-norm models."""
+
+    def __init__(self, layer: DecoderLayer, N: int) -> None:
+        super().__init__()
+        self.layers = clones(layer, N)
+        self.norm = LayerNorm(layer.size) if layer.norm_first else nn.Identity()
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor,
+        src_mask: torch.Tensor | None,
+        tgt_mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Output (batch, n_tgt, d_model) from the embedded target and the memory."""
+        for layer in self.layers:
+            x = layer(x, memory, src_mask, tgt_mask)
+        return self.norm(x)
+
+
+# %%
+def subsequent_mask(size: int) -> torch.Tensor:
+    """Causal mask (1, size, size): True where query position i may attend key j, i.e. j <= i."""
+    if isinstance(size, bool) or not hasattr(size, "__index__"):
+        raise TypeError(f"size must be an int (the target length), got {size!r}")
+    if size < 1:
+        raise ValueError(f"size must be at least 1 (the target length), got {size}")
+    return torch.tril(torch.ones(1, size, size, dtype=torch.bool))
+
+
+# %% [markdown]
+# ## From book/03_attention.ipynb
+
+
+# %%
+import math
+
+import torch
+from torch import nn
+
+
+def _check_mask(mask: torch.Tensor, scores: torch.Tensor) -> None:
+    """Raise ValueError unless `mask` broadcasts to the scores without enlarging them."""
+    try:
+        fits = torch.broadcast_shapes(mask.shape, scores.shape) == scores.shape
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"mask of shape {tuple(mask.shape)} does not broadcast to the attention scores "
+            f"of shape {tuple(scores.shape)} (batch, h, n_q, n_k)"
+        )
+
+
+def attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    dropout: nn.Module | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scaled dot-product attention: (output (..., n_q, d_v), weights (..., n_q, n_k))."""
+    d_k = query.size(-1)
+    scores = query @ key.transpose(-2, -1) / math.sqrt(d_k)  # (batch, h, n_q, n_k)
+    if mask is not None:
+        _check_mask(mask, scores)
+        # True (or 1) = may attend; the rest get the lowest finite score, so softmax gives ~0.
+        scores = scores.masked_fill(mask == 0, torch.finfo(scores.dtype).min)
+    weights = scores.softmax(dim=-1)  # (batch, h, n_q, n_k), each row sums to 1
+    if dropout is not None:
+        weights = dropout(weights)
+    return weights @ value, weights  # (batch, h, n_q, d_v)
+
+
+# %%
+class MultiHeadedAttention(nn.Module):
+    """h attention heads in parallel on learned projections; keeps the last weights in .attn."""
+
+    def __init__(self, h: int, d_model: int, dropout: float = 0.1) -> None:
+        super().__init__()
+        if d_model % h != 0:
+            raise ValueError(f"d_model={d_model} is not divisible by h={h} heads")
+        self.d_k = d_model // h  # we assume d_v = d_k
+        self.h = h
+        self.linears = clones(nn.Linear(d_model, d_model), 4)  # W^Q, W^K, W^V, W^O
+        self.attn: torch.Tensor | None = None  # (batch, h, n_q, n_k), for visualization
+        self.dropout = nn.Dropout(p=dropout)
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """query (batch, n_q, d_model), key/value (batch, n_k, d_model) -> (batch, n_q, d_model)."""
+        if mask is not None and mask.dim() == 3:
+            mask = mask.unsqueeze(1)  # (batch, 1, n_q or 1, n_k): the same mask for every head
+        batch = query.size(0)
+        # 1) project, and split d_model into h heads of width d_k
+        query, key, value = [
+            linear(x).view(batch, -1, self.h, self.d_k).transpose(1, 2)  # (batch, h, n, d_k)
+            for linear, x in zip(self.linears, (query, key, value), strict=False)
+        ]
+        # 2) attend, in all heads at once
+        x, weights = attention(query, key, value, mask=mask, dropout=self.dropout)
+        self.attn = weights.detach()
+        # 3) merge the heads back: (batch, h, n_q, d_k) -> (batch, n_q, h * d_k)
+        x = x.transpose(1, 2).contiguous().view(batch, -1, self.h * self.d_k)
+        # 4) the output projection W^O
+        return self.linears[-1](x)
+
+
+# %% [markdown]
+# ## From book/04_feed_forward_embeddings.ipynb
+
+
+# %%
+import torch
+from torch import nn
+
+
+class PositionwiseFeedForward(nn.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2, the same two-layer MLP at every position."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.1) -> None:
+        super().__init__()
+        self.w_1 = nn.Linear(d_model, d_ff)
+        self.w_2 = nn.Linear(d_ff, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(batch, n, d_model) -> (batch, n, d_ff) -> (batch, n, d_model)."""
+        return self.w_2(self.dropout(self.w_1(x).relu()))
+
+
+# %%
+class Embeddings(nn.Module):
+    """A learned vector per token id, scaled by sqrt(d_model)."""
+
+    def __init__(self, d_model: int, vocab: int) -> None:
+        super().__init__()
+        self.lut = nn.Embedding(vocab, d_model)
+        self.d_model = d_model
+        self.vocab = vocab
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Token ids (batch, n) -> vectors (batch, n, d_model)."""
+        if x.is_floating_point() or x.is_complex():
+            raise TypeError(f"token ids must be an integer tensor, got dtype {x.dtype}")
+        if x.numel() and (x.min() < 0 or x.max() >= self.vocab):
+            bad = x[(x < 0) | (x >= self.vocab)][0].item()
+            raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.vocab})")
+        return self.lut(x) * self.d_model**0.5  # (batch, n, d_model)
+
+
+# %%
+class PositionalEncoding(nn.Module):
+    """Add the sinusoidal position signal of §3.5 to embeddings, then dropout."""
+
+    def __init__(self, d_model: int, dropout: float, max_len: int = 5000) -> None:
+        super().__init__()
+        self.dropout = nn.Dropout(p=dropout)
+        self.max_len = max_len
+        position = torch.arange(max_len, dtype=torch.float32).unsqueeze(1)  # (max_len, 1)
+        two_i = torch.arange(0, d_model, 2, dtype=torch.float32)  # 2i = 0, 2, 4, ...
+        omega = 1.0 / 10000.0 ** (two_i / d_model)  # (ceil(d_model / 2),) radians per position
+        pe = torch.zeros(max_len, d_model)
+        pe[:, 0::2] = torch.sin(position * omega)
+        pe[:, 1::2] = torch.cos(position * omega[: d_model // 2])
+        self.register_buffer("pe", pe.unsqueeze(0), persistent=False)  # (1, max_len, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Embeddings (batch, n, d_model) -> the same plus PE[:n], with dropout."""
+        n = x.size(1)
+        if n > self.max_len:
+            raise ValueError(
+                f"sequence length {n} is longer than the positional table (max_len={self.max_len})"
+            )
+        return self.dropout(x + self.pe[:, :n])
+
+
+# %%
+class LearnedPositionalEmbedding(nn.Module):
+    """Add a trained vector per position (the alternative of Table 3, row E), then dropout."""
+
+    def __init__(self, d_model: int, dropout: float, max_len: int = 5000) -> None:
+        super().__init__()
+        self.dropout = nn.Dropout(p=dropout)
+        self.max_len = max_len
+        self.position = nn.Embedding(max_len, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Embeddings (batch, n, d_model) -> the same plus a learned vector per position."""
+        n = x.size(1)
+        if n > self.max_len:
+            raise ValueError(
+                f"sequence length {n} is longer than the learned table (max_len={self.max_len})"
+            )
+        positions = torch.arange(n, device=x.device)  # (n,)
+        return self.dropout(x + self.position(positions))
+
+
+# %% [markdown]
+# ## From book/05_full_model.ipynb
+
+
+# %%
+from copy import deepcopy
+
+import torch
+from torch import nn
+
+
+def make_model(
+    src_vocab: int,
+    tgt_vocab: int,
+    N: int = 6,
+    d_model: int = 512,
+    d_ff: int = 2048,
+    h: int = 8,
+    dropout: float = 0.1,
+    *,
+    norm_first: bool = True,
+    share_embeddings: bool = False,
+) -> EncoderDecoder:
+    """Build a Transformer from hyperparameters; defaults are the paper's base model."""
+    if share_embeddings and src_vocab != tgt_vocab:
+        raise ValueError(
+            f"share_embeddings=True needs one vocabulary: src_vocab={src_vocab} "
+            f"!= tgt_vocab={tgt_vocab}"
+        )
+    c = deepcopy
+    attn = MultiHeadedAttention(h, d_model, dropout=dropout)
+    ff = PositionwiseFeedForward(d_model, d_ff, dropout=dropout)
+    position = PositionalEncoding(d_model, dropout)
+    model = EncoderDecoder(
+        Encoder(EncoderLayer(d_model, c(attn), c(ff), dropout, norm_first=norm_first), N),
+        Decoder(
+            DecoderLayer(d_model, c(attn), c(attn), c(ff), dropout, norm_first=norm_first), N
+        ),
+        nn.Sequential(Embeddings(d_model, src_vocab), c(position)),
+        nn.Sequential(Embeddings(d_model, tgt_vocab), c(position)),
+        Generator(d_model, tgt_vocab),
+    )
+    for p in model.parameters():
+        if p.dim() > 1:  # matrices: Xavier/Glorot; biases and norms keep 0 and 1
+            nn.init.xavier_uniform_(p)
+    if share_embeddings:  # one (vocab, d_model) matrix, three uses (§3.4)
+        shared = model.src_embed[0].lut.weight
+        model.tgt_embed[0].lut.weight = shared
+        model.generator.proj.weight = shared
+    return model
+
+
+# %%
+def greedy_decode(
+    model: EncoderDecoder,
+    src: torch.Tensor,
+    src_mask: torch.Tensor,
+    max_len: int,
+    start_symbol: int,
+    end_symbol: int | None = None,
+) -> torch.Tensor:
+    """Most likely token at each step for a batch; (batch, <= max_len) ids from start_symbol.
+
+    A sequence that has produced `end_symbol` is padded with `end_symbol` until all have ended.
+    """
+    if src.dim() != 2:
+        raise ValueError(f"src must have shape (batch, n_src), got {tuple(src.shape)}")
+    if max_len < 1:
+        raise ValueError(f"max_len must be at least 1 (the start symbol), got {max_len}")
+    batch = src.size(0)
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)  # (batch, n_src, d_model), computed once
+        ys = torch.full((batch, 1), start_symbol, dtype=torch.long, device=src.device)
+        done = torch.zeros(batch, dtype=torch.bool, device=src.device)
+        for _ in range(max_len - 1):
+            tgt_mask = subsequent_mask(ys.size(1)).to(src.device)  # (1, n, n)
+            out = model.decode(memory, src_mask, ys, tgt_mask)  # (batch, n, d_model)
+            next_word = model.generator(out[:, -1]).argmax(dim=-1)  # (batch,)
+            if end_symbol is not None:
+                next_word = next_word.masked_fill(done, end_symbol)
+                done = done | (next_word == end_symbol)
+            ys = torch.cat([ys, next_word.unsqueeze(1)], dim=1)  # (batch, n + 1)
+            if end_symbol is not None and bool(done.all()):
+                break
+    return ys
+
+
+# %% [markdown]
+# ## From book/09_training_data.ipynb
+
+
+# %%
+import gzip
+import hashlib
+import os
+import tempfile
+import urllib.request
+from pathlib import Path
+
+MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
+MULTI30K_SPLITS = {"train": 29_000, "val": 1_014, "test_2016_flickr": 1_000}
+MULTI30K_SHA256 = {
+    "train.de.gz": "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6",
+    "train.en.gz": "d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f",
+    "val.de.gz": "f0cba2f995189cf5770f29a8a9a537a3ad3f51657ad873405082ff6863a5e75a",
+    "val.en.gz": "14f7d25ddd868909a9213e361768460edcacdd6ab9d1e77b92560dc10c10dc28",
+    "test_2016_flickr.de.gz": "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8",
+    "test_2016_flickr.en.gz": "611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9",
+}
+
+
+def repository_root() -> Path | None:
+    """The folder holding the_annotated_transformer.py (a notebook has no __file__: search up)."""
+    module_file = globals().get("__file__")
+    if module_file is not None and Path(module_file).name == "the_annotated_transformer.py":
+        return Path(module_file).resolve().parent
+    for folder in [Path.cwd(), *Path.cwd().parents]:
+        if (folder / "the_annotated_transformer.py").is_file():
+            return folder
+    return None
+
+
+def multi30k_dir(data_dir: str | os.PathLike | None = None) -> Path:
+    """The Multi30k folder: data_dir, $MULTI30K_DIR, ../shared/data/multi30k, or the cache."""
+    if data_dir is not None:
+        return Path(data_dir).expanduser()
+    if os.environ.get("MULTI30K_DIR"):
+        return Path(os.environ["MULTI30K_DIR"]).expanduser()
+    root = repository_root()
+    if root is not None and (root.parent / "shared" / "data" / "multi30k").is_dir():
+        return (root.parent / "shared" / "data" / "multi30k").resolve()
+    return Path.home() / ".cache" / "annotated-transformer" / "multi30k"
+
+
+def sha256_of(path: str | os.PathLike) -> str:
+    """The SHA-256 checksum of a file, read in blocks of 1 MiB."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def download_file(url: str, path: Path, *, sha256: str) -> None:
+    """Download url to path through a temporary file, renamed only once its checksum is right."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as f:
+        tmp = Path(f.name)
+        try:
+            with urllib.request.urlopen(url, timeout=60) as response:
+                for block in iter(lambda: response.read(1 << 20), b""):
+                    f.write(block)
+        except BaseException:
+            f.close()
+            tmp.unlink(missing_ok=True)
+            raise
+    if sha256_of(tmp) != sha256:
+        tmp.unlink()
+        raise ValueError(
+            f"downloaded {url}, but its SHA-256 checksum is not the expected {sha256}: the "
+            "download broke or the published file changed; try again, or put intact copies "
+            f"in {path.parent} (or in a folder named by MULTI30K_DIR)"
+        )
+    os.replace(tmp, path)
+
+
+def multi30k_file(name: str, folder: Path) -> Path:
+    """The path of one Multi30k file in folder, downloaded if missing, its checksum verified."""
+    path = folder / name
+    expected = MULTI30K_SHA256[name]
+    if not path.exists():
+        url = MULTI30K_URL + name
+        try:
+            download_file(url, path, sha256=expected)
+        except OSError as err:  # no network, an HTTP error, a timeout, a read-only folder
+            raise FileNotFoundError(
+                f"Multi30k file {name} is not in {folder} and could not be downloaded from "
+                f"{url} ({err}): connect to the internet and try again, copy the file there, "
+                "or set MULTI30K_DIR to a folder that holds the Multi30k files"
+            ) from err
+    actual = sha256_of(path)
+    if actual != expected:
+        raise ValueError(
+            f"Multi30k file {path} is truncated or corrupted (SHA-256 {actual}, expected "
+            f"{expected}): delete it to download it again, or set MULTI30K_DIR to a folder "
+            "with intact copies"
+        )
+    return path
+
+
+def read_sentence_pairs(
+    src_path: str | os.PathLike, tgt_path: str | os.PathLike
+) -> list[tuple[str, str]]:
+    """Line i of the gzipped src_path paired with line i of tgt_path; unequal counts raise."""
+    sides = []
+    for path in (src_path, tgt_path):
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            lines = f.read().split("\n")
+        if lines[-1] == "":  # the newline that ends the last line
+            lines.pop()
+        sides.append(lines)
+    src, tgt = sides
+    if len(src) != len(tgt):
+        raise ValueError(
+            f"{Path(src_path).name} has {len(src)} lines but {Path(tgt_path).name} has "
+            f"{len(tgt)}: the files are not parallel; delete both to download them again"
+        )
+    return list(zip(src, tgt, strict=True))
+
+
+def load_multi30k(
+    split: str, data_dir: str | os.PathLike | None = None
+) -> list[tuple[str, str]]:
+    """The (German, English) sentence pairs of one Multi30k split, exactly as published."""
+    if split not in MULTI30K_SPLITS:
+        raise ValueError(f"split={split!r} is not one of {', '.join(MULTI30K_SPLITS)}")
+    folder = multi30k_dir(data_dir)
+    return read_sentence_pairs(
+        multi30k_file(f"{split}.de.gz", folder), multi30k_file(f"{split}.en.gz", folder)
+    )
+
+
+# %%
+from collections.abc import Sequence
+from typing import Any
+
+
+def load_tokenizers() -> tuple[Any, Any]:
+    """spaCy's rule-based German and English tokenizers (blank pipelines: nothing to download)."""
+    import spacy
+
+    return spacy.blank("de"), spacy.blank("en")
+
+
+def tokenize(text: str, tokenizer: Any) -> list[str]:
+    """The tokens of one sentence, without the tokens spaCy makes of doubled spaces."""
+    split = getattr(tokenizer, "tokenizer", tokenizer)  # a spaCy pipeline, or its tokenizer
+    return [token.text for token in split(text) if not token.is_space]
+
+
+def tokenize_pairs(
+    pairs: Sequence[tuple[str, str]], tokenizer_src: Any, tokenizer_tgt: Any
+) -> list[tuple[list[str], list[str]]]:
+    """Each sentence pair as two lists of tokens."""
+    return [(tokenize(src, tokenizer_src), tokenize(tgt, tokenizer_tgt)) for src, tgt in pairs]
+
+
+# %%
+import os
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+SPECIALS = ("<s>", "</s>", "<blank>", "<unk>")  # ids 0, 1, 2, 3; <blank> is the padding
+
+
+class Vocab:
+    """A table between tokens and ids; a token it does not hold maps to the id of `<unk>`."""
+
+    def __init__(self, itos: Sequence[str], *, unk: str = "<unk>") -> None:
+        itos = list(itos)
+        if len(set(itos)) != len(itos):
+            raise ValueError("itos has repeated tokens; each token needs exactly one id")
+        if unk not in itos:
+            raise ValueError(f"unk={unk!r} is not among the tokens in itos")
+        self.itos = itos  # id -> token
+        self.stoi = {token: i for i, token in enumerate(itos)}  # token -> id
+        self.unk = unk
+
+    @classmethod
+    def build(
+        cls,
+        token_lists: Iterable[Sequence[str]],
+        *,
+        min_freq: int = 2,
+        specials: Sequence[str] = SPECIALS,
+    ) -> "Vocab":
+        """Specials first, then each token seen at least min_freq times, most frequent first."""
+        if not isinstance(min_freq, int) or min_freq < 1:
+            raise ValueError(f"min_freq must be a positive integer, got {min_freq!r}")
+        if "<unk>" not in specials:
+            raise ValueError(f"specials must include '<unk>', got {tuple(specials)}")
+        counts = Counter()
+        for tokens in token_lists:
+            if isinstance(tokens, str):
+                raise TypeError("token_lists must hold lists of tokens, got a str: tokenize it")
+            counts.update(tokens)
+        kept = [token for token, c in counts.items() if c >= min_freq and token not in specials]
+        kept.sort(key=lambda token: (-counts[token], token))  # frequency desc, then alphabetical
+        return cls([*specials, *kept])
+
+    def __len__(self) -> int:
+        return len(self.itos)
+
+    def __getitem__(self, token: str) -> int:
+        return self.stoi.get(token, self.stoi[self.unk])
+
+    def __contains__(self, token: str) -> bool:
+        return token in self.stoi
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Vocab) and (self.itos, self.unk) == (other.itos, other.unk)
+
+    def __repr__(self) -> str:
+        return f"Vocab({len(self):,} tokens: {' '.join(self.itos[:8])} ...)"
+
+    def encode(self, tokens: Iterable[str]) -> list[int]:
+        """The ids of tokens (unknown ones become the id of `<unk>`)."""
+        return [self[token] for token in tokens]
+
+    def lookup_tokens(self, ids: Iterable[int]) -> list[str]:
+        """The tokens of ids (ints, or a 1-D tensor)."""
+        tokens = []
+        for i in ids:
+            i = int(i)
+            if not 0 <= i < len(self.itos):
+                raise ValueError(f"id {i} is out of range for a vocabulary of {len(self)} tokens")
+            tokens.append(self.itos[i])
+        return tokens
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the vocabulary as JSON: readable, and safe to load (unlike a pickle)."""
+        import json
+
+        data = {"format": "Vocab", "version": 1, "unk": self.unk, "itos": self.itos}
+        Path(path).write_text(json.dumps(data, ensure_ascii=False, indent=0) + "\n", "utf-8")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Vocab":
+        """A vocabulary that `save` wrote."""
+        import json
+
+        data = json.loads(Path(path).read_text("utf-8"))
+        if not isinstance(data, dict) or data.get("format") != "Vocab":
+            raise ValueError(f"{path} is not a vocabulary written by Vocab.save")
+        return cls(data["itos"], unk=data["unk"])
+
+
+# %%
+from collections.abc import Iterable, Sequence
+
+import torch
+
+
+def encode_pairs(
+    token_pairs: Iterable[tuple[Sequence[str], Sequence[str]]], vocab_src: Vocab, vocab_tgt: Vocab
+) -> list[tuple[list[int], list[int]]]:
+    """Each token pair as two lists of ids (without `<s>` and `</s>`)."""
+    return [(vocab_src.encode(src), vocab_tgt.encode(tgt)) for src, tgt in token_pairs]
+
+
+def filter_by_length(
+    examples: Sequence[tuple[Sequence[int], Sequence[int]]], *, max_len: int
+) -> tuple[list[tuple[Sequence[int], Sequence[int]]], int]:
+    """The pairs whose both sides fit max_len with `<s>` and `</s>`, and how many were dropped."""
+    if not isinstance(max_len, int) or max_len < 3:
+        raise ValueError(f"max_len must be an integer >= 3 (<s>, a token, </s>), got {max_len!r}")
+    kept = [(src, tgt) for src, tgt in examples if max(len(src), len(tgt)) + 2 <= max_len]
+    return kept, len(examples) - len(kept)
+
+
+def example_lengths(
+    examples: Sequence[tuple[Sequence[int], Sequence[int]]],
+) -> tuple[list[int], list[int]]:
+    """The source and target lengths as collate_batch makes them (with `<s>` and `</s>`)."""
+    return [len(src) + 2 for src, _ in examples], [len(tgt) + 2 for _, tgt in examples]
+
+
+def collate_batch(
+    batch: Sequence[tuple[Sequence[int], Sequence[int]]],
+    *,
+    bos_id: int = 0,
+    eos_id: int = 1,
+    pad_id: int = 2,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Wrap each sentence in `<s>` ... `</s>` and pad to the longest in the batch (never cut)."""
+    if len(batch) == 0:
+        raise ValueError("batch is empty; collate_batch needs at least one (src, tgt) pair")
+
+    def pad(sequences: list[Sequence[int]]) -> torch.Tensor:
+        n = max(len(s) for s in sequences) + 2  # the longest, with <s> and </s>
+        out = torch.full((len(sequences), n), pad_id, dtype=torch.long)  # (batch, n)
+        for row, s in enumerate(sequences):
+            out[row, : len(s) + 2] = torch.tensor([bos_id, *s, eos_id], dtype=torch.long)
+        return out
+
+    src = pad([src for src, _ in batch])  # (batch, n_src)
+    tgt = pad([tgt for _, tgt in batch])  # (batch, n_tgt)
+    return src, tgt
+
+
+# %%
+from collections.abc import Iterable, Iterator, Sequence
+
+import torch
+from torch.utils.data import Sampler
+
+
+class TokenBudgetSampler(Sampler[list[int]]):
+    """Batches of similar-length examples whose padded src and tgt each fit max_tokens."""
+
+    def __init__(
+        self,
+        src_lengths: Sequence[int],
+        tgt_lengths: Sequence[int],
+        *,
+        max_tokens: int,
+        pool_size: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        num_replicas: int = 1,
+        rank: int = 0,
+    ) -> None:
+        super().__init__()
+        self.src_lengths = [int(n) for n in src_lengths]
+        self.tgt_lengths = [int(n) for n in tgt_lengths]
+        n = len(self.src_lengths)
+        if len(self.tgt_lengths) != n:
+            raise ValueError(
+                f"src_lengths has {n} entries but tgt_lengths has {len(self.tgt_lengths)}; "
+                "both must describe the same examples"
+            )
+        if n == 0:
+            raise ValueError("src_lengths is empty; the sampler needs at least one example")
+        pool_size = n if pool_size is None else pool_size
+        for name, value in [("max_tokens", max_tokens), ("pool_size", pool_size),
+                            ("num_replicas", num_replicas)]:
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(rank, int) or not 0 <= rank < num_replicas:
+            raise ValueError(f"rank must be in [0, num_replicas={num_replicas}), got {rank!r}")
+        if n < num_replicas:
+            raise ValueError(
+                f"{n} examples cannot give each of num_replicas={num_replicas} ranks a batch"
+            )
+        too_long = [
+            i for i in range(n) if max(self.src_lengths[i], self.tgt_lengths[i]) > max_tokens
+        ]
+        if too_long:
+            i = too_long[0]
+            raise ValueError(
+                f"example {i} has {self.src_lengths[i]} source and {self.tgt_lengths[i]} target "
+                f"tokens, more than max_tokens={max_tokens} on its own ({len(too_long)} such "
+                "examples): drop long pairs first (filter_by_length) or raise max_tokens"
+            )
+        self.max_tokens = max_tokens
+        self.pool_size = pool_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.epoch = 0
+        self._cache: tuple[int, list[list[int]]] | None = None  # (epoch, its batches)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch and with it the order; call it with the same epoch on every rank."""
+        self.epoch = epoch
+
+    def _fill(self, pool: list[int]) -> list[list[int]]:
+        """Cut a length-sorted pool into batches, closing one when the next example won't fit."""
+        batches, batch, max_src, max_tgt = [], [], 0, 0
+        for i in pool:
+            src, tgt = max(max_src, self.src_lengths[i]), max(max_tgt, self.tgt_lengths[i])
+            if (len(batch) + 1) * max(src, tgt) > self.max_tokens:  # padded size over budget
+                batches.append(batch)
+                batch, src, tgt = [], self.src_lengths[i], self.tgt_lengths[i]
+            batch.append(i)
+            max_src, max_tgt = src, tgt
+        batches.append(batch)
+        return batches
+
+    def _split_to_multiple(self, batches: list[list[int]]) -> list[list[int]]:
+        """Halve the largest batches until every rank can have the same number of them."""
+        while len(batches) % self.num_replicas:
+            j = max(range(len(batches)), key=lambda k: len(batches[k]))
+            if len(batches[j]) < 2:
+                raise ValueError(
+                    f"cannot share {len(batches)} one-example batches equally among "
+                    f"num_replicas={self.num_replicas} ranks; raise max_tokens"
+                )
+            half = len(batches[j]) // 2
+            batches[j : j + 1] = [batches[j][:half], batches[j][half:]]
+        return batches
+
+    def batches(self) -> list[list[int]]:
+        """All ranks' batches of this epoch, in order (rank r takes every num_replicas-th)."""
+        if self._cache is not None and self._cache[0] == self.epoch:
+            return self._cache[1]
+        n = len(self.src_lengths)
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(n, generator=generator).tolist() if self.shuffle else list(range(n))
+        batches = []
+        for start in range(0, n, self.pool_size):
+            # 1) shuffled pool, 2) sorted by length (stable: ties stay shuffled), 3) cut
+            pool = sorted(order[start : start + self.pool_size], key=self._length_key)
+            batches += self._fill(pool)
+        batches = self._split_to_multiple(batches)
+        if self.shuffle:  # 4) shuffle the batches themselves
+            batches = [batches[j] for j in torch.randperm(len(batches), generator=generator)]
+        self._cache = (self.epoch, batches)
+        return batches
+
+    def _length_key(self, i: int) -> tuple[int, int, int]:
+        """Sort by the longer side first: it is the one the budget binds on."""
+        src, tgt = self.src_lengths[i], self.tgt_lengths[i]
+        return max(src, tgt), src, tgt
+
+    def __iter__(self) -> Iterator[list[int]]:
+        yield from self.batches()[self.rank :: self.num_replicas]
+
+    def __len__(self) -> int:
+        return len(self.batches()) // self.num_replicas
+
+
+def padding_fraction(
+    batches: Iterable[Sequence[int]], src_lengths: Sequence[int], tgt_lengths: Sequence[int]
+) -> float:
+    """The share of padding in the padded src and tgt tensors of batches (lists of indices)."""
+    padded = real = 0
+    for batch in batches:
+        for lengths in (src_lengths, tgt_lengths):
+            sizes = [lengths[i] for i in batch]
+            padded += len(sizes) * max(sizes)  # (batch, longest) positions
+            real += sum(sizes)
+    return 1 - real / padded
+
+
+# %% [markdown]
+# ## From book/10_schedule_and_optimizer.ipynb
+
+
+# %%
+def rate(step: int, model_size: int, factor: float, warmup: int) -> float:
+    """Learning rate at `step`: linear warmup, then decay as step^-0.5 (paper, eq. 3)."""
+    if step < 0:
+        raise ValueError(f"step={step} must be >= 0")
+    if model_size <= 0:
+        raise ValueError(f"model_size={model_size} must be a positive d_model")
+    if warmup <= 0:
+        raise ValueError(f"warmup={warmup} must be a positive number of steps")
+    step = max(step, 1)  # LambdaLR starts at step 0, where step^-0.5 would divide by zero
+    return factor * model_size**-0.5 * min(step**-0.5, step * warmup**-1.5)
+
+
+# %% [markdown]
+# ## From book/11_regularization.ipynb
+
+
+# %%
+import torch
+from torch import nn
+
+
+class LabelSmoothing(nn.Module):
+    """KL divergence to a smoothed one-hot target (label smoothing, paper section 5.4)."""
+
+    def __init__(self, size: int, padding_idx: int, smoothing: float = 0.0) -> None:
+        super().__init__()
+        if size < 3:
+            raise ValueError(f"size={size} must be >= 3: the true token, padding and another")
+        if not 0 <= padding_idx < size:
+            raise ValueError(f"padding_idx={padding_idx} must be in [0, size={size})")
+        if not 0.0 <= smoothing < 1.0:
+            raise ValueError(f"smoothing={smoothing} must be in [0, 1)")
+        self.criterion = nn.KLDivLoss(reduction="sum")
+        self.size = size
+        self.padding_idx = padding_idx
+        self.smoothing = smoothing
+        self.confidence = 1.0 - smoothing
+        self.true_dist: torch.Tensor | None = None
+
+    def smoothed_targets(
+        self, target: torch.Tensor, dtype: torch.dtype = torch.float32
+    ) -> torch.Tensor:
+        """Target distributions (rows, size) for token ids (rows,); padding gets no mass."""
+        fill = self.smoothing / (self.size - 2)
+        true_dist = torch.full((target.size(0), self.size), fill, dtype=dtype, device=target.device)
+        true_dist.scatter_(1, target.unsqueeze(1), self.confidence)
+        true_dist[:, self.padding_idx] = 0.0
+        true_dist.masked_fill_((target == self.padding_idx).unsqueeze(1), 0.0)
+        return true_dist
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Summed KL(true_dist || exp(x)) for log-probabilities x (rows, size), targets (rows,)."""
+        if x.dim() != 2 or x.size(1) != self.size:
+            raise ValueError(f"x must be log-probabilities of shape (rows, {self.size}), "
+                             f"got {tuple(x.shape)}")
+        if target.shape != x.shape[:1]:
+            raise ValueError(f"target must have shape ({x.size(0)},), got {tuple(target.shape)}")
+        true_dist = self.smoothed_targets(target, dtype=x.dtype)  # (rows, size)
+        self.true_dist = true_dist
+        # Where the target is 0 the term is 0; mask x there so that log 0 = -inf gives no nan.
+        x = x.masked_fill(true_dist == 0, 0.0)
+        return self.criterion(x, true_dist)

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from the_annotated_transformer import (
+    DecoderLayer,
     Embeddings,
     EncoderLayer,
     LayerNorm,
@@ -72,11 +73,14 @@ def test_attention_accepts_integer_masks_with_one_meaning_attend():
     torch.testing.assert_close(out_bool, out_int)
 
 
-def test_attention_masking_works_in_half_precision():
-    q, k, v = (t.to(torch.bfloat16) for t in qkv(n_q=6, n_k=6))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_attention_masking_works_in_half_precision(dtype):
+    q, k, v = (t.to(dtype) for t in qkv(n_q=6, n_k=6))
     out, weights = attention(q, k, v, mask=subsequent_mask(6))
     assert torch.isfinite(out).all()
     assert torch.all(weights.triu(diagonal=1) == 0)
+    reference = F.scaled_dot_product_attention(*(t.float() for t in (q, k, v)), is_causal=True)
+    torch.testing.assert_close(out.float(), reference, atol=2e-2, rtol=2e-2)
 
 
 def test_attention_rejects_mask_that_does_not_broadcast():
@@ -99,11 +103,7 @@ def mha_pair(d_model=16, h=4, seed=0):
     torch.manual_seed(seed)
     ours = MultiHeadedAttention(h, d_model, dropout=0.0).eval()
     theirs = nn.MultiheadAttention(d_model, h, dropout=0.0, batch_first=True).eval()
-    with torch.no_grad():
-        theirs.in_proj_weight.copy_(torch.cat([lin.weight for lin in ours.linears[:3]]))
-        theirs.in_proj_bias.copy_(torch.cat([lin.bias for lin in ours.linears[:3]]))
-        theirs.out_proj.weight.copy_(ours.linears[3].weight)
-        theirs.out_proj.bias.copy_(ours.linears[3].bias)
+    copy_attention(ours, theirs)
     return ours, theirs
 
 
@@ -179,38 +179,78 @@ def test_sublayer_connection_post_norm_normalizes_after_the_residual():
     torch.testing.assert_close(pre(x, double), x + 2 * F.layer_norm(x, (8,), eps=1e-6))
 
 
+def copy_attention(ours: MultiHeadedAttention, theirs: nn.MultiheadAttention) -> None:
+    """Load our four projections into torch's packed in_proj and out_proj."""
+    with torch.no_grad():
+        theirs.in_proj_weight.copy_(torch.cat([lin.weight for lin in ours.linears[:3]]))
+        theirs.in_proj_bias.copy_(torch.cat([lin.bias for lin in ours.linears[:3]]))
+        theirs.out_proj.weight.copy_(ours.linears[3].weight)
+        theirs.out_proj.bias.copy_(ours.linears[3].bias)
+
+
+def copy_feed_forward_and_norms(ours: nn.Module, theirs: nn.Module, norms: list) -> None:
+    """Load our feed-forward weights into torch's layer; give both the same random norms."""
+    with torch.no_grad():
+        theirs.linear1.load_state_dict(ours.feed_forward.w_1.state_dict())
+        theirs.linear2.load_state_dict(ours.feed_forward.w_2.state_dict())
+        for i, norm in enumerate(norms):
+            norm.weight.uniform_(0.5, 1.5)
+            norm.bias.uniform_(-0.5, 0.5)
+            ours.sublayer[i].norm.load_state_dict(norm.state_dict())
+
+
+D_MODEL, H, D_FF = 16, 4, 32
+
+
 @pytest.mark.parametrize("norm_first", [True, False])
 def test_encoder_layer_matches_torch_transformer_encoder_layer(norm_first):
     torch.manual_seed(0)
-    d_model, h, d_ff = 16, 4, 32
     ours = EncoderLayer(
-        d_model,
-        MultiHeadedAttention(h, d_model, dropout=0.0),
-        PositionwiseFeedForward(d_model, d_ff, dropout=0.0),
+        D_MODEL,
+        MultiHeadedAttention(H, D_MODEL, dropout=0.0),
+        PositionwiseFeedForward(D_MODEL, D_FF, dropout=0.0),
         dropout=0.0,
         norm_first=norm_first,
     ).eval()
     theirs = nn.TransformerEncoderLayer(
-        d_model, h, dim_feedforward=d_ff, dropout=0.0, batch_first=True, norm_first=norm_first,
+        D_MODEL, H, dim_feedforward=D_FF, dropout=0.0, batch_first=True, norm_first=norm_first,
         activation="relu", layer_norm_eps=1e-6,
     ).eval()
-    attn, ff = ours.self_attn, ours.feed_forward
-    with torch.no_grad():
-        theirs.self_attn.in_proj_weight.copy_(torch.cat([lin.weight for lin in attn.linears[:3]]))
-        theirs.self_attn.in_proj_bias.copy_(torch.cat([lin.bias for lin in attn.linears[:3]]))
-        theirs.self_attn.out_proj.weight.copy_(attn.linears[3].weight)
-        theirs.self_attn.out_proj.bias.copy_(attn.linears[3].bias)
-        theirs.linear1.load_state_dict(ff.w_1.state_dict())
-        theirs.linear2.load_state_dict(ff.w_2.state_dict())
-        for i, norm in enumerate((theirs.norm1, theirs.norm2)):
-            norm.weight.uniform_(0.5, 1.5)
-            norm.bias.uniform_(-0.5, 0.5)
-            ours.sublayer[i].norm.load_state_dict(norm.state_dict())
-    x = torch.randn(2, 6, d_model)
+    copy_attention(ours.self_attn, theirs.self_attn)
+    copy_feed_forward_and_norms(ours, theirs, [theirs.norm1, theirs.norm2])
+    x = torch.randn(2, 6, D_MODEL)
     keep = torch.tensor([[True] * 6, [True] * 3 + [False] * 3])
     with torch.no_grad():
         expected = theirs(x, src_key_padding_mask=~keep)
         torch.testing.assert_close(ours(x, keep.unsqueeze(1)), expected)
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_decoder_layer_matches_torch_transformer_decoder_layer(norm_first):
+    torch.manual_seed(0)
+    ours = DecoderLayer(
+        D_MODEL,
+        MultiHeadedAttention(H, D_MODEL, dropout=0.0),
+        MultiHeadedAttention(H, D_MODEL, dropout=0.0),
+        PositionwiseFeedForward(D_MODEL, D_FF, dropout=0.0),
+        dropout=0.0,
+        norm_first=norm_first,
+    ).eval()
+    theirs = nn.TransformerDecoderLayer(
+        D_MODEL, H, dim_feedforward=D_FF, dropout=0.0, batch_first=True, norm_first=norm_first,
+        activation="relu", layer_norm_eps=1e-6,
+    ).eval()
+    copy_attention(ours.self_attn, theirs.self_attn)
+    copy_attention(ours.src_attn, theirs.multihead_attn)
+    copy_feed_forward_and_norms(ours, theirs, [theirs.norm1, theirs.norm2, theirs.norm3])
+    x, memory = torch.randn(2, 5, D_MODEL), torch.randn(2, 7, D_MODEL)
+    src_keep = torch.tensor([[True] * 7, [True] * 4 + [False] * 3])
+    with torch.no_grad():
+        expected = theirs(
+            x, memory, tgt_mask=~subsequent_mask(5)[0], memory_key_padding_mask=~src_keep
+        )
+        got = ours(x, memory, src_mask=src_keep.unsqueeze(1), tgt_mask=subsequent_mask(5))
+    torch.testing.assert_close(got, expected)
 
 
 # masks and positions ---------------------------------------------------------------------------
@@ -224,8 +264,17 @@ def test_subsequent_mask_is_lower_triangular_bool():
 
 
 def test_subsequent_mask_rejects_non_positive_size():
-    with pytest.raises(ValueError, match="size"):
+    with pytest.raises(ValueError, match="size must be at least 1"):
         subsequent_mask(0)
+
+
+def test_subsequent_mask_rejects_a_float_size():
+    with pytest.raises(TypeError, match="size must be an int"):
+        subsequent_mask(3.0)
+
+
+def test_subsequent_mask_accepts_tensor_sizes():
+    assert torch.equal(subsequent_mask(torch.tensor(3)), subsequent_mask(3))
 
 
 def test_positional_encoding_values_follow_the_formula():

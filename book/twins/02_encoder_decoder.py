@@ -42,9 +42,9 @@ enable_book_charts()
 # The Transformer. Left, the encoder: $N$ identical layers, each a self-attention block and a
 # feed-forward block. Right, the decoder: $N$ layers that add a third block, attention over the
 # encoder's output (the *memory*). Every block is wrapped in a residual connection and a layer
-# normalization ("add & norm"). Token embeddings plus positional encodings go in at the bottom;
-# a linear layer and a softmax turn the decoder's output into next-token probabilities at the
-# top.
+# normalization ("add & norm", drawn in the paper's post-norm order; see below). Token
+# embeddings plus positional encodings go in at the bottom; a linear layer and a softmax turn
+# the decoder's output into next-token probabilities at the top.
 # ```
 #
 # The picture has four kinds of parts: embeddings (chapter 4), attention (chapter 3),
@@ -197,7 +197,9 @@ torch.manual_seed(0)
 x = torch.randn(2, 5, 16) * 3 + 1
 ours, reference = LayerNorm(16), nn.LayerNorm(16, eps=1e-6)
 print("matches torch.nn.LayerNorm:", torch.allclose(ours(x), reference(x), atol=1e-6))
-print("mean", round(ours(x).mean().item(), 4), "std", round(ours(x).std(unbiased=False).item(), 4))
+y = ours(x)
+print("every position has mean 0:", torch.allclose(y.mean(-1), torch.zeros(2, 5), atol=1e-5))
+print("and variance 1:", torch.allclose(y.var(-1, unbiased=False), torch.ones(2, 5), atol=1e-4))
 
 # %% [markdown]
 # ## Residual connections, and where the norm goes
@@ -223,6 +225,13 @@ print("mean", round(ours(x).mean().item(), 4), "std", round(ours(x).std(unbiased
 #
 # Our `SublayerConnection` does both, pre-norm by default; `norm_first=False` gives the paper's
 # model. Dropout on the sublayer's output is the paper's "residual dropout" (§5.4).
+#
+# ```{note}
+# The classic Annotated Transformer put the norm first "for code simplicity" and could build
+# only the pre-norm model. We keep pre-norm as the default, since it is the easier model to
+# train, and add `norm_first=False` so that the paper's own arrangement can be built and
+# compared, layer for layer, with PyTorch's `nn.TransformerEncoderLayer(norm_first=False)`.
+# ```
 
 # %% tags=["export"]
 class SublayerConnection(nn.Module):
@@ -390,8 +399,10 @@ print("memory:", tuple(memory.shape), " decoder output:", tuple(out.shape))
 # %% tags=["export"]
 def subsequent_mask(size: int) -> torch.Tensor:
     """Causal mask (1, size, size): True where query position i may attend key j, i.e. j <= i."""
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ValueError(f"size must be a positive int (the target length), got {size!r}")
+    if isinstance(size, bool) or not hasattr(size, "__index__"):
+        raise TypeError(f"size must be an int (the target length), got {size!r}")
+    if size < 1:
+        raise ValueError(f"size must be at least 1 (the target length), got {size}")
     return torch.tril(torch.ones(1, size, size, dtype=torch.bool))
 
 

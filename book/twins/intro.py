@@ -109,7 +109,8 @@ def book_chart_html(spec: dict, **metadata) -> dict[str, str]:
         f'  vegaEmbed(el, {spec_json}, {{"actions": false}});\n'
         "})();"
     )
-    return {"text/html": f'<div id="{chart_id}" class="book-chart"></div>\n<script>\n{script}\n</script>'}
+    container = f'<div id="{chart_id}" class="book-chart"></div>'
+    return {"text/html": f"{container}\n<script>\n{script}\n</script>"}
 
 
 def enable_book_charts() -> None:
