@@ -37,7 +37,11 @@ def from_twin(path: Path) -> nbformat.NotebookNode:
 def execute(path: Path, nb: nbformat.NotebookNode) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "2")
     client = NotebookClient(
-        nb, timeout=1800, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+        nb,
+        timeout=1800,
+        kernel_name="python3",
+        record_timing=False,  # no timestamps in the stored notebook: re-runs give small diffs
+        resources={"metadata": {"path": str(path.parent)}},
     )
     client.execute()  # numbers the cells 1, 2, ... in order, as nbval expects
     nbformat.write(nb, path)
