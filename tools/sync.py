@@ -73,8 +73,10 @@ def module_text(notebooks: dict[Path, nbformat.NotebookNode]) -> str:
 
 
 def refreshed(nb: nbformat.NotebookNode, url: str) -> nbformat.NotebookNode:
-    """The notebook with its setup cell pointing at `url` and its jupytext pairing set."""
+    """The notebook with its setup cell pointing at `url`, its jupytext pairing set, and no
+    execution timestamps (they change on every run and say nothing)."""
     for cell in nb.cells:
+        cell.get("metadata", {}).pop("execution", None)
         if "setup" in tags(cell):
             cell.source = REPO_LINE.sub(lambda m: f'{m.group(1)}REPO = "{url}"', cell.source)
     nb.metadata.setdefault("jupytext", {})["formats"] = PAIRING
