@@ -21,7 +21,20 @@ MODULE = ROOT / "the_annotated_transformer.py"
 TWINS = "twins"
 TWIN_FORMAT = "py:percent"
 PAIRING = f"ipynb,{TWINS}//{TWIN_FORMAT}"
-REPO_LINE = re.compile(r'^(\s*)REPO = ".*"$', re.MULTILINE)
+# The Colab part of every setup cell, with the repository from _config.yml. It ends at the
+# first line that is not indented (the imports from the module that every environment runs).
+COLAB_BLOCK = re.compile(
+    r'^if "google\.colab" in sys\.modules:\n(?:    .*\n|\n)*(?:    .*$)?', re.MULTILINE
+)
+COLAB_TEMPLATE = """\
+if "google.colab" in sys.modules:
+    import subprocess
+
+    REPO = "{url}"
+    package = f"the-annotated-transformer[book] @ git+{{REPO}}"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
+
+"""
 
 HEADER = '''\
 # %% [markdown]
@@ -73,12 +86,13 @@ def module_text(notebooks: dict[Path, nbformat.NotebookNode]) -> str:
 
 
 def refreshed(nb: nbformat.NotebookNode, url: str) -> nbformat.NotebookNode:
-    """The notebook with its setup cell pointing at `url`, its jupytext pairing set, and no
-    execution timestamps (they change on every run and say nothing)."""
+    """The notebook with its setup cell's Colab block installing from `url`, its jupytext
+    pairing set, and no execution timestamps (they change on every run and say nothing)."""
     for cell in nb.cells:
         cell.get("metadata", {}).pop("execution", None)
         if "setup" in tags(cell):
-            cell.source = REPO_LINE.sub(lambda m: f'{m.group(1)}REPO = "{url}"', cell.source)
+            block = COLAB_TEMPLATE.format(url=url)
+            cell.source = COLAB_BLOCK.sub(lambda _, b=block: b, cell.source, count=1).rstrip()
     nb.metadata.setdefault("jupytext", {})["formats"] = PAIRING
     return nb
 

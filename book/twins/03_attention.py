@@ -20,10 +20,8 @@ if "google.colab" in sys.modules:
     import subprocess
 
     REPO = "https://github.com/annotated-transformer/annotated-transformer-book"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", f"the-annotated-transformer[book] @ git+{REPO}"],
-        check=True,
-    )
+    package = f"the-annotated-transformer[book] @ git+{REPO}"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
 
 from the_annotated_transformer import clones, enable_book_charts, subsequent_mask
 

@@ -15,10 +15,8 @@ if "google.colab" in sys.modules:
     import subprocess
 
     REPO = "https://github.com/annotated-transformer/annotated-transformer-book"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", f"the-annotated-transformer[book] @ git+{REPO}"],
-        check=True,
-    )
+    package = f"the-annotated-transformer[book] @ git+{REPO}"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
 
 from the_annotated_transformer import MultiHeadedAttention, enable_book_charts
 
@@ -335,7 +333,8 @@ for module in (PositionalEncoding(32, dropout=0.0, max_len=10),
     except ValueError as error:
         print("  ValueError:", error)
 short, long = PositionalEncoding(32, 0.0, max_len=10), PositionalEncoding(32, 0.0, max_len=5000)
-print("a longer sinusoidal table begins with the shorter one:", torch.equal(short.pe, long.pe[:, :10]))
+same_start = torch.equal(short.pe, long.pe[:, :10])
+print("a longer sinusoidal table begins with the shorter one:", same_start)
 
 # %% [markdown]
 # ## What we have, and what comes next

@@ -17,10 +17,8 @@ if "google.colab" in sys.modules:
     import subprocess
 
     REPO = "https://github.com/annotated-transformer/annotated-transformer-book"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", f"the-annotated-transformer[book] @ git+{REPO}"],
-        check=True,
-    )
+    package = f"the-annotated-transformer[book] @ git+{REPO}"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
 
 from the_annotated_transformer import MultiHeadedAttention, enable_book_charts
 
@@ -230,7 +228,7 @@ with torch.no_grad():
     for n in (16, 32, 64, 128, 256, 512, 1024):
         x = torch.randn(batch, n, d_model)  # (batch, n, d_model)
         seconds = {name: [] for name in layers}
-        for name, layer in layers.items():
+        for layer in layers.values():
             layer(x)  # warm-up
         for _ in range(repeats):
             for name, layer in layers.items():
@@ -248,8 +246,10 @@ for n in sorted({t["n"] for t in timings}):
     print(f"{n:5d} " + " ".join(f"{row[name]:18.2f}" for name in layers))
 ms = {(t["n"], t["layer"]): t["ms"] for t in timings}
 for n in (16, 256, 1024):
-    print(f"n = {n}: LSTM / self-attention {ms[n, 'recurrent (LSTM)'] / ms[n, 'self-attention']:.1f}, "
-          f"self-attention / convolution {ms[n, 'self-attention'] / ms[n, 'convolution (k=3)']:.1f}")
+    lstm_vs_attention = ms[n, "recurrent (LSTM)"] / ms[n, "self-attention"]
+    attention_vs_conv = ms[n, "self-attention"] / ms[n, "convolution (k=3)"]
+    print(f"n = {n}: LSTM / self-attention {lstm_vs_attention:.1f}, "
+          f"self-attention / convolution {attention_vs_conv:.1f}")
 
 alt.Chart(alt.Data(values=timings)).mark_line(point=True).encode(
     x=alt.X("n:Q", scale=alt.Scale(type="log", base=2), title="sequence length n"),

@@ -23,10 +23,8 @@ if "google.colab" in sys.modules:
     import subprocess
 
     REPO = "https://github.com/annotated-transformer/annotated-transformer-book"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", f"the-annotated-transformer[book] @ git+{REPO}"],
-        check=True,
-    )
+    package = f"the-annotated-transformer[book] @ git+{REPO}"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
 
 from the_annotated_transformer import enable_book_charts
 
@@ -431,8 +429,6 @@ for split in ["val", "test_2016_flickr"]:
 # Saving and loading gives back the same table:
 
 # %%
-import tempfile
-
 with tempfile.TemporaryDirectory() as folder:
     vocab_src.save(Path(folder) / "vocab_de.json")
     assert Vocab.load(Path(folder) / "vocab_de.json") == vocab_src

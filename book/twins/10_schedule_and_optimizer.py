@@ -15,10 +15,8 @@ if "google.colab" in sys.modules:
     import subprocess
 
     REPO = "https://github.com/annotated-transformer/annotated-transformer-book"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", f"the-annotated-transformer[book] @ git+{REPO}"],
-        check=True,
-    )
+    package = f"the-annotated-transformer[book] @ git+{REPO}"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
 
 from the_annotated_transformer import enable_book_charts, make_model
 
@@ -107,11 +105,12 @@ def feed_forward_parameters(d_model: int, d_ff: int) -> int:
 def transformer_parameters(N: int, d_model: int, d_ff: int, vocab: int) -> dict[str, int]:
     """Parameters of the paper's model by part (one shared embedding, post-norm layers)."""
     norm = 2 * d_model
-    encoder_layer = attention_parameters(d_model) + feed_forward_parameters(d_model, d_ff) + 2 * norm
-    decoder_layer = (
-        2 * attention_parameters(d_model) + feed_forward_parameters(d_model, d_ff) + 3 * norm
-    )
-    return {"encoder": N * encoder_layer, "decoder": N * decoder_layer, "embedding": vocab * d_model}
+    feed_forward = feed_forward_parameters(d_model, d_ff)
+    encoder_layer = attention_parameters(d_model) + feed_forward + 2 * norm
+    decoder_layer = 2 * attention_parameters(d_model) + feed_forward + 3 * norm
+    return {
+        "encoder": N * encoder_layer, "decoder": N * decoder_layer, "embedding": vocab * d_model
+    }
 
 
 configs = {  # the paper's Table 3

@@ -15,10 +15,8 @@ if "google.colab" in sys.modules:
     import subprocess
 
     REPO = "https://github.com/annotated-transformer/annotated-transformer-book"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", f"the-annotated-transformer[book] @ git+{REPO}"],
-        check=True,
-    )
+    package = f"the-annotated-transformer[book] @ git+{REPO}"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
 
 from the_annotated_transformer import SublayerConnection, enable_book_charts
 
@@ -70,8 +68,9 @@ def added(module: SublayerConnection) -> torch.Tensor:
 connection.train()
 residual = added(connection)
 dropped = residual.abs() < 1e-6
-print(f"training: {dropped.float().mean():.1%} of the sub-layer's output zeroed; survivors scaled by "
-      f"{(residual[~dropped] / normed[~dropped]).mean():.4f} (1/0.9 = {1 / 0.9:.4f})")
+scale = (residual[~dropped] / normed[~dropped]).mean()
+print(f"training: {dropped.float().mean():.1%} of the sub-layer's output zeroed; "
+      f"survivors scaled by {scale:.4f} (1/0.9 = {1 / 0.9:.4f})")
 connection.eval()
 print("evaluation: the connection adds exactly the sub-layer's output:",
       torch.allclose(added(connection), normed, atol=1e-6))
