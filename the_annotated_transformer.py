@@ -514,6 +514,183 @@ def greedy_decode(
 
 
 # %% [markdown]
+# ## From book/07_batches_and_masking.ipynb
+
+
+# %%
+import torch
+
+
+class Batch:
+    """A batch of token sequences with its masks, and for training, decoder inputs and labels."""
+
+    def __init__(self, src: torch.Tensor, tgt: torch.Tensor | None = None, pad: int = 2):
+        if not isinstance(src, torch.Tensor) or src.dim() != 2 or src.is_floating_point():
+            raise TypeError("src must be an integer tensor of shape (batch, n_src)")
+        self.src = src  # (batch, n_src)
+        self.src_mask = (src != pad).unsqueeze(-2)  # (batch, 1, n_src)
+        if tgt is not None:
+            if not isinstance(tgt, torch.Tensor) or tgt.dim() != 2 or tgt.is_floating_point():
+                raise TypeError("tgt must be an integer tensor of shape (batch, n_tgt)")
+            if tgt.size(0) != src.size(0) or tgt.size(1) < 2:
+                raise ValueError(
+                    f"tgt must have shape ({src.size(0)}, n_tgt) with n_tgt >= 2, "
+                    f"got {tuple(tgt.shape)}"
+                )
+            self.tgt = tgt[:, :-1]  # (batch, n_tgt): decoder input, y_0 .. y_{m-1}
+            self.tgt_y = tgt[:, 1:]  # (batch, n_tgt): labels, y_1 .. y_m
+            self.tgt_mask = self.make_std_mask(self.tgt, pad)  # (batch, n_tgt, n_tgt)
+            self.ntokens = int((self.tgt_y != pad).sum())
+
+    @staticmethod
+    def make_std_mask(tgt: torch.Tensor, pad: int) -> torch.Tensor:
+        """Mask hiding padding and future positions: query i may see key j if j is real, j <= i."""
+        tgt_mask = (tgt != pad).unsqueeze(-2)  # (batch, 1, n_tgt)
+        return tgt_mask & subsequent_mask(tgt.size(-1)).to(tgt.device)  # (batch, n_tgt, n_tgt)
+
+    def to(self, device: torch.device | str) -> "Batch":
+        """Move every tensor of the batch to `device` (in place) and return the batch."""
+        for name, value in vars(self).items():
+            if isinstance(value, torch.Tensor):
+                setattr(self, name, value.to(device))
+        return self
+
+    def __len__(self) -> int:
+        return self.src.size(0)
+
+    def __repr__(self) -> str:
+        shapes = ", ".join(
+            f"{name}={tuple(value.shape)}"
+            for name, value in vars(self).items()
+            if isinstance(value, torch.Tensor)
+        )
+        ntokens = f", ntokens={self.ntokens}" if hasattr(self, "ntokens") else ""
+        return f"Batch({shapes}{ntokens})"
+
+
+# %% [markdown]
+# ## From book/08_training_loop.ipynb
+
+
+# %%
+from dataclasses import dataclass
+
+
+@dataclass
+class TrainState:
+    """Counters that outlive one epoch: micro-batches, optimizer steps, sentences and tokens."""
+
+    step: int = 0  # micro-batches seen (forward and backward passes)
+    accum_step: int = 0  # optimizer steps taken
+    samples: int = 0  # sentences seen
+    tokens: int = 0  # target tokens seen (without padding)
+
+
+# %%
+import torch
+from torch import nn
+
+
+class SimpleLossCompute:
+    """Generator, then criterion; return the summed loss and the loss divided by `norm`."""
+
+    def __init__(self, generator: nn.Module, criterion: nn.Module):
+        self.generator = generator
+        self.criterion = criterion  # must return the loss summed over the real tokens
+
+    def __call__(
+        self, x: torch.Tensor, y: torch.Tensor, norm: float
+    ) -> tuple[float, torch.Tensor]:
+        x = self.generator(x)  # (batch, n_tgt, tgt_vocab), log-probabilities
+        loss_sum = self.criterion(x.reshape(-1, x.size(-1)), y.reshape(-1))  # over all tokens
+        return float(loss_sum.detach()), loss_sum / norm
+
+
+# %%
+import time
+from collections.abc import Iterable, Iterator
+
+
+def accumulation_groups(batches: Iterable, accum_iter: int) -> Iterator[list]:
+    """Consecutive groups of `accum_iter` batches; the last group may be shorter."""
+    group = []
+    for batch in batches:
+        group.append(batch)
+        if len(group) == accum_iter:
+            yield group
+            group = []
+    if group:
+        yield group
+
+
+def run_epoch(
+    data_iter: Iterable,
+    model: nn.Module,
+    loss_compute,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler=None,
+    *,
+    mode: str = "train",
+    accum_iter: int = 1,
+    train_state: TrainState | None = None,
+    log_every: int | None = 40,
+    progress: bool = False,
+) -> tuple[float, TrainState]:
+    """Run one pass over `data_iter`; return the mean loss per target token and the counters."""
+    if mode not in ("train", "eval"):
+        raise ValueError(f"mode must be 'train' or 'eval', got {mode!r}")
+    if not isinstance(accum_iter, int) or accum_iter < 1:
+        raise ValueError(f"accum_iter must be a positive integer, got {accum_iter!r}")
+    train = mode == "train"
+    if train and optimizer is None:
+        raise ValueError("optimizer is required when mode='train'")
+    state = TrainState() if train_state is None else train_state  # never shared between calls
+    model.train(train)  # dropout on for training, off for evaluation
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(desc=mode, unit="batch", leave=False)
+    total_loss, total_tokens = 0.0, 0  # over the epoch
+    log_loss, log_tokens, log_start = 0.0, 0, time.perf_counter()  # since the last log line
+    with torch.set_grad_enabled(train):
+        for group in accumulation_groups(data_iter, accum_iter):
+            group_tokens = max(sum(batch.ntokens for batch in group), 1)  # T = T_1 + ... + T_k
+            for batch in group:
+                out = model(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask)
+                loss_sum, loss = loss_compute(out, batch.tgt_y, group_tokens)  # S_i, S_i / T
+                if train:
+                    loss.backward()  # .grad accumulates the sum over the group
+                    state.step += 1
+                    state.samples += batch.src.size(0)
+                    state.tokens += batch.ntokens
+                total_loss += loss_sum
+                total_tokens += batch.ntokens
+                log_loss += loss_sum
+                log_tokens += batch.ntokens
+                if bar is not None:
+                    bar.update(1)
+            if not train:
+                continue
+            optimizer.step()  # once per group of accum_iter micro-batches
+            optimizer.zero_grad(set_to_none=True)
+            state.accum_step += 1
+            if scheduler is not None:
+                scheduler.step()  # the schedule counts optimizer steps
+            if log_every and state.accum_step % log_every == 0:
+                lr = optimizer.param_groups[0]["lr"]
+                speed = log_tokens / max(time.perf_counter() - log_start, 1e-9)
+                print(
+                    f"step {state.accum_step:6d} | loss {log_loss / max(log_tokens, 1):.4f}"
+                    f" | lr {lr:.3g} | {speed:,.0f} tokens/s"
+                )
+                log_loss, log_tokens, log_start = 0.0, 0, time.perf_counter()
+    if bar is not None:
+        bar.close()
+    return total_loss / max(total_tokens, 1), state
+
+
+# %% [markdown]
 # ## From book/09_training_data.ipynb
 
 
@@ -1020,3 +1197,56 @@ class LabelSmoothing(nn.Module):
         # Where the target is 0 the term is 0; mask x there so that log 0 = -inf gives no nan.
         x = x.masked_fill(true_dist == 0, 0.0)
         return self.criterion(x, true_dist)
+
+
+# %% [markdown]
+# ## From book/15_transformer_as_a_graph.ipynb
+
+
+# %%
+import math
+
+import torch
+
+
+def mask_to_edges(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Edges (key node, query node) of a (batch, n_q, n_k) mask: one per position allowed."""
+    if mask.dim() != 3:
+        raise ValueError(f"mask must have shape (batch, n_q, n_k), got {tuple(mask.shape)}")
+    batch, n_q, n_k = mask.shape
+    b, i, j = mask.bool().nonzero(as_tuple=True)  # each (E,)
+    return b * n_k + j, b * n_q + i  # key nodes, query nodes
+
+
+# %%
+def graph_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_nodes: torch.Tensor,
+    query_nodes: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention along edges (key node -> query node): (output (n_q, h, d_v), weights (E, h)).
+
+    `query` is (n_q, h, d_k), `key` (n_k, h, d_k), `value` (n_k, h, d_v): one row per node.
+    Cost grows with the number of edges, not with n_q * n_k. A query node with no edge gets 0.
+    """
+    if key_nodes.shape != query_nodes.shape or key_nodes.dim() != 1:
+        raise ValueError(
+            f"key_nodes {tuple(key_nodes.shape)} and query_nodes {tuple(query_nodes.shape)} "
+            "must be two 1-D tensors of the same length, one entry per edge"
+        )
+    n_q, h, d_k = query.shape
+    # 1) one score per edge and head
+    scores = (query[query_nodes] * key[key_nodes]).sum(-1) / math.sqrt(d_k)  # (E, h)
+    # 2) softmax over the edges that arrive at the same query node
+    top = torch.full((n_q, h), -math.inf, dtype=scores.dtype, device=scores.device)
+    top = top.scatter_reduce(0, query_nodes[:, None].expand_as(scores), scores, "amax")
+    weights = (scores - top[query_nodes]).exp()  # (E, h)
+    total = torch.zeros((n_q, h), dtype=scores.dtype, device=scores.device)
+    total = total.index_add(0, query_nodes, weights)  # (n_q, h)
+    weights = weights / total[query_nodes]  # (E, h), sums to 1 at each query node
+    # 3) a message per edge, 4) summed at its query node
+    messages = weights[..., None] * value[key_nodes]  # (E, h, d_v)
+    output = torch.zeros((n_q, h, value.size(-1)), dtype=value.dtype, device=value.device)
+    return output.index_add(0, query_nodes, messages), weights
