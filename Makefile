@@ -4,6 +4,8 @@
 #   make sync    regenerate the_annotated_transformer.py and the chapters' text twins
 #   make lint    ruff
 #   make clean   remove what the build made (keeps .venv; `make distclean` removes it too)
+#   make train   train the Multi30k model: CONFIG=cpu|base DEVICES=1 EPOCHS= RESUME=1
+#   make translate   German on stdin, English on stdout (CHECKPOINT= to pick another model)
 # Each target first sets up .venv (tools/setup_env.sh), so any of them works on a fresh clone.
 
 .DEFAULT_GOAL := book
@@ -15,10 +17,14 @@ STAMP := $(VENV)/.installed
 NBVAL := OMP_NUM_THREADS=2 $(PY) -m pytest --nbval --nbval-current-env \
 	--nbval-sanitize-with tests/sanitize.cfg -p no:randomly
 
-.PHONY: book test unit notebooks browser sync lint clean distclean setup
+CONFIG ?= cpu
+DEVICES ?= 1
 
+.PHONY: book test sync lint clean distclean setup train translate
+
+# Set-up messages go to stderr, so that `make translate` writes nothing but translations.
 $(STAMP): requirements.txt pyproject.toml tools/setup_env.sh tools/vendor_js.py
-	bash tools/setup_env.sh
+	@bash tools/setup_env.sh 1>&2
 
 setup: $(STAMP)
 
@@ -35,6 +41,13 @@ test: $(STAMP)
 
 sync: $(STAMP)
 	$(PY) tools/sync.py
+
+train: $(STAMP)
+	$(PY) tools/train.py --config $(CONFIG) --devices $(DEVICES) \
+		$(if $(EPOCHS),--epochs $(EPOCHS)) $(if $(RESUME),--resume)
+
+translate: $(STAMP)
+	@$(PY) tools/translate.py $(if $(CHECKPOINT),--checkpoint $(CHECKPOINT))
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -1,0 +1,1226 @@
+# %% [markdown]
+# # Multi30k: training on one or many devices
+#
+# Chapters 7 to 11 built every part of the paper's training recipe and tried it on toy data in
+# a loop of a few lines. A real run asks more of the loop than correctness. It lasts hours, so
+# it has to survive being stopped and continue as if nothing had happened. It may run on a
+# laptop, on one GPU or on eight, and should be the same program in each case. And at the end
+# someone wants to know how good the translations are, in a number that others can reproduce.
+#
+# This chapter turns the loop into such a training system for German-to-English translation on
+# Multi30k {cite}`elliott2016multi30k`: a configuration with presets for a CPU and for GPUs,
+# checkpoints that are written atomically and resume exactly, data split between processes,
+# `DistributedDataParallel` with bfloat16 autocast on GPUs, and evaluation with greedy decoding
+# and sacreBLEU {cite}`post2018call`. Two small scripts, `tools/train.py` and
+# `tools/translate.py`, put it on the command line. In the notebook everything runs on a tiny
+# model for a few hundred steps, so that the chapter stays fast; the real runs are commands.
+
+# %% tags=["setup", "hide-cell"]
+# Setup (hidden in the book): in Colab, install the book's package; everywhere, import what
+# earlier chapters built.
+import sys
+
+if "google.colab" in sys.modules:
+    import subprocess
+
+    REPO = "https://github.com/annotated-transformer/annotated-transformer-book"
+    package = f"the-annotated-transformer[book] @ git+{REPO}"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
+
+from the_annotated_transformer import (
+    SPECIALS,
+    Batch,
+    EncoderDecoder,
+    LabelSmoothing,
+    SimpleLossCompute,
+    TokenBudgetSampler,
+    TrainState,
+    Vocab,
+    accumulation_groups,
+    collate_batch,
+    enable_book_charts,
+    encode_pairs,
+    example_lengths,
+    filter_by_length,
+    greedy_decode,
+    load_multi30k,
+    load_tokenizers,
+    make_model,
+    rate,
+    repository_root,
+    tokenize,
+    tokenize_pairs,
+)
+
+enable_book_charts()
+
+# %% [markdown]
+# ## A run is a configuration
+#
+# Everything that decides what a run computes goes into one frozen dataclass: the model's sizes,
+# the batch, the schedule, the loss, the seed and where checkpoints go. A run is then fully
+# described by one value that can be printed, compared, stored in every checkpoint and checked
+# again on resume. Its defaults are the paper's base model; two presets name the runs this
+# book cares about.
+#
+# * **`base`** is the paper's base model ($N=6$, $d_{\text{model}}=512$, $d_{\text{ff}}=2048$,
+#   $h=8$, dropout 0.1, label smoothing 0.1, Adam with $\beta_2 = 0.98$ and the warmup schedule
+#   of chapter 10), for one or more GPUs. Multi30k is tiny next to WMT: with the paper's 25,000
+#   tokens per batch an epoch would be about sixteen optimizer steps. So a batch holds 4,096
+#   padded tokens and the warmup is 1,000 steps instead of 4,000, with `lr_factor=0.5` so that
+#   the peak learning rate, $0.5 \cdot 512^{-0.5} \cdot 1000^{-0.5} \approx 0.0007$, is the
+#   paper's. We have not run this preset for the book; it is a starting point, not a tested
+#   recipe.
+# * **`cpu`** is a small model for a 2-core CPU: $N=3$, $d_{\text{model}}=256$,
+#   $d_{\text{ff}}=1024$, $h=8$. Its size came from timing candidates, as described below.
+#
+# The batch size `max_tokens` counts the tokens of one optimizer step (without accumulation)
+# over *all* devices together: with $R$ processes each takes batches of `max_tokens // R`. The
+# configuration then describes the same optimization on one device or on eight (the same
+# number of steps per epoch, the same schedule), and more devices only make each step faster.
+# (Multi30k is too small to keep eight GPUs busy this way; the mechanics are the same for
+# larger data.)
+#
+# Both keep separate German and English vocabularies (chapter 9), so the embeddings cannot be
+# shared between encoder, decoder and generator as the paper's shared byte-pair vocabulary
+# allowed.
+
+# %% tags=["export"]
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything one Multi30k training run depends on; defaults are the paper's base model."""
+
+    N: int = 6
+    d_model: int = 512
+    d_ff: int = 2048
+    h: int = 8
+    dropout: float = 0.1
+    max_tokens: int = 4096  # padded tokens per batch (src and tgt each), all devices together
+    accum_iter: int = 1  # micro-batches per optimizer step
+    epochs: int = 30
+    warmup: int = 1000  # optimizer steps of linear warmup
+    lr_factor: float = 0.5
+    label_smoothing: float = 0.1
+    max_len: int = 72  # longest sentence kept, with <s> and </s>; also the decoding limit
+    min_freq: int = 2  # rarer words become <unk>
+    seed: int = 0
+    checkpoint_dir: str = "checkpoints/multi30k_base"
+    train_limit: int | None = None  # use only the first train_limit training pairs (demos, tests)
+    val_limit: int | None = None  # the same for the validation pairs
+
+    def __post_init__(self) -> None:
+        for name in ("N", "d_model", "d_ff", "h", "max_tokens", "accum_iter", "epochs", "warmup"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.d_model % self.h:
+            raise ValueError(f"d_model={self.d_model} is not divisible by h={self.h} heads")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing!r}")
+
+
+def training_config(name: str, **overrides) -> TrainConfig:
+    """The preset `name` ("cpu" or "base") with some fields replaced, e.g. epochs=2."""
+    presets = {
+        # A small model that this book's 2-core CPU trains in about two hours (see the text).
+        "cpu": TrainConfig(
+            N=3, d_model=256, d_ff=1024, h=8, dropout=0.1, max_tokens=1500, accum_iter=1,
+            epochs=12, warmup=1000, lr_factor=0.5, checkpoint_dir="checkpoints/multi30k_cpu",
+        ),
+        # The paper's base model; batch and warmup sized for Multi30k on one to eight GPUs.
+        "base": TrainConfig(),
+    }
+    if name not in presets:
+        raise ValueError(f"name must be one of {', '.join(presets)}, got {name!r}")
+    return replace(presets[name], **overrides)
+
+# %% [markdown]
+# How large can the CPU model be? We timed candidates on the real data: the full training set
+# with its vocabularies (8,012 German and 6,190 English words), a few warm-up steps, then 12 to
+# 30 timed optimizer steps of `train_epoch` (defined below), on this book's 2-core build
+# machine while other jobs shared it. An epoch of Multi30k's training set is 409,188 target
+# tokens, so each speed implies an epoch time:
+#
+# | candidate | threads | target tokens/s, separate runs | minutes per epoch |
+# |---|---|---|---|
+# | A: $N=3$, $d_{\text{model}}=256$, $d_{\text{ff}}=1024$, batches of 1,500 tokens | 1 | 798; 1,445; 906 | 4.7 to 8.5 |
+# | A, two threads | 2 | 138; 2,412; 170 | 2.8 to 49 |
+# | B: as A with $N=4$ | 1 | 1,150; 1,156; 788 | 5.9 to 8.7 |
+# | C: as A with batches of 3,000 tokens | 1 | 1,358; 893; 900 | 5.0 to 7.6 |
+# | D: as A with $N=2$ | 1 | 1,208; 1,185 | 5.6 to 5.8 |
+#
+# What the machine was doing meanwhile mattered more than the candidates did. Most striking is
+# the second row: in a quiet moment two threads were the fastest of all, but while other jobs
+# were busy they fell to 138 and 170 tokens/s, where one thread never fell below 798. The two
+# threads of each matrix product wait for each other, and one of them keeps losing its core.
+# That is why the worker below never gives its processes more threads than there are cores, and
+# why `tools/train.py` has a `--threads` option: on a shared machine, use one. The `cpu`
+# preset takes candidate A, the middle size, with 12 epochs: at the slowest one-thread speed we
+# saw that is 12 x 8.5 minutes, about 1.7 hours, plus a few seconds of validation per epoch.
+# A first real epoch of the preset, `python tools/train.py --config cpu --epochs 1 --threads 1`
+# on the same shared machine, took 332 seconds of training (1,232 target tokens/s) and 5.7
+# minutes in all, which puts twelve epochs at a bit over an hour.
+# Its warmup of 1,000 steps covers a little over three of the twelve epochs of 305 steps, and
+# `lr_factor=0.5` makes the peak learning rate
+# $0.5 \cdot 256^{-0.5} \cdot 1000^{-0.5} \approx 0.001$.
+
+# %%
+import pandas as pd
+
+presets = {name: training_config(name) for name in ("cpu", "base")}
+fields = ["N", "d_model", "d_ff", "h", "dropout", "max_tokens", "accum_iter", "epochs", "warmup",
+          "lr_factor", "label_smoothing", "max_len", "checkpoint_dir"]
+pd.DataFrame({name: [getattr(c, f) for f in fields] for name, c in presets.items()}, index=fields)
+
+# %%
+for bad in ({"d_model": 100, "h": 8}, {"max_tokens": 0}):
+    try:
+        training_config("cpu", **bad)
+    except ValueError as err:
+        print(f"{bad}: {err}")
+
+# %% [markdown]
+# ## Checkpoints that survive a crash
+#
+# A two-hour run will be interrupted sooner or later: a laptop goes to sleep, a shared GPU
+# machine reclaims its job, someone presses Ctrl-C. A checkpoint at the end of each epoch limits
+# the loss to one epoch, but only if the checkpoint itself is never half written. `torch.save`
+# straight onto `last.pt` would replace a good checkpoint with a truncated one if the process
+# died in the middle of writing, and the run would lose everything. So we write to a temporary
+# file in the same folder, force its bytes to disk, and only then rename it over the old one
+# with `os.replace`. On one file system a rename is atomic: whoever opens `last.pt` finds either
+# the old checkpoint or the new one, never a mixture. (The temporary file must be in the same
+# folder: across file systems a rename becomes a copy, and a copy can be interrupted too.)
+#
+# A checkpoint that can resume a run exactly holds more than the weights: the optimizer's state
+# (Adam's two running moments per parameter), the scheduler's step, the counters of
+# `TrainState`, the epoch, and the states of the random number generators, so that dropout
+# draws the same masks it would have drawn without the interruption.
+#
+# Loading uses `torch.load(..., weights_only=True)`. A checkpoint is a pickle, and a full
+# unpickler runs whatever code the file names, so loading a checkpoint from someone else would
+# be running their program. With `weights_only=True` PyTorch accepts only tensors and plain
+# containers of numbers and strings, which is why the random states are stored as the byte
+# tensors that `torch.get_rng_state` returns, and the configuration as a plain dict. A file that
+# is truncated or not a checkpoint at all gives an error that names it and says what to do.
+
+# %% tags=["export"]
+import os
+import pickle
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def save_checkpoint(checkpoint: dict[str, Any], path: str | os.PathLike) -> None:
+    """Write with torch.save to a temporary file beside path, then rename: all or nothing."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(checkpoint, f)
+            f.flush()
+            os.fsync(f.fileno())  # the bytes are on disk before the name points at them
+        os.chmod(tmp, 0o644)  # mkstemp makes files only their owner can read
+        os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new, never half
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_checkpoint(
+    path: str | os.PathLike, *, map_location: str | torch.device = "cpu"
+) -> dict[str, Any]:
+    """Read a checkpoint with weights_only=True (tensors and plain types; no code is run)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    try:
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    except (RuntimeError, EOFError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile) as err:
+        raise ValueError(
+            f"checkpoint {path} is truncated or corrupted and cannot be read ({err}); "
+            "delete it to start again, or resume from an intact copy"
+        ) from err
+    if not isinstance(checkpoint, dict) or "model" not in checkpoint:
+        raise ValueError(f"checkpoint {path} holds no model weights under the key 'model'")
+    return checkpoint
+
+# %%
+import tempfile
+from pathlib import Path
+
+import torch
+
+with tempfile.TemporaryDirectory() as folder:
+    path = Path(folder) / "last.pt"
+    state = {"model": {"weight": torch.arange(6.0).reshape(2, 3)}, "epoch": 1,
+             "rng": [{"torch": torch.get_rng_state(), "cuda": None}]}
+    save_checkpoint(state, path)
+    loaded = load_checkpoint(path)
+    assert torch.equal(loaded["model"]["weight"], state["model"]["weight"])
+    assert torch.equal(loaded["rng"][0]["torch"], state["rng"][0]["torch"])
+    print("files in the folder after saving:", sorted(p.name for p in Path(folder).iterdir()))
+
+    class Unsaveable:  # torch.save fails halfway through pickling this
+        def __reduce__(self):
+            raise RuntimeError("the process died while writing")
+
+    try:
+        save_checkpoint({"model": {}, "epoch": 2, "oops": Unsaveable()}, path)
+    except RuntimeError as err:
+        print("saving failed:", err)
+    print("files after the failed save:", sorted(p.name for p in Path(folder).iterdir()))
+    print("last.pt still holds epoch", load_checkpoint(path)["epoch"])
+
+    path.write_bytes(path.read_bytes()[:200])  # what a crash during a plain torch.save leaves
+    try:
+        load_checkpoint(path)
+    except ValueError as err:
+        print(str(err).replace(folder, "<folder>")[:110] + " ...")
+
+# %% [markdown]
+# ## Data for each device
+#
+# The data pipeline is chapter 9's: spaCy's tokenizers, vocabularies of the words seen at least
+# twice, pairs longer than `max_len` dropped, and `TokenBudgetSampler` filling batches up to a
+# budget of padded tokens. Three things are new.
+#
+# The vocabularies are built from the training split only (the validation and test sentences
+# must stay unseen) and written as JSON into the checkpoint folder. A resumed run, another
+# process of the same run, and later the translation script read them from there, so that word
+# $i$ means the same word everywhere. JSON rather than a pickle, for the same reason as
+# `weights_only` above.
+#
+# Each process (each *rank*) trains on its own share of the batches: the sampler builds the
+# same list of batches on every rank (same seed, same epoch) and rank $r$ of $R$ takes batches
+# $r, r + R, r + 2R, \dots$, like PyTorch's `DistributedSampler` does with single examples.
+# The shares are disjoint and together cover the data once per epoch. They must also be of
+# *equal length*: in distributed training every rank takes part in every gradient exchange,
+# and a rank with one batch more would wait forever for partners that have finished their
+# epoch. Chapter 9's sampler splits batches until their number is a multiple of $R$.
+#
+# Finally, a `DataLoader` turns index lists into `Batch` objects (chapter 7) with their masks.
+
+# %% tags=["export"]
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+PAD_ID = SPECIALS.index("<blank>")  # 2
+
+
+def multi30k_vocabularies(
+    config: TrainConfig, tokenizers: tuple[Any, Any], *, save: bool = True
+) -> tuple[Vocab, Vocab]:
+    """German and English vocabularies: read from the checkpoint folder, or built from train."""
+    folder = Path(config.checkpoint_dir)
+    paths = folder / "vocab_de.json", folder / "vocab_en.json"
+    if all(path.is_file() for path in paths):
+        return Vocab.load(paths[0]), Vocab.load(paths[1])
+    pairs = load_multi30k("train")[: config.train_limit]  # train only: val and test stay unseen
+    token_pairs = tokenize_pairs(pairs, *tokenizers)
+    vocab_src = Vocab.build([src for src, _ in token_pairs], min_freq=config.min_freq)
+    vocab_tgt = Vocab.build([tgt for _, tgt in token_pairs], min_freq=config.min_freq)
+    if save:
+        folder.mkdir(parents=True, exist_ok=True)
+        for vocab, path in zip((vocab_src, vocab_tgt), paths, strict=True):
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            vocab.save(tmp)
+            os.replace(tmp, path)  # like checkpoints: a reader never sees half a file
+    return vocab_src, vocab_tgt
+
+
+def multi30k_examples(
+    split: str,
+    vocab_src: Vocab,
+    vocab_tgt: Vocab,
+    tokenizers: tuple[Any, Any],
+    *,
+    max_len: int,
+    limit: int | None = None,
+) -> list[tuple[list[int], list[int]]]:
+    """The first `limit` pairs of a split as ids, without pairs longer than max_len."""
+    pairs = load_multi30k(split)[:limit]
+    examples = encode_pairs(tokenize_pairs(pairs, *tokenizers), vocab_src, vocab_tgt)
+    return filter_by_length(examples, max_len=max_len)[0]
+
+
+def collate_to_batch(pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> Batch:
+    """Pad a list of (src, tgt) id lists into a Batch with its masks (a DataLoader collate_fn)."""
+    src, tgt = collate_batch(pairs, pad_id=PAD_ID)  # (batch, n_src), (batch, n_tgt + 1)
+    return Batch(src, tgt, pad=PAD_ID)
+
+
+def multi30k_loader(
+    examples: Sequence[tuple[Sequence[int], Sequence[int]]],
+    *,
+    max_tokens: int,
+    shuffle: bool,
+    seed: int = 0,
+    num_replicas: int = 1,
+    rank: int = 0,
+) -> DataLoader:
+    """Token-budget batches of this rank's share of examples, as Batch objects."""
+    src_lengths, tgt_lengths = example_lengths(examples)
+    sampler = TokenBudgetSampler(
+        src_lengths, tgt_lengths, max_tokens=max_tokens, shuffle=shuffle, seed=seed,
+        num_replicas=num_replicas, rank=rank,
+    )
+    return DataLoader(examples, batch_sampler=sampler, collate_fn=collate_to_batch)
+
+# %%
+tokenizers = load_tokenizers()
+with tempfile.TemporaryDirectory() as folder:  # an empty checkpoint folder: build, don't save
+    tiny = TrainConfig(train_limit=400, checkpoint_dir=folder)
+    vocab_src, vocab_tgt = multi30k_vocabularies(tiny, tokenizers, save=False)
+examples = multi30k_examples("train", vocab_src, vocab_tgt, tokenizers, max_len=72, limit=400)
+shares = [
+    multi30k_loader(examples, max_tokens=300, shuffle=True, num_replicas=2, rank=rank)
+    for rank in range(2)
+]
+for share in shares:
+    share.batch_sampler.set_epoch(0)
+indices = [[i for batch in share.batch_sampler for i in batch] for share in shares]
+print("batches per rank:", [len(share) for share in shares])
+print("examples per rank:", [len(ix) for ix in indices], "of", len(examples))
+assert len(shares[0]) == len(shares[1])
+assert not set(indices[0]) & set(indices[1]) and len(set(indices[0] + indices[1])) == len(examples)
+print(next(iter(shares[0])))
+
+# %% [markdown]
+# ## One epoch, on any device
+#
+# `train_epoch` is chapter 8's `run_epoch` with three additions for real hardware.
+#
+# **Moving batches.** Each `Batch` is moved to the process's device just before use.
+#
+# **Gradient averaging.** With $R$ processes, `DistributedDataParallel` (DDP) keeps a full copy
+# of the model in each {cite}`li2020pytorch`. Every rank computes gradients on its own batch;
+# during `backward` DDP adds them up across ranks with an *all-reduce* and divides by $R$, in
+# buckets, overlapping the communication with the rest of the backward pass. Every rank then
+# holds the same averaged gradient, takes the same optimizer step, and the copies stay
+# identical without ever sending weights. What does the average mean here? Rank $r$ divides
+# its summed loss $S_r$ by its own token count $T_r$, so the step follows
+# $\frac{1}{R}\sum_r S_r / T_r$, a mean of per-rank means. That is not exactly the loss per
+# token of the global batch, $\sum_r S_r / \sum_r T_r$; but the token budget keeps the $T_r$
+# close to each other, so the two differ little, and dividing locally needs no extra
+# communication. (The test suite checks the distributed run against one process that computes
+# this same mean of per-rank means.)
+#
+# With gradient accumulation, the micro-batches before the last of a group run inside
+# `model.no_sync()`: their gradients only accumulate locally, and the all-reduce happens once,
+# in the backward pass of the group's last micro-batch, on the sum.
+#
+# **bfloat16 autocast.** On GPUs that support it, the forward pass runs under
+# `torch.autocast(dtype=torch.bfloat16)`: matrix multiplications take 16-bit inputs, which
+# moves half the bytes and runs on the tensor cores at several times the float32 speed, while
+# reductions such as softmax and the loss stay in float32 and the weights and optimizer state
+# remain float32 {cite}`micikevicius2018mixed`. bfloat16 keeps float32's 8 exponent bits and
+# gives up mantissa bits instead, so unlike float16 it cannot overflow where float32 would not,
+# and no loss scaling is needed {cite}`kalamkar2019study`. On a CPU autocast is off: the
+# float32 numbers there are the reference the tests compare against.
+
+# %% tags=["export"]
+import time
+from collections.abc import Iterable
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model itself, also when DistributedDataParallel wraps it."""
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def train_epoch(
+    model: nn.Module,
+    batches: Iterable[Batch],
+    criterion: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    *,
+    device: torch.device,
+    accum_iter: int = 1,
+    train_state: TrainState,
+    autocast_dtype: torch.dtype | None = None,
+    bar: Any = None,
+) -> tuple[float, int]:
+    """One training pass over this rank's batches; its summed loss and its target tokens."""
+    model.train()
+    loss_compute = SimpleLossCompute(unwrap(model).generator, criterion)
+    total_loss, total_tokens, start = 0.0, 0, time.perf_counter()
+    for group in accumulation_groups(batches, accum_iter):
+        group_tokens = max(sum(batch.ntokens for batch in group), 1)  # normalize by the group
+        for i, batch in enumerate(group):
+            batch = batch.to(device)
+            # DDP averages gradients across ranks during backward; skip that until the last
+            # micro-batch of the group, whose backward carries the accumulated sum.
+            last = i == len(group) - 1
+            skip_sync = isinstance(model, DistributedDataParallel) and not last
+            with model.no_sync() if skip_sync else nullcontext():
+                with torch.autocast(
+                    device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None
+                ):
+                    out = model(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask)
+                    loss_sum, loss = loss_compute(out, batch.tgt_y, group_tokens)
+                loss.backward()
+            train_state.step += 1
+            train_state.samples += len(batch)
+            train_state.tokens += batch.ntokens
+            total_loss += loss_sum
+            total_tokens += batch.ntokens
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+        train_state.accum_step += 1
+        if bar is not None:
+            bar.update(len(group))
+            speed = total_tokens / max(time.perf_counter() - start, 1e-9)
+            bar.set_postfix(
+                loss=f"{total_loss / max(total_tokens, 1):.3f}",
+                tokens_per_s=f"{speed:,.0f}",
+                lr=f"{optimizer.param_groups[0]['lr']:.2e}",
+            )
+    return total_loss, total_tokens
+
+
+def evaluate(
+    model: nn.Module,
+    batches: Iterable[Batch],
+    criterion: nn.Module,
+    *,
+    device: torch.device,
+    autocast_dtype: torch.dtype | None = None,
+) -> tuple[float, int]:
+    """Summed loss and target tokens over batches, without dropout or gradients."""
+    model = unwrap(model)  # no gradients, so nothing for DDP to synchronize
+    model.eval()
+    loss_compute = SimpleLossCompute(model.generator, criterion)
+    total_loss, total_tokens = 0.0, 0
+    with torch.no_grad():
+        for batch in batches:
+            batch = batch.to(device)
+            with torch.autocast(
+                device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None
+            ):
+                out = model(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask)
+                loss_sum, _ = loss_compute(out, batch.tgt_y, 1)
+            total_loss += loss_sum
+            total_tokens += batch.ntokens
+    return total_loss, total_tokens
+
+# %% [markdown]
+# ## The worker
+#
+# `train_worker` is everything one process does, from its rank to its last checkpoint:
+#
+# 1. **Device and threads.** Rank $r$ takes GPU `LOCAL_RANK` (its number on its own machine) if
+#    there are GPUs, else the CPU. Several CPU processes on one machine split the cores between
+#    them. On this book's 2-core machine, twenty steps of a small model in two gloo processes
+#    took 58.8 s with two threads per process, and 4.6 s and 7.6 s (two runs) with one: four
+#    threads on two cores keep waiting for each other.
+# 2. **Process group.** With more than one process, `torch.distributed` connects them, through
+#    NCCL between GPUs or gloo between CPU processes; where to meet (`MASTER_ADDR`,
+#    `MASTER_PORT`) comes from the environment.
+# 3. **Data and model.** Rank 0 builds or reads the vocabularies; the others wait at a barrier
+#    and read what it wrote. Every rank seeds the generator identically before building the
+#    model, so all copies start from the same weights (DDP would copy rank 0's anyway), then
+#    reseeds with its rank so that dropout masks differ between ranks.
+# 4. **Resume.** With `resume=True` and a `last.pt` in the checkpoint folder, everything that
+#    changes during training is restored: weights, optimizer, scheduler, counters, epoch, and
+#    each rank's random state (torch's CPU generator and, on a GPU, its CUDA generator; nothing
+#    here draws from Python's `random` or NumPy). The scheduler is created before its state is
+#    loaded (it sets the learning rate when created), and the random state is restored last,
+#    after model creation has drawn its initial weights.
+# 5. **Epochs.** Train, validate (the per-rank sums of loss and tokens are added up over all
+#    ranks), report, and let rank 0 write the checkpoint, holding all ranks' random states.
+#    Rank 0 shows a tqdm bar on stderr with the running loss, tokens per second and learning
+#    rate; on GPUs each epoch also reports the peak memory (`torch.cuda.max_memory_allocated`)
+#    and the GPU's utilization as `nvidia-ml-py` samples it at the end of the epoch, when that
+#    package is installed.
+#
+# The same function runs in three ways: called directly for one process, started by
+# `train_distributed` below, or started by `torchrun`, in which case it reads `RANK`,
+# `WORLD_SIZE` and `LOCAL_RANK` from the environment.
+
+# %% tags=["export"]
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+
+def rng_states(device: torch.device) -> dict[str, torch.Tensor | None]:
+    """This process's random number generator states, as tensors (safe for weights_only)."""
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return {"torch": torch.get_rng_state(), "cuda": cuda}
+
+
+def set_rng_states(states: dict[str, torch.Tensor | None], device: torch.device) -> None:
+    """Restore what rng_states returned, so that dropout draws the same masks again."""
+    torch.set_rng_state(states["torch"])
+    if device.type == "cuda" and states.get("cuda") is not None:
+        torch.cuda.set_rng_state(states["cuda"], device)
+
+
+def device_report(device: torch.device) -> dict[str, float]:
+    """Peak GPU memory of this process and the GPU's utilization (nvidia-ml-py, if installed)."""
+    if device.type != "cuda":
+        return {}
+    report = {"max_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30}
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+        report["utilization_percent"] = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+    except Exception:  # nvidia-ml-py missing or no driver access: memory alone is still useful
+        pass
+    return report
+
+
+def hardware_name(device: torch.device, world_size: int) -> str:
+    """The devices a run used, in words, for the checkpoint and the shipped model's notes."""
+    if device.type == "cuda":
+        return f"{world_size} x {torch.cuda.get_device_name(device)}"
+    cpu = platform.processor() or platform.machine()
+    try:  # Linux names the processor model here
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        cpu = f"{names[0]}, {len(names)} cores" if names else cpu
+    except OSError:
+        pass
+    return f"{world_size} CPU process(es) x {torch.get_num_threads()} thread(s), {cpu}"
+
+
+def train_worker(
+    rank: int | None = None,
+    world_size: int | None = None,
+    config: TrainConfig | None = None,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    threads: int | None = None,
+) -> list[dict[str, float]]:
+    """Train (or resume) on one device as one of world_size processes; the per-epoch history.
+
+    Started by train_distributed, by torchrun (rank and world size then come from the
+    environment: RANK, WORLD_SIZE, LOCAL_RANK), or called directly for one process.
+    """
+    config = training_config("cpu") if config is None else config
+    rank = int(os.environ.get("RANK", 0)) if rank is None else rank
+    world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    max_tokens = config.max_tokens // world_size  # the batch is shared among the ranks
+    if max_tokens < config.max_len:
+        raise ValueError(
+            f"max_tokens={config.max_tokens} shared by world_size={world_size} processes "
+            f"leaves {max_tokens} per batch, less than max_len={config.max_len}: raise "
+            "max_tokens or use fewer processes"
+        )
+    # 1) one device per process, and never more CPU threads than cores
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+        if threads is None and world_size > 1:
+            local_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+            threads = max(1, (cores or os.cpu_count() or 1) // local_size)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    distributed = world_size > 1
+    if distributed:  # MASTER_ADDR and MASTER_PORT come from train_distributed or torchrun
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, rank=rank, world_size=world_size)
+    try:
+        # 2) data: rank 0 builds (or reads) the vocabularies, the others read what it wrote
+        tokenizers = load_tokenizers()
+        if rank == 0:
+            vocab_src, vocab_tgt = multi30k_vocabularies(config, tokenizers)
+        if distributed:
+            dist.barrier()
+        if rank != 0:
+            vocab_src, vocab_tgt = multi30k_vocabularies(config, tokenizers, save=False)
+        train_data, val_data = (
+            multi30k_examples(split, vocab_src, vocab_tgt, tokenizers, max_len=config.max_len,
+                              limit=limit)
+            for split, limit in [("train", config.train_limit), ("val", config.val_limit)]
+        )
+        shard = {"max_tokens": max_tokens, "num_replicas": world_size, "rank": rank,
+                 "seed": config.seed}
+        train_loader = multi30k_loader(train_data, shuffle=True, **shard)
+        val_loader = multi30k_loader(val_data, shuffle=False, **shard)
+        # 3) model (the same initial weights on every rank), optimizer, schedule, loss
+        torch.manual_seed(config.seed)
+        model = make_model(
+            len(vocab_src), len(vocab_tgt), N=config.N, d_model=config.d_model,
+            d_ff=config.d_ff, h=config.h, dropout=config.dropout,
+        ).to(device)
+        if distributed:
+            model = DistributedDataParallel(
+                model, device_ids=[device.index] if device.type == "cuda" else None
+            )
+        optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer,
+            lr_lambda=lambda step: rate(step, config.d_model, config.lr_factor, config.warmup),
+        )
+        criterion = LabelSmoothing(len(vocab_tgt), PAD_ID, smoothing=config.label_smoothing)
+        use_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        autocast_dtype = torch.bfloat16 if use_bf16 else None
+        # 4) resume: weights, optimizer moments, schedule, counters and random states
+        path = Path(config.checkpoint_dir) / "last.pt"
+        start_epoch, train_state, history, elapsed = 0, TrainState(), [], 0.0
+        rng = None
+        if resume and path.exists():
+            checkpoint = load_checkpoint(path)
+            for name in ("N", "d_model", "d_ff", "h"):
+                if checkpoint["config"][name] != getattr(config, name):
+                    raise ValueError(
+                        f"checkpoint {path} has {name}={checkpoint['config'][name]}, but the "
+                        f"config asks for {name}={getattr(config, name)}"
+                    )
+            unwrap(model).load_state_dict(checkpoint["model"])
+            optimizer.load_state_dict(checkpoint["optimizer"])
+            scheduler.load_state_dict(checkpoint["scheduler"])
+            train_state = TrainState(**checkpoint["train_state"])
+            start_epoch, history = checkpoint["epoch"], checkpoint["history"]
+            elapsed = checkpoint["elapsed_s"]
+            if len(checkpoint["rng"]) == world_size:
+                rng = checkpoint["rng"][rank]
+            else:
+                print(f"{path} was written by {len(checkpoint['rng'])} processes, not "
+                      f"{world_size}: random states start afresh", file=sys.stderr)
+                torch.manual_seed(config.seed + 1_000 * start_epoch + rank)
+            if rank == 0:
+                print(f"resumed from {path} after epoch {start_epoch}", file=sys.stderr)
+        if rng is not None:
+            set_rng_states(rng, device)
+        elif start_epoch == 0:
+            torch.manual_seed(config.seed + rank)  # each rank its own dropout masks
+        # 5) the epochs: train, validate, report, checkpoint
+        for epoch in range(start_epoch, config.epochs):
+            train_loader.batch_sampler.set_epoch(epoch)  # a new order, the same on every rank
+            bar = None
+            if progress and rank == 0:
+                from tqdm.auto import tqdm
+
+                bar = tqdm(total=len(train_loader), desc=f"epoch {epoch + 1}/{config.epochs}",
+                           unit="batch", file=sys.stderr, leave=False)
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            start = time.perf_counter()
+            train_sums = train_epoch(
+                model, train_loader, criterion, optimizer, scheduler, device=device,
+                accum_iter=config.accum_iter, train_state=train_state,
+                autocast_dtype=autocast_dtype, bar=bar,
+            )
+            seconds = time.perf_counter() - start
+            if bar is not None:
+                bar.close()
+            val_sums = evaluate(model, val_loader, criterion, device=device,
+                                autocast_dtype=autocast_dtype)
+            sums = [*train_sums, *val_sums]
+            if distributed:  # loss sums and token counts of all ranks
+                totals = torch.tensor(sums, dtype=torch.float64, device=device)
+                dist.all_reduce(totals)
+                sums = totals.tolist()
+            train_loss, train_tokens, val_loss, val_tokens = sums
+            elapsed += seconds
+            report = device_report(device)
+            record = {
+                "epoch": epoch + 1,
+                "train_loss": train_loss / max(train_tokens, 1),
+                "val_loss": val_loss / max(val_tokens, 1),
+                "seconds": seconds,
+                "tokens_per_s": train_tokens / seconds,
+                **report,
+            }
+            history.append(record)
+            rng_all = [rng_states(device)]
+            if distributed:
+                rng_all = [None] * world_size
+                dist.all_gather_object(rng_all, rng_states(device))
+            if rank == 0:
+                save_checkpoint(
+                    {
+                        "model": unwrap(model).state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                        "scheduler": scheduler.state_dict(),
+                        "train_state": asdict(train_state),
+                        "epoch": epoch + 1,
+                        "rng": rng_all,
+                        "history": history,
+                        "config": asdict(config),
+                        "elapsed_s": elapsed,
+                        "hardware": hardware_name(device, world_size),
+                        "command": " ".join(["python", *sys.argv]),
+                    },
+                    path,
+                )
+                gpu = ""
+                if "max_memory_gib" in report:
+                    gpu += f" | {report['max_memory_gib']:.1f} GiB peak"
+                if "utilization_percent" in report:
+                    gpu += f" | GPU {report['utilization_percent']:.0f}% busy"
+                print(
+                    f"epoch {epoch + 1:2d} | train loss {record['train_loss']:.4f} | "
+                    f"val loss {record['val_loss']:.4f} | "
+                    f"{record['tokens_per_s']:,.0f} tokens/s | {seconds:.1f} s{gpu}",
+                    flush=True,
+                )
+        return history
+    finally:
+        if distributed:
+            dist.destroy_process_group()
+
+# %% [markdown]
+# Here is the whole system on a tiny configuration that the notebook can afford: one layer,
+# $d_{\text{model}}=64$, the first 2,000 training pairs and the first 200 validation pairs, one
+# thread. We train for two epochs and then stop, as if the machine had gone away.
+
+# %%
+import shutil
+
+demo_dir = Path(tempfile.gettempdir()) / "annotated-transformer-multi30k-demo"
+shutil.rmtree(demo_dir, ignore_errors=True)
+demo = TrainConfig(
+    N=1, d_model=64, d_ff=256, h=4, dropout=0.1, max_tokens=500, epochs=2, warmup=100,
+    lr_factor=1.0, train_limit=2000, val_limit=200, checkpoint_dir=str(demo_dir),
+)
+history = train_worker(0, 1, demo, progress=False, threads=1)
+print(sorted(p.name for p in demo_dir.iterdir()))
+
+# %% [markdown]
+# The training loss is the label-smoothed loss of chapter 11 per target token, so it cannot
+# reach zero. The checkpoint folder holds the two vocabularies and `last.pt`. Now we "restart"
+# with `resume=True` and a budget of four epochs: the worker reads `last.pt` and continues with
+# epoch 3, with the optimizer moments, learning rate, step counter and random state that an
+# uninterrupted run would have had at that point. (The test suite checks that claim: a run
+# stopped and resumed ends with exactly the weights of one that never stopped.)
+
+# %%
+history = train_worker(0, 1, replace(demo, epochs=4), resume=True, progress=False, threads=1)
+state = load_checkpoint(demo_dir / "last.pt")
+print(f"epoch {state['epoch']}, train state {state['train_state']}")
+print("stored keys:", sorted(state))
+
+# %%
+import altair as alt
+
+alt.Chart(alt.Data(values=[
+    {"epoch": r["epoch"], "loss": round(r[key], 4), "split": split}
+    for r in history for key, split in [("train_loss", "train"), ("val_loss", "validation")]
+])).mark_line(point=True).encode(
+    x=alt.X("epoch:O", title="epoch"),
+    y=alt.Y("loss:Q", title="label-smoothed loss per token", scale=alt.Scale(zero=False)),
+    color=alt.Color("split:N", title=None),
+    tooltip=["epoch:O", "split:N", "loss:Q"],
+).properties(width=360, height=200, title="The tiny demo model, stopped after epoch 2 and resumed")
+
+# %% [markdown]
+# ## Many processes
+#
+# On one machine, `train_distributed` starts one process per device with
+# `torch.multiprocessing.spawn`, after choosing a free port for them to meet on. On a machine
+# with GPUs each process drives one GPU through NCCL; without GPUs the processes share the CPU
+# and talk through gloo, which is slower than one process on the same cores but exercises the
+# same code (the tests run it this way).
+#
+# For several machines, PyTorch's launcher `torchrun` starts the processes instead, and sets
+# `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR` and `MASTER_PORT` for each; `tools/train.py`
+# notices and calls `train_worker` directly. The commands:
+#
+# ```bash
+# python tools/train.py --config cpu                       # one CPU process (one to two hours)
+# python tools/train.py --config cpu --threads 1           # the same on a machine shared with others
+# python tools/train.py --config base --devices 4          # four GPUs of this machine
+# torchrun --nproc_per_node=8 tools/train.py --config base  # eight GPUs, started by torchrun
+# # two machines with 8 GPUs each; run on both, with node_rank 0 and 1:
+# torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 \
+#     --master_addr=10.0.0.1 --master_port=29500 tools/train.py --config base
+# ```
+#
+# An interrupted run continues with the same command plus `--resume`. The checkpoint records
+# every rank's random state; a run resumed with a different number of processes still resumes
+# its weights, optimizer and schedule, but draws fresh random states, and says so.
+
+# %% tags=["export"]
+import os
+import socket
+
+import torch
+
+
+def free_port() -> int:
+    """A TCP port that nothing listens on now, for the processes' rendezvous on this machine."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawned_worker(
+    rank: int, world_size: int, config: TrainConfig, resume: bool, progress: bool,
+    threads: int | None,
+) -> None:
+    """train_worker with positional arguments, as torch.multiprocessing.spawn passes them."""
+    train_worker(rank, world_size, config, resume=resume, progress=progress, threads=threads)
+
+
+def train_distributed(
+    config: TrainConfig,
+    world_size: int,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    threads: int | None = None,
+) -> None:
+    """Train with world_size processes on this machine: one per GPU, or CPU processes (gloo)."""
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    if torch.cuda.is_available() and world_size > torch.cuda.device_count():
+        raise ValueError(
+            f"world_size={world_size} is more than the {torch.cuda.device_count()} GPUs here"
+        )
+    if world_size == 1:
+        train_worker(0, 1, config, resume=resume, progress=progress, threads=threads)
+        return
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    torch.multiprocessing.spawn(
+        _spawned_worker, args=(world_size, config, resume, progress, threads), nprocs=world_size
+    )
+
+# %% [markdown]
+# ## Translating and scoring
+#
+# To translate, the model decodes greedily (chapter 5's `greedy_decode`, which works on whole
+# batches and pads a finished sentence with `</s>`). Sentences are sorted by length before they
+# are cut into batches, so that a batch carries little padding, and the results are put back
+# in input order. Each output is cut at its first `</s>` and turned back into text.
+#
+# Turning tokens back into text is the inverse of spaCy's tokenizer, and it matters for the
+# score: BLEU compares the output with the reference *as text*, so "a dog ." against "a dog."
+# would count a wrong token. Our detokenizer joins the tokens with spaces and then glues what
+# spaCy split off: punctuation to the word before it, `n't` and `'s` to their word, an opening
+# bracket to the word after it, the parts of a hyphenated word ("T - shirt"), and straight
+# quotes alternately to the next and the previous word. It is a handful of rules, not a full
+# inverse, and it is tested on examples.
+#
+# The score is corpus BLEU from sacreBLEU {cite}`post2018call`, which tokenizes hypotheses and
+# references itself with a fixed tokenizer and reports a *signature*: the settings that
+# produced the number. A BLEU score is only comparable with another computed with the same
+# signature, so we always print it with the score.
+#
+# The table of examples walks the validation set in order from a given position, so that two
+# calls show different sentences and a reader can look them up.
+
+# %% tags=["export"]
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+NO_SPACE_BEFORE = {".", ",", "!", "?", ";", ":", "%", ")", "]", "}", "...", "'", "n't", "'s",
+                   "'re", "'ve", "'ll", "'d", "'m"}
+NO_SPACE_AFTER = {"(", "[", "{", "$"}
+
+
+def detokenize(tokens: Sequence[str]) -> str:
+    """English text from spaCy tokens: words joined by spaces, but none before punctuation."""
+    text, glue_next, quote_open = "", False, False
+    for token in tokens:
+        glue = not text or glue_next or token.lower() in NO_SPACE_BEFORE  # "dog ." -> "dog."
+        glue_next = token in NO_SPACE_AFTER  # "( left" -> "(left"
+        if token == "-" and text[-1:].isalnum():  # spaCy splits "T-shirt" into T, -, shirt
+            glue = glue_next = True
+        elif token == '"':  # straight quotes alternate: an opening one sticks to the next word
+            glue = glue or quote_open
+            glue_next = not quote_open
+            quote_open = not quote_open
+        text += token if glue else " " + token
+    return text
+
+
+def translate_batch(
+    model: nn.Module,
+    src_ids: Sequence[Sequence[int]],
+    *,
+    max_len: int = 72,
+    bos_id: int = 0,
+    eos_id: int = 1,
+    pad_id: int = 2,
+) -> list[list[int]]:
+    """Greedy translations of a batch of id lists, without `<s>` and cut at `</s>`."""
+    device = next(model.parameters()).device
+    longest = max(len(ids) for ids in src_ids) + 2
+    src = torch.full((len(src_ids), longest), pad_id, dtype=torch.long)  # (batch, n_src)
+    for row, ids in enumerate(src_ids):
+        src[row, : len(ids) + 2] = torch.tensor([bos_id, *ids, eos_id])
+    src = src.to(device)
+    src_mask = (src != pad_id).unsqueeze(-2)  # (batch, 1, n_src)
+    model.eval()
+    out = greedy_decode(model, src, src_mask, max_len, bos_id, end_symbol=eos_id)
+    results = []
+    for row in out[:, 1:].tolist():  # drop <s>
+        results.append(row[: row.index(eos_id)] if eos_id in row else row)
+    return results
+
+
+def translate(
+    model: nn.Module,
+    sentences: Sequence[str],
+    vocab_src: Vocab,
+    vocab_tgt: Vocab,
+    tokenizer: Any,
+    *,
+    batch_size: int = 64,
+    max_len: int = 72,
+) -> list[str]:
+    """One English line per German sentence, in input order (an empty line stays empty)."""
+    if isinstance(sentences, str):
+        raise TypeError("sentences must be a list of strings, got one str: wrap it in a list")
+    src_ids = [vocab_src.encode(tokenize(s, tokenizer))[: max_len - 2] for s in sentences]
+    outputs = [""] * len(sentences)
+    order = sorted((i for i, ids in enumerate(src_ids) if ids), key=lambda i: len(src_ids[i]))
+    for start in range(0, len(order), batch_size):  # similar lengths together: less padding
+        chunk = order[start : start + batch_size]
+        results = translate_batch(model, [src_ids[i] for i in chunk], max_len=max_len)
+        for i, ids in zip(chunk, results, strict=True):
+            outputs[i] = detokenize(vocab_tgt.lookup_tokens(ids))
+    return outputs
+
+
+def bleu(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[float, str]:
+    """Corpus BLEU of hypotheses against one reference each, and sacreBLEU's signature."""
+    from sacrebleu.metrics import BLEU
+
+    if isinstance(hypotheses, str) or isinstance(references, str):
+        raise TypeError("hypotheses and references must be lists of strings, not one str")
+    if len(hypotheses) != len(references):
+        raise ValueError(
+            f"hypotheses has {len(hypotheses)} lines but references has {len(references)}; "
+            "they must pair up line by line"
+        )
+    metric = BLEU()
+    score = metric.corpus_score(list(hypotheses), [list(references)])
+    return score.score, str(metric.get_signature())
+
+
+def translation_table(
+    model: nn.Module,
+    pairs: Sequence[tuple[str, str]],
+    vocab_src: Vocab,
+    vocab_tgt: Vocab,
+    tokenizer: Any,
+    *,
+    start: int = 0,
+    n: int = 5,
+) -> list[dict[str, str]]:
+    """Source, reference and model output for pairs[start : start + n], in order."""
+    chosen = list(pairs[start : start + n])
+    outputs = translate(model, [de for de, _ in chosen], vocab_src, vocab_tgt, tokenizer)
+    return [
+        {"#": start + i, "German": de, "reference": en, "model": out}
+        for i, ((de, en), out) in enumerate(zip(chosen, outputs, strict=True))
+    ]
+
+# %%
+tokens = ["A", "man", "in", "a", "T", "-", "shirt", "does", "n't", "smile", "(", "really", ")",
+          ",", "he", "'s", "saying", '"', "cheese", '"', "."]
+print(detokenize(tokens))
+assert detokenize(tokens) == 'A man in a T-shirt doesn\'t smile (really), he\'s saying "cheese".'
+
+# %% [markdown]
+# ## The trained model
+#
+# The book ships one trained model, so that later chapters (and readers without two hours to
+# spare) can load it. `export_for_shipping` takes a training checkpoint and keeps only what
+# translation needs: the weights in half precision (half the bytes; a translation does not
+# notice), the two vocabularies, and an `info.json` with the configuration, the command that
+# trained it, its training time and the hardware. `load_trained_model` converts the weights
+# back to float32 and builds the model from the stored configuration. Called without a path it
+# loads the shipped model from `book/models/multi30k_cpu/`, and if that folder is empty it
+# trains one with the `cpu` preset first, saying so on stderr.
+
+# %% tags=["export"]
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+
+def shipped_model_dir() -> Path:
+    """Where the book keeps its trained Multi30k model: book/models/multi30k_cpu."""
+    root = repository_root() or Path.cwd()
+    return root / "book" / "models" / "multi30k_cpu"
+
+
+def export_for_shipping(
+    checkpoint: str | os.PathLike, folder: str | os.PathLike, *, command: str | None = None
+) -> Path:
+    """Write a training checkpoint's weights in half precision, its vocabularies and notes."""
+    checkpoint, folder = Path(checkpoint), Path(folder)
+    state = load_checkpoint(checkpoint)
+    weights = {
+        name: tensor.half() if tensor.is_floating_point() else tensor
+        for name, tensor in state["model"].items()
+    }  # half the size of float32; load_trained_model converts back
+    folder.mkdir(parents=True, exist_ok=True)
+    save_checkpoint({"model": weights, "config": state["config"]}, folder / "model.pt")
+    for name in ("vocab_de.json", "vocab_en.json"):
+        Vocab.save(Vocab.load(checkpoint.parent / name), folder / name)
+    info = {
+        "config": state["config"],
+        "command": command or state.get("command"),
+        "training_seconds": round(state.get("elapsed_s", 0.0), 1),
+        "hardware": state.get("hardware"),
+        "epochs": state.get("epoch"),
+        "history": state.get("history", []),
+        "torch": torch.__version__,
+    }
+    (folder / "info.json").write_text(json.dumps(info, indent=1) + "\n", "utf-8")
+    return folder / "model.pt"
+
+
+def load_trained_model(
+    path: str | os.PathLike | None = None, *, device: str | torch.device = "cpu"
+) -> tuple[EncoderDecoder, Vocab, Vocab, TrainConfig]:
+    """A trained model in float32 (eval mode) with its vocabularies and configuration.
+
+    path: a folder from export_for_shipping, or a model.pt / last.pt file with the
+    vocabularies beside it; by default the book's shipped model, which is trained first
+    (about two hours on a CPU) when it is missing.
+    """
+    if path is None:
+        path = shipped_model_dir()
+        if not (path / "model.pt").is_file():
+            config = training_config("cpu")
+            print(f"no trained model in {path}: training one with the cpu configuration "
+                  f"(about two hours on a CPU; checkpoints in {config.checkpoint_dir})",
+                  file=sys.stderr)
+            train_worker(0, 1, config, resume=True)
+            export_for_shipping(Path(config.checkpoint_dir) / "last.pt", path)
+    path = Path(path)
+    file = path / "model.pt" if path.is_dir() else path
+    state = load_checkpoint(file)
+    fields = TrainConfig.__dataclass_fields__
+    config = TrainConfig(**{k: v for k, v in state["config"].items() if k in fields})
+    vocab_src = Vocab.load(file.parent / "vocab_de.json")
+    vocab_tgt = Vocab.load(file.parent / "vocab_en.json")
+    model = make_model(
+        len(vocab_src), len(vocab_tgt), N=config.N, d_model=config.d_model, d_ff=config.d_ff,
+        h=config.h, dropout=0.0,
+    )
+    model.load_state_dict({name: tensor.float() if tensor.is_floating_point() else tensor
+                           for name, tensor in state["model"].items()})
+    return model.to(device).eval(), vocab_src, vocab_tgt, config
+
+# %% [markdown]
+# Now the demo model can translate. Five sentences from the start of the validation set:
+
+# %%
+model, vocab_src, vocab_tgt, _ = load_trained_model(demo_dir / "last.pt")
+val_pairs = load_multi30k("val")
+pd.set_option("display.max_colwidth", 80)
+pd.DataFrame(translation_table(model, val_pairs, vocab_src, vocab_tgt, tokenizers[0], start=0, n=5))
+
+# %% [markdown]
+# After a few hundred steps on 2,000 sentences the tiny model has learned the shape of a
+# Multi30k caption ("A man in a ... is ..."), some frequent words, and little else. The
+# translations are poor, as they should be. Its BLEU on the first 200 validation sentences:
+
+# %%
+sources = [de for de, _ in val_pairs[:200]]
+references = [en for _, en in val_pairs[:200]]
+hypotheses = translate(model, sources, vocab_src, vocab_tgt, tokenizers[0])
+score, signature = bleu(hypotheses, references)
+print(f"BLEU {score:.2f} on val[:200] ({signature})")
+
+# %% [markdown]
+# Shipping the demo model the same way: the weights file shrinks, and rounding the weights to
+# float16 and back changes few if any of its translations.
+
+# %%
+shipped_dir = demo_dir / "shipped"
+export_for_shipping(demo_dir / "last.pt", shipped_dir, command="(the notebook's demo)")
+sizes = {p.name: p.stat().st_size for p in [demo_dir / "last.pt", shipped_dir / "model.pt"]}
+print(f"training checkpoint {sizes['last.pt'] / 1e6:.2f} MB, shipped weights "
+      f"{sizes['model.pt'] / 1e6:.2f} MB")
+print(sorted(p.name for p in shipped_dir.iterdir()))
+shipped, *_ = load_trained_model(shipped_dir)
+print("dtype after loading:", next(shipped.parameters()).dtype)
+half_hypotheses = translate(shipped, sources, vocab_src, vocab_tgt, tokenizers[0])
+same = sum(a == b for a, b in zip(half_hypotheses, hypotheses, strict=True))
+print(f"{same} of {len(sources)} translations unchanged by rounding the weights to float16")
+shutil.rmtree(demo_dir)
+
+# %% [markdown]
+# The real model comes from one command, which on this book's 2-core CPU should take one to
+# two hours (it writes a checkpoint per epoch; add `--resume` after an interruption), then one call
+# to keep the result:
+#
+# ```bash
+# python tools/train.py --config cpu --checkpoint-dir checkpoints/multi30k_cpu
+# python -c "from the_annotated_transformer import export_for_shipping; \
+#     export_for_shipping('checkpoints/multi30k_cpu/last.pt', 'book/models/multi30k_cpu')"
+# ```
+#
+# and translation is a pipe: German in, one sentence per line; English out, one line per line.
+#
+# ```bash
+# echo "Ein Hund rennt durch den Schnee." | python tools/translate.py
+# ```
+#
+# The shipped checkpoint, and the BLEU scores it measures on the validation set and on the 2016
+# Flickr test set, come in a later revision of this chapter: that training run has not been
+# made yet, and this book prints no number that it has not measured.
+
+# %%
+print("python tools/train.py --config cpu")
+print(training_config("cpu"))
+print("shipped model present:", (shipped_model_dir() / "model.pt").is_file())
+
+# %% [markdown]
+# ```{note}
+# The classic Annotated Transformer saved only the model's weights after each epoch, with a
+# plain `torch.save`, so an interrupted run could not continue where it stopped; and its
+# `check_outputs` showed examples from a freshly shuffled validation batch each time. Here a
+# checkpoint holds everything needed to resume exactly and is replaced atomically, and example
+# translations walk the validation set in order.
+# ```
+#
+# You now have a training system: a configuration per run, data shared out among processes,
+# a worker that runs alone, under `spawn` or under `torchrun`, on CPUs or GPUs, checkpoints that
+# make an interruption cost at most an epoch, and translation with a reproducible BLEU score.
+# Part IV goes beyond the paper, and the trained model gives it something real to look inside.
