@@ -27,6 +27,9 @@ def from_twin(path: Path) -> nbformat.NotebookNode:
     if path.exists():
         old = nbformat.read(path, as_version=4)
         nb.metadata = old.metadata
+        for cell, before in zip(nb.cells, old.cells, strict=False):  # keep ids: smaller diffs
+            if cell.cell_type == before.cell_type and "id" in before:
+                cell.id = before.id
     nb.metadata.setdefault("jupytext", {})["formats"] = PAIRING
     nb.metadata["kernelspec"] = {
         "display_name": "Python 3", "language": "python", "name": "python3"

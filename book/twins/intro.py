@@ -40,9 +40,10 @@ if "google.colab" in sys.modules:
 #   count, the learning-rate schedule and optimizer, dropout and label smoothing, and two small
 #   tasks (copying and sorting) that a CPU learns in minutes.
 # * **Part III, a real-world example**: German-to-English translation on Multi30k
-#   {cite}`elliott2016multi30k`, on a CPU or on one or many GPUs, scored with sacreBLEU
-#   {cite}`post2018call`.
-# * **Part IV, beyond the paper**: what the trained model attends to, and more.
+#   {cite}`elliott2016multi30k`, trained on a CPU or on one or many GPUs, with checkpoints that
+#   survive interruptions, and scored with sacreBLEU {cite}`post2018call`.
+# * **Part IV, beyond the paper**: the Transformer seen as a graph, with attention as message
+#   passing along edges.
 #
 # The whole model fits in one equation per idea. The one the paper is named after is
 # scaled dot-product attention: queries $Q$ are compared with keys $K$, and the scores weigh
