@@ -1200,6 +1200,898 @@ class LabelSmoothing(nn.Module):
 
 
 # %% [markdown]
+# ## From book/12_copy_task.ipynb
+
+
+# %%
+import torch
+from torch import nn
+
+
+def random_sequences(
+    n: int,
+    V: int,
+    *,
+    min_len: int = 1,
+    max_len: int = 10,
+    generator: torch.Generator | None = None,
+    pad: int = 2,
+    first: int = 3,
+) -> torch.Tensor:
+    """`n` random rows of tokens first..V-1 of random lengths, padded with `pad` at the end."""
+    if not 1 <= min_len <= max_len:
+        raise ValueError(f"need 1 <= min_len <= max_len, got min_len={min_len}, max_len={max_len}")
+    if V <= first:
+        raise ValueError(f"V={V} leaves no content tokens: tokens below first={first} are special")
+    tokens = torch.randint(first, V, (n, max_len), generator=generator)  # (n, max_len)
+    lengths = torch.randint(min_len, max_len + 1, (n,), generator=generator)  # (n,)
+    tokens[torch.arange(max_len) >= lengths[:, None]] = pad
+    return tokens
+
+
+def sequence_set(tokens: torch.Tensor, *, pad: int = 2) -> set[tuple[int, ...]]:
+    """The rows of a padded token matrix as a set of tuples, padding removed."""
+    return {tuple(t for t in row if t != pad) for row in tokens.tolist()}
+
+
+def drop_sequences(
+    tokens: torch.Tensor, exclude: set[tuple[int, ...]] | None, *, pad: int = 2
+) -> torch.Tensor:
+    """The rows of `tokens` that are not in `exclude` (a `sequence_set`), to hold data out."""
+    if not exclude:
+        return tokens
+    keep = [tuple(t for t in row if t != pad) not in exclude for row in tokens.tolist()]
+    return tokens[torch.tensor(keep, dtype=torch.bool)]
+
+
+# %%
+from collections.abc import Iterator
+
+import torch
+
+
+def seq2seq_batch(
+    src: torch.Tensor, tgt: torch.Tensor, *, start: int = 0, end: int = 1, pad: int = 2
+) -> Batch:
+    """A Batch from padded source and target rows; each target gets `start` and `end` added."""
+    if src.dim() != 2 or tgt.dim() != 2 or src.size(0) != tgt.size(0):
+        raise ValueError(
+            "src and tgt must have shapes (batch, n_src) and (batch, n_tgt), "
+            f"got {tuple(src.shape)} and {tuple(tgt.shape)}"
+        )
+    n, length = tgt.shape
+    full = torch.full((n, length + 2), pad, dtype=tgt.dtype)  # (batch, n_tgt + 2)
+    full[:, 0] = start
+    full[:, 1:-1] = tgt
+    lengths = (tgt != pad).sum(dim=1)  # (batch,), padding only at the end
+    full[torch.arange(n), lengths + 1] = end
+    return Batch(src, full, pad=pad)
+
+
+def copy_batches(
+    V: int,
+    batch_size: int,
+    n_batches: int,
+    *,
+    min_len: int = 1,
+    max_len: int = 10,
+    generator: torch.Generator | None = None,
+    exclude: set[tuple[int, ...]] | None = None,
+) -> Iterator[Batch]:
+    """Batches for the copy task: the target is the source between <s> (0) and </s> (1)."""
+    for _ in range(n_batches):
+        src = random_sequences(batch_size, V, min_len=min_len, max_len=max_len, generator=generator)
+        src = drop_sequences(src, exclude)  # (<= batch_size, max_len)
+        yield seq2seq_batch(src, src)
+
+
+# %%
+import torch
+from torch import nn
+
+
+def exact_matches(model: nn.Module, batch: Batch, *, start: int = 0, end: int = 1) -> int:
+    """How many targets of `batch` greedy decoding reproduces exactly, up to and with `end`."""
+    model.eval()
+    with torch.no_grad():
+        ys = greedy_decode(
+            model, batch.src, batch.src_mask, batch.tgt_y.size(1) + 1, start, end_symbol=end
+        )  # (batch, <= n_tgt + 1), each row starting with `start`
+
+    def until_end(tokens: list[int]) -> list[int]:
+        return tokens[: tokens.index(end) + 1] if end in tokens else tokens
+
+    return sum(
+        until_end(guess) == until_end(want)
+        for guess, want in zip(ys[:, 1:].tolist(), batch.tgt_y.tolist(), strict=True)
+    )
+
+
+# %% [markdown]
+# ## From book/13_sort_task.ipynb
+
+
+# %%
+from collections.abc import Iterator
+
+import torch
+
+
+def sort_batches(
+    V: int,
+    batch_size: int,
+    n_batches: int,
+    *,
+    min_len: int = 1,
+    max_len: int = 10,
+    generator: torch.Generator | None = None,
+    exclude: set[tuple[int, ...]] | None = None,
+    pad: int = 2,
+) -> Iterator[Batch]:
+    """Batches for the sort task: the target is the source's symbols in increasing order."""
+    for _ in range(n_batches):
+        src = random_sequences(batch_size, V, min_len=min_len, max_len=max_len, generator=generator)
+        src = drop_sequences(src, exclude, pad=pad)  # (<= batch_size, max_len)
+        yield seq2seq_batch(src, sorted_symbols(src, pad=pad), pad=pad)
+
+
+def sorted_symbols(src: torch.Tensor, *, pad: int = 2) -> torch.Tensor:
+    """Each row's symbols in increasing order, padding kept at the end."""
+    above = int(src.max()) + 1  # an id larger than every symbol
+    keyed = src.masked_fill(src == pad, above)  # (batch, n_src)
+    ordered = keyed.sort(dim=1).values  # (batch, n_src)
+    return ordered.masked_fill(ordered == above, pad)
+
+
+# %% [markdown]
+# ## From book/14_multi30k_training.ipynb
+
+
+# %%
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything one Multi30k training run depends on; defaults are the paper's base model."""
+
+    N: int = 6
+    d_model: int = 512
+    d_ff: int = 2048
+    h: int = 8
+    dropout: float = 0.1
+    max_tokens: int = 4096  # padded tokens per batch (src and tgt each), all devices together
+    accum_iter: int = 1  # micro-batches per optimizer step
+    epochs: int = 30
+    warmup: int = 1000  # optimizer steps of linear warmup
+    lr_factor: float = 0.5
+    label_smoothing: float = 0.1
+    max_len: int = 72  # longest sentence kept, with <s> and </s>; also the decoding limit
+    min_freq: int = 2  # rarer words become <unk>
+    seed: int = 0
+    checkpoint_dir: str = "checkpoints/multi30k_base"
+    train_limit: int | None = None  # use only the first train_limit training pairs (demos, tests)
+    val_limit: int | None = None  # the same for the validation pairs
+
+    def __post_init__(self) -> None:
+        for name in ("N", "d_model", "d_ff", "h", "max_tokens", "accum_iter", "epochs", "warmup"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.d_model % self.h:
+            raise ValueError(f"d_model={self.d_model} is not divisible by h={self.h} heads")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing!r}")
+
+
+def training_config(name: str, **overrides) -> TrainConfig:
+    """The preset `name` ("cpu" or "base") with some fields replaced, e.g. epochs=2."""
+    presets = {
+        # A small model that this book's 2-core CPU trains in about two hours (see the text).
+        "cpu": TrainConfig(
+            N=3, d_model=256, d_ff=1024, h=8, dropout=0.1, max_tokens=1500, accum_iter=1,
+            epochs=12, warmup=1000, lr_factor=0.5, checkpoint_dir="checkpoints/multi30k_cpu",
+        ),
+        # The paper's base model; batch and warmup sized for Multi30k on one to eight GPUs.
+        "base": TrainConfig(),
+    }
+    if name not in presets:
+        raise ValueError(f"name must be one of {', '.join(presets)}, got {name!r}")
+    return replace(presets[name], **overrides)
+
+
+# %%
+import os
+import pickle
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def save_checkpoint(checkpoint: dict[str, Any], path: str | os.PathLike) -> None:
+    """Write with torch.save to a temporary file beside path, then rename: all or nothing."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(checkpoint, f)
+            f.flush()
+            os.fsync(f.fileno())  # the bytes are on disk before the name points at them
+        os.chmod(tmp, 0o644)  # mkstemp makes files only their owner can read
+        os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new, never half
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_checkpoint(
+    path: str | os.PathLike, *, map_location: str | torch.device = "cpu"
+) -> dict[str, Any]:
+    """Read a checkpoint with weights_only=True (tensors and plain types; no code is run)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    try:
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    except (RuntimeError, EOFError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile) as err:
+        raise ValueError(
+            f"checkpoint {path} is truncated or corrupted and cannot be read ({err}); "
+            "delete it to start again, or resume from an intact copy"
+        ) from err
+    if not isinstance(checkpoint, dict) or "model" not in checkpoint:
+        raise ValueError(f"checkpoint {path} holds no model weights under the key 'model'")
+    return checkpoint
+
+
+# %%
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+PAD_ID = SPECIALS.index("<blank>")  # 2
+
+
+def multi30k_vocabularies(
+    config: TrainConfig, tokenizers: tuple[Any, Any], *, save: bool = True
+) -> tuple[Vocab, Vocab]:
+    """German and English vocabularies: read from the checkpoint folder, or built from train."""
+    folder = Path(config.checkpoint_dir)
+    paths = folder / "vocab_de.json", folder / "vocab_en.json"
+    if all(path.is_file() for path in paths):
+        return Vocab.load(paths[0]), Vocab.load(paths[1])
+    pairs = load_multi30k("train")[: config.train_limit]  # train only: val and test stay unseen
+    token_pairs = tokenize_pairs(pairs, *tokenizers)
+    vocab_src = Vocab.build([src for src, _ in token_pairs], min_freq=config.min_freq)
+    vocab_tgt = Vocab.build([tgt for _, tgt in token_pairs], min_freq=config.min_freq)
+    if save:
+        folder.mkdir(parents=True, exist_ok=True)
+        for vocab, path in zip((vocab_src, vocab_tgt), paths, strict=True):
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            vocab.save(tmp)
+            os.replace(tmp, path)  # like checkpoints: a reader never sees half a file
+    return vocab_src, vocab_tgt
+
+
+def multi30k_examples(
+    split: str,
+    vocab_src: Vocab,
+    vocab_tgt: Vocab,
+    tokenizers: tuple[Any, Any],
+    *,
+    max_len: int,
+    limit: int | None = None,
+) -> list[tuple[list[int], list[int]]]:
+    """The first `limit` pairs of a split as ids, without pairs longer than max_len."""
+    pairs = load_multi30k(split)[:limit]
+    examples = encode_pairs(tokenize_pairs(pairs, *tokenizers), vocab_src, vocab_tgt)
+    return filter_by_length(examples, max_len=max_len)[0]
+
+
+def collate_to_batch(pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> Batch:
+    """Pad a list of (src, tgt) id lists into a Batch with its masks (a DataLoader collate_fn)."""
+    src, tgt = collate_batch(pairs, pad_id=PAD_ID)  # (batch, n_src), (batch, n_tgt + 1)
+    return Batch(src, tgt, pad=PAD_ID)
+
+
+def multi30k_loader(
+    examples: Sequence[tuple[Sequence[int], Sequence[int]]],
+    *,
+    max_tokens: int,
+    shuffle: bool,
+    seed: int = 0,
+    num_replicas: int = 1,
+    rank: int = 0,
+) -> DataLoader:
+    """Token-budget batches of this rank's share of examples, as Batch objects."""
+    src_lengths, tgt_lengths = example_lengths(examples)
+    sampler = TokenBudgetSampler(
+        src_lengths, tgt_lengths, max_tokens=max_tokens, shuffle=shuffle, seed=seed,
+        num_replicas=num_replicas, rank=rank,
+    )
+    return DataLoader(examples, batch_sampler=sampler, collate_fn=collate_to_batch)
+
+
+# %%
+import time
+from collections.abc import Iterable
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model itself, also when DistributedDataParallel wraps it."""
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def train_epoch(
+    model: nn.Module,
+    batches: Iterable[Batch],
+    criterion: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    *,
+    device: torch.device,
+    accum_iter: int = 1,
+    train_state: TrainState,
+    autocast_dtype: torch.dtype | None = None,
+    bar: Any = None,
+) -> tuple[float, int]:
+    """One training pass over this rank's batches; its summed loss and its target tokens."""
+    model.train()
+    loss_compute = SimpleLossCompute(unwrap(model).generator, criterion)
+    total_loss, total_tokens, start = 0.0, 0, time.perf_counter()
+    for group in accumulation_groups(batches, accum_iter):
+        group_tokens = max(sum(batch.ntokens for batch in group), 1)  # normalize by the group
+        for i, batch in enumerate(group):
+            batch = batch.to(device)
+            # DDP averages gradients across ranks during backward; skip that until the last
+            # micro-batch of the group, whose backward carries the accumulated sum.
+            last = i == len(group) - 1
+            skip_sync = isinstance(model, DistributedDataParallel) and not last
+            with model.no_sync() if skip_sync else nullcontext():
+                with torch.autocast(
+                    device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None
+                ):
+                    out = model(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask)
+                    loss_sum, loss = loss_compute(out, batch.tgt_y, group_tokens)
+                loss.backward()
+            train_state.step += 1
+            train_state.samples += len(batch)
+            train_state.tokens += batch.ntokens
+            total_loss += loss_sum
+            total_tokens += batch.ntokens
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+        train_state.accum_step += 1
+        if bar is not None:
+            bar.update(len(group))
+            speed = total_tokens / max(time.perf_counter() - start, 1e-9)
+            bar.set_postfix(
+                loss=f"{total_loss / max(total_tokens, 1):.3f}",
+                tokens_per_s=f"{speed:,.0f}",
+                lr=f"{optimizer.param_groups[0]['lr']:.2e}",
+            )
+    return total_loss, total_tokens
+
+
+def evaluate(
+    model: nn.Module,
+    batches: Iterable[Batch],
+    criterion: nn.Module,
+    *,
+    device: torch.device,
+    autocast_dtype: torch.dtype | None = None,
+) -> tuple[float, int]:
+    """Summed loss and target tokens over batches, without dropout or gradients."""
+    model = unwrap(model)  # no gradients, so nothing for DDP to synchronize
+    model.eval()
+    loss_compute = SimpleLossCompute(model.generator, criterion)
+    total_loss, total_tokens = 0.0, 0
+    with torch.no_grad():
+        for batch in batches:
+            batch = batch.to(device)
+            with torch.autocast(
+                device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None
+            ):
+                out = model(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask)
+                loss_sum, _ = loss_compute(out, batch.tgt_y, 1)
+            total_loss += loss_sum
+            total_tokens += batch.ntokens
+    return total_loss, total_tokens
+
+
+# %%
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+
+def rng_states(device: torch.device) -> dict[str, torch.Tensor | None]:
+    """This process's random number generator states, as tensors (safe for weights_only)."""
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return {"torch": torch.get_rng_state(), "cuda": cuda}
+
+
+def set_rng_states(states: dict[str, torch.Tensor | None], device: torch.device) -> None:
+    """Restore what rng_states returned, so that dropout draws the same masks again."""
+    torch.set_rng_state(states["torch"])
+    if device.type == "cuda" and states.get("cuda") is not None:
+        torch.cuda.set_rng_state(states["cuda"], device)
+
+
+def device_report(device: torch.device) -> dict[str, float]:
+    """Peak GPU memory of this process and the GPU's utilization (nvidia-ml-py, if installed)."""
+    if device.type != "cuda":
+        return {}
+    report = {"max_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30}
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+        report["utilization_percent"] = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+    except Exception:  # nvidia-ml-py missing or no driver access: memory alone is still useful
+        pass
+    return report
+
+
+def hardware_name(device: torch.device, world_size: int) -> str:
+    """The devices a run used, in words, for the checkpoint and the shipped model's notes."""
+    if device.type == "cuda":
+        return f"{world_size} x {torch.cuda.get_device_name(device)}"
+    cpu = platform.processor() or platform.machine()
+    try:  # Linux names the processor model here
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        cpu = f"{names[0]}, {len(names)} cores" if names else cpu
+    except OSError:
+        pass
+    return f"{world_size} CPU process(es) x {torch.get_num_threads()} thread(s), {cpu}"
+
+
+def train_worker(
+    rank: int | None = None,
+    world_size: int | None = None,
+    config: TrainConfig | None = None,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    threads: int | None = None,
+) -> list[dict[str, float]]:
+    """Train (or resume) on one device as one of world_size processes; the per-epoch history.
+
+    Started by train_distributed, by torchrun (rank and world size then come from the
+    environment: RANK, WORLD_SIZE, LOCAL_RANK), or called directly for one process.
+    """
+    config = training_config("cpu") if config is None else config
+    rank = int(os.environ.get("RANK", 0)) if rank is None else rank
+    world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    max_tokens = config.max_tokens // world_size  # the batch is shared among the ranks
+    if max_tokens < config.max_len:
+        raise ValueError(
+            f"max_tokens={config.max_tokens} shared by world_size={world_size} processes "
+            f"leaves {max_tokens} per batch, less than max_len={config.max_len}: raise "
+            "max_tokens or use fewer processes"
+        )
+    # 1) one device per process, and never more CPU threads than cores
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+        if threads is None and world_size > 1:
+            local_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+            threads = max(1, (cores or os.cpu_count() or 1) // local_size)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    distributed = world_size > 1
+    if distributed:  # MASTER_ADDR and MASTER_PORT come from train_distributed or torchrun
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, rank=rank, world_size=world_size)
+    try:
+        # 2) data: rank 0 builds (or reads) the vocabularies, the others read what it wrote
+        tokenizers = load_tokenizers()
+        if rank == 0:
+            vocab_src, vocab_tgt = multi30k_vocabularies(config, tokenizers)
+        if distributed:
+            dist.barrier()
+        if rank != 0:
+            vocab_src, vocab_tgt = multi30k_vocabularies(config, tokenizers, save=False)
+        train_data, val_data = (
+            multi30k_examples(split, vocab_src, vocab_tgt, tokenizers, max_len=config.max_len,
+                              limit=limit)
+            for split, limit in [("train", config.train_limit), ("val", config.val_limit)]
+        )
+        shard = {"max_tokens": max_tokens, "num_replicas": world_size, "rank": rank,
+                 "seed": config.seed}
+        train_loader = multi30k_loader(train_data, shuffle=True, **shard)
+        val_loader = multi30k_loader(val_data, shuffle=False, **shard)
+        # 3) model (the same initial weights on every rank), optimizer, schedule, loss
+        torch.manual_seed(config.seed)
+        model = make_model(
+            len(vocab_src), len(vocab_tgt), N=config.N, d_model=config.d_model,
+            d_ff=config.d_ff, h=config.h, dropout=config.dropout,
+        ).to(device)
+        if distributed:
+            model = DistributedDataParallel(
+                model, device_ids=[device.index] if device.type == "cuda" else None
+            )
+        optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer,
+            lr_lambda=lambda step: rate(step, config.d_model, config.lr_factor, config.warmup),
+        )
+        criterion = LabelSmoothing(len(vocab_tgt), PAD_ID, smoothing=config.label_smoothing)
+        use_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        autocast_dtype = torch.bfloat16 if use_bf16 else None
+        # 4) resume: weights, optimizer moments, schedule, counters and random states
+        path = Path(config.checkpoint_dir) / "last.pt"
+        start_epoch, train_state, history, elapsed = 0, TrainState(), [], 0.0
+        rng = None
+        if resume and path.exists():
+            checkpoint = load_checkpoint(path)
+            for name in ("N", "d_model", "d_ff", "h"):
+                if checkpoint["config"][name] != getattr(config, name):
+                    raise ValueError(
+                        f"checkpoint {path} has {name}={checkpoint['config'][name]}, but the "
+                        f"config asks for {name}={getattr(config, name)}"
+                    )
+            unwrap(model).load_state_dict(checkpoint["model"])
+            optimizer.load_state_dict(checkpoint["optimizer"])
+            scheduler.load_state_dict(checkpoint["scheduler"])
+            train_state = TrainState(**checkpoint["train_state"])
+            start_epoch, history = checkpoint["epoch"], checkpoint["history"]
+            elapsed = checkpoint["elapsed_s"]
+            if len(checkpoint["rng"]) == world_size:
+                rng = checkpoint["rng"][rank]
+            else:
+                print(f"{path} was written by {len(checkpoint['rng'])} processes, not "
+                      f"{world_size}: random states start afresh", file=sys.stderr)
+                torch.manual_seed(config.seed + 1_000 * start_epoch + rank)
+            if rank == 0:
+                print(f"resumed from {path} after epoch {start_epoch}", file=sys.stderr)
+        if rng is not None:
+            set_rng_states(rng, device)
+        elif start_epoch == 0:
+            torch.manual_seed(config.seed + rank)  # each rank its own dropout masks
+        # 5) the epochs: train, validate, report, checkpoint
+        for epoch in range(start_epoch, config.epochs):
+            train_loader.batch_sampler.set_epoch(epoch)  # a new order, the same on every rank
+            bar = None
+            if progress and rank == 0:
+                from tqdm.auto import tqdm
+
+                bar = tqdm(total=len(train_loader), desc=f"epoch {epoch + 1}/{config.epochs}",
+                           unit="batch", file=sys.stderr, leave=False)
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            start = time.perf_counter()
+            train_sums = train_epoch(
+                model, train_loader, criterion, optimizer, scheduler, device=device,
+                accum_iter=config.accum_iter, train_state=train_state,
+                autocast_dtype=autocast_dtype, bar=bar,
+            )
+            seconds = time.perf_counter() - start
+            if bar is not None:
+                bar.close()
+            val_sums = evaluate(model, val_loader, criterion, device=device,
+                                autocast_dtype=autocast_dtype)
+            sums = [*train_sums, *val_sums]
+            if distributed:  # loss sums and token counts of all ranks
+                totals = torch.tensor(sums, dtype=torch.float64, device=device)
+                dist.all_reduce(totals)
+                sums = totals.tolist()
+            train_loss, train_tokens, val_loss, val_tokens = sums
+            elapsed += seconds
+            report = device_report(device)
+            record = {
+                "epoch": epoch + 1,
+                "train_loss": train_loss / max(train_tokens, 1),
+                "val_loss": val_loss / max(val_tokens, 1),
+                "seconds": seconds,
+                "tokens_per_s": train_tokens / seconds,
+                **report,
+            }
+            history.append(record)
+            rng_all = [rng_states(device)]
+            if distributed:
+                rng_all = [None] * world_size
+                dist.all_gather_object(rng_all, rng_states(device))
+            if rank == 0:
+                save_checkpoint(
+                    {
+                        "model": unwrap(model).state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                        "scheduler": scheduler.state_dict(),
+                        "train_state": asdict(train_state),
+                        "epoch": epoch + 1,
+                        "rng": rng_all,
+                        "history": history,
+                        "config": asdict(config),
+                        "elapsed_s": elapsed,
+                        "hardware": hardware_name(device, world_size),
+                        "command": " ".join(["python", *sys.argv]),
+                    },
+                    path,
+                )
+                gpu = ""
+                if "max_memory_gib" in report:
+                    gpu += f" | {report['max_memory_gib']:.1f} GiB peak"
+                if "utilization_percent" in report:
+                    gpu += f" | GPU {report['utilization_percent']:.0f}% busy"
+                print(
+                    f"epoch {epoch + 1:2d} | train loss {record['train_loss']:.4f} | "
+                    f"val loss {record['val_loss']:.4f} | "
+                    f"{record['tokens_per_s']:,.0f} tokens/s | {seconds:.1f} s{gpu}",
+                    flush=True,
+                )
+        return history
+    finally:
+        if distributed:
+            dist.destroy_process_group()
+
+
+# %%
+import os
+import socket
+
+import torch
+
+
+def free_port() -> int:
+    """A TCP port that nothing listens on now, for the processes' rendezvous on this machine."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawned_worker(
+    rank: int, world_size: int, config: TrainConfig, resume: bool, progress: bool,
+    threads: int | None,
+) -> None:
+    """train_worker with positional arguments, as torch.multiprocessing.spawn passes them."""
+    train_worker(rank, world_size, config, resume=resume, progress=progress, threads=threads)
+
+
+def train_distributed(
+    config: TrainConfig,
+    world_size: int,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    threads: int | None = None,
+) -> None:
+    """Train with world_size processes on this machine: one per GPU, or CPU processes (gloo)."""
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    if torch.cuda.is_available() and world_size > torch.cuda.device_count():
+        raise ValueError(
+            f"world_size={world_size} is more than the {torch.cuda.device_count()} GPUs here"
+        )
+    if world_size == 1:
+        train_worker(0, 1, config, resume=resume, progress=progress, threads=threads)
+        return
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    torch.multiprocessing.spawn(
+        _spawned_worker, args=(world_size, config, resume, progress, threads), nprocs=world_size
+    )
+
+
+# %%
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+NO_SPACE_BEFORE = {".", ",", "!", "?", ";", ":", "%", ")", "]", "}", "...", "'", "n't", "'s",
+                   "'re", "'ve", "'ll", "'d", "'m"}
+NO_SPACE_AFTER = {"(", "[", "{", "$"}
+
+
+def detokenize(tokens: Sequence[str]) -> str:
+    """English text from spaCy tokens: words joined by spaces, but none before punctuation."""
+    text, glue_next, quote_open = "", False, False
+    for token in tokens:
+        glue = not text or glue_next or token.lower() in NO_SPACE_BEFORE  # "dog ." -> "dog."
+        glue_next = token in NO_SPACE_AFTER  # "( left" -> "(left"
+        if token == "-" and text[-1:].isalnum():  # spaCy splits "T-shirt" into T, -, shirt
+            glue = glue_next = True
+        elif token == '"':  # straight quotes alternate: an opening one sticks to the next word
+            glue = glue or quote_open
+            glue_next = not quote_open
+            quote_open = not quote_open
+        text += token if glue else " " + token
+    return text
+
+
+def translate_batch(
+    model: nn.Module,
+    src_ids: Sequence[Sequence[int]],
+    *,
+    max_len: int = 72,
+    bos_id: int = 0,
+    eos_id: int = 1,
+    pad_id: int = 2,
+) -> list[list[int]]:
+    """Greedy translations of a batch of id lists, without `<s>` and cut at `</s>`."""
+    device = next(model.parameters()).device
+    longest = max(len(ids) for ids in src_ids) + 2
+    src = torch.full((len(src_ids), longest), pad_id, dtype=torch.long)  # (batch, n_src)
+    for row, ids in enumerate(src_ids):
+        src[row, : len(ids) + 2] = torch.tensor([bos_id, *ids, eos_id])
+    src = src.to(device)
+    src_mask = (src != pad_id).unsqueeze(-2)  # (batch, 1, n_src)
+    model.eval()
+    out = greedy_decode(model, src, src_mask, max_len, bos_id, end_symbol=eos_id)
+    results = []
+    for row in out[:, 1:].tolist():  # drop <s>
+        results.append(row[: row.index(eos_id)] if eos_id in row else row)
+    return results
+
+
+def translate(
+    model: nn.Module,
+    sentences: Sequence[str],
+    vocab_src: Vocab,
+    vocab_tgt: Vocab,
+    tokenizer: Any,
+    *,
+    batch_size: int = 64,
+    max_len: int = 72,
+) -> list[str]:
+    """One English line per German sentence, in input order (an empty line stays empty)."""
+    if isinstance(sentences, str):
+        raise TypeError("sentences must be a list of strings, got one str: wrap it in a list")
+    src_ids = [vocab_src.encode(tokenize(s, tokenizer))[: max_len - 2] for s in sentences]
+    outputs = [""] * len(sentences)
+    order = sorted((i for i, ids in enumerate(src_ids) if ids), key=lambda i: len(src_ids[i]))
+    for start in range(0, len(order), batch_size):  # similar lengths together: less padding
+        chunk = order[start : start + batch_size]
+        results = translate_batch(model, [src_ids[i] for i in chunk], max_len=max_len)
+        for i, ids in zip(chunk, results, strict=True):
+            outputs[i] = detokenize(vocab_tgt.lookup_tokens(ids))
+    return outputs
+
+
+def bleu(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[float, str]:
+    """Corpus BLEU of hypotheses against one reference each, and sacreBLEU's signature."""
+    from sacrebleu.metrics import BLEU
+
+    if isinstance(hypotheses, str) or isinstance(references, str):
+        raise TypeError("hypotheses and references must be lists of strings, not one str")
+    if len(hypotheses) != len(references):
+        raise ValueError(
+            f"hypotheses has {len(hypotheses)} lines but references has {len(references)}; "
+            "they must pair up line by line"
+        )
+    metric = BLEU()
+    score = metric.corpus_score(list(hypotheses), [list(references)])
+    return score.score, str(metric.get_signature())
+
+
+def translation_table(
+    model: nn.Module,
+    pairs: Sequence[tuple[str, str]],
+    vocab_src: Vocab,
+    vocab_tgt: Vocab,
+    tokenizer: Any,
+    *,
+    start: int = 0,
+    n: int = 5,
+) -> list[dict[str, str]]:
+    """Source, reference and model output for pairs[start : start + n], in order."""
+    chosen = list(pairs[start : start + n])
+    outputs = translate(model, [de for de, _ in chosen], vocab_src, vocab_tgt, tokenizer)
+    return [
+        {"#": start + i, "German": de, "reference": en, "model": out}
+        for i, ((de, en), out) in enumerate(zip(chosen, outputs, strict=True))
+    ]
+
+
+# %%
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+
+def shipped_model_dir() -> Path:
+    """Where the book keeps its trained Multi30k model: book/models/multi30k_cpu."""
+    root = repository_root() or Path.cwd()
+    return root / "book" / "models" / "multi30k_cpu"
+
+
+def export_for_shipping(
+    checkpoint: str | os.PathLike, folder: str | os.PathLike, *, command: str | None = None
+) -> Path:
+    """Write a training checkpoint's weights in half precision, its vocabularies and notes."""
+    checkpoint, folder = Path(checkpoint), Path(folder)
+    state = load_checkpoint(checkpoint)
+    weights = {
+        name: tensor.half() if tensor.is_floating_point() else tensor
+        for name, tensor in state["model"].items()
+    }  # half the size of float32; load_trained_model converts back
+    folder.mkdir(parents=True, exist_ok=True)
+    save_checkpoint({"model": weights, "config": state["config"]}, folder / "model.pt")
+    for name in ("vocab_de.json", "vocab_en.json"):
+        Vocab.save(Vocab.load(checkpoint.parent / name), folder / name)
+    info = {
+        "config": state["config"],
+        "command": command or state.get("command"),
+        "training_seconds": round(state.get("elapsed_s", 0.0), 1),
+        "hardware": state.get("hardware"),
+        "epochs": state.get("epoch"),
+        "history": state.get("history", []),
+        "torch": torch.__version__,
+    }
+    (folder / "info.json").write_text(json.dumps(info, indent=1) + "\n", "utf-8")
+    return folder / "model.pt"
+
+
+def load_trained_model(
+    path: str | os.PathLike | None = None, *, device: str | torch.device = "cpu"
+) -> tuple[EncoderDecoder, Vocab, Vocab, TrainConfig]:
+    """A trained model in float32 (eval mode) with its vocabularies and configuration.
+
+    path: a folder from export_for_shipping, or a model.pt / last.pt file with the
+    vocabularies beside it; by default the book's shipped model, which is trained first
+    (about two hours on a CPU) when it is missing.
+    """
+    if path is None:
+        path = shipped_model_dir()
+        if not (path / "model.pt").is_file():
+            config = training_config("cpu")
+            print(f"no trained model in {path}: training one with the cpu configuration "
+                  f"(about two hours on a CPU; checkpoints in {config.checkpoint_dir})",
+                  file=sys.stderr)
+            train_worker(0, 1, config, resume=True)
+            export_for_shipping(Path(config.checkpoint_dir) / "last.pt", path)
+    path = Path(path)
+    file = path / "model.pt" if path.is_dir() else path
+    state = load_checkpoint(file)
+    fields = TrainConfig.__dataclass_fields__
+    config = TrainConfig(**{k: v for k, v in state["config"].items() if k in fields})
+    vocab_src = Vocab.load(file.parent / "vocab_de.json")
+    vocab_tgt = Vocab.load(file.parent / "vocab_en.json")
+    model = make_model(
+        len(vocab_src), len(vocab_tgt), N=config.N, d_model=config.d_model, d_ff=config.d_ff,
+        h=config.h, dropout=0.0,
+    )
+    model.load_state_dict({name: tensor.float() if tensor.is_floating_point() else tensor
+                           for name, tensor in state["model"].items()})
+    return model.to(device).eval(), vocab_src, vocab_tgt, config
+
+
+# %% [markdown]
 # ## From book/15_transformer_as_a_graph.ipynb
 
 
