@@ -8,7 +8,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:
-    command = ["jupyter-book", "build", str(ROOT), "--warningiserror", "--keep-going"]
+    # --all: an incremental Sphinx build keeps stale navigation on pages it did not rewrite.
+    command = ["jupyter-book", "build", str(ROOT), "--all", "--warningiserror", "--keep-going"]
     bindir = Path(sys.executable).parent
     result = subprocess.run([str(bindir / command[0]), *command[1:]], cwd=ROOT)
     if result.returncode != 0:
