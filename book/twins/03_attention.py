@@ -175,7 +175,7 @@ common = alt.Chart(scaling).encode(
     x=alt.X(
         "d_k:Q", scale=alt.Scale(type="log", base=2), axis=alt.Axis(values=[1, 8, 64, 512])
     ),
-    color=alt.Color("scores:N", title=None),
+    color=alt.Color("scores:N", title=None, legend=alt.Legend(orient="bottom")),
     tooltip=["d_k", "scores", "std of scores", "mean max weight", "mean entropy (nats)"],
 )
 lines = common.mark_line(point=True).properties(width=150, height=160)
