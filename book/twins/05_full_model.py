@@ -177,7 +177,7 @@ print(f"base model built for real: {real_base:,} parameters (same as on the meta
 pd.DataFrame(rows).set_index("model")
 
 # %% [markdown]
-# Our counts come within a few percent of the paper's (63.1M against 65M, 213.9M against
+# Our counts come within a few percent of the paper's (63.1M against 65M, 214.3M against
 # 213M). The paper does not list what went into its numbers; the remaining difference is most
 # likely in the vocabulary size, which it gives only as "about 37,000". Tying matters: without
 # it the base model would carry 38 million parameters more, 60% more in all, almost all of them
