@@ -43,7 +43,8 @@ if "google.colab" in sys.modules:
 #   {cite}`elliott2016multi30k`, trained on a CPU or on one or many GPUs, with checkpoints that
 #   survive interruptions, and scored with sacreBLEU {cite}`post2018call`.
 # * **Part IV, beyond the paper**: the Transformer seen as a graph, with attention as message
-#   passing along edges.
+#   passing along edges, and what the trained translation model attends to, layer by layer and
+#   head by head.
 #
 # The whole model fits in one equation per idea. The one the paper is named after is
 # scaled dot-product attention: queries $Q$ are compared with keys $K$, and the scores weigh
