@@ -15,7 +15,7 @@ STAMP := $(VENV)/.installed
 # Chapters run with 2 threads everywhere (stored outputs, nbval): the same numbers each run,
 # and no thread oversubscription on a 2-core machine.
 NBVAL := OMP_NUM_THREADS=2 $(PY) -m pytest --nbval --nbval-current-env \
-	--nbval-sanitize-with tests/sanitize.cfg -p no:randomly
+	--nbval-sanitize-with tests/sanitize.cfg
 
 CONFIG ?= cpu
 DEVICES ?= 1
@@ -31,8 +31,7 @@ setup: $(STAMP)
 book: $(STAMP)
 	$(PY) tools/build_book.py
 
-test: $(STAMP)
-	$(PY) -m ruff check .
+test: lint
 	$(PY) -m pytest tests --ignore=tests/test_browser.py
 	$(NBVAL) book
 	$(PY) tools/build_book.py

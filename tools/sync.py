@@ -2,9 +2,9 @@
 
 The chapters are the source. `make sync` reads the notebooks in `_toc.yml` order, copies every
 cell tagged `export` into the module (a jupytext py:percent file, one block per chapter), writes
-the repository URL from `_config.yml` into each setup cell, and rewrites each chapter's text twin
-in `book/twins/`. `python tools/sync.py --check` changes nothing and fails when any of those
-files is out of date; the tests run it.
+each setup cell's Colab block with the repository URL from `_config.yml`, and rewrites each
+chapter's text twin in `book/twins/`. `python tools/sync.py --check` changes nothing and fails
+when any of those files is out of date; the tests run it.
 """
 
 import argparse
