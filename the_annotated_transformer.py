@@ -1372,6 +1372,7 @@ class TrainConfig:
     checkpoint_dir: str = "checkpoints/multi30k_base"
     train_limit: int | None = None  # use only the first train_limit training pairs (demos, tests)
     val_limit: int | None = None  # the same for the validation pairs
+    keep_epochs: int = 0  # also keep the weights of the last keep_epochs epochs, for averaging
 
     def __post_init__(self) -> None:
         for name in ("N", "d_model", "d_ff", "h", "max_tokens", "accum_iter", "epochs", "warmup"):
@@ -1380,6 +1381,8 @@ class TrainConfig:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.d_model % self.h:
             raise ValueError(f"d_model={self.d_model} is not divisible by h={self.h} heads")
+        if not isinstance(self.keep_epochs, int) or self.keep_epochs < 0:
+            raise ValueError(f"keep_epochs must be an integer >= 0, got {self.keep_epochs!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
         if not 0.0 <= self.label_smoothing < 1.0:
@@ -1839,6 +1842,14 @@ def train_worker(
                     },
                     path,
                 )
+                if config.keep_epochs:  # weights only: what checkpoint averaging needs
+                    save_checkpoint(
+                        {"model": unwrap(model).state_dict(), "config": asdict(config),
+                         "epoch": epoch + 1},
+                        path.with_name(f"epoch_{epoch + 1:03d}.pt"),
+                    )
+                    stale = epoch + 1 - config.keep_epochs
+                    path.with_name(f"epoch_{stale:03d}.pt").unlink(missing_ok=True)
                 gpu = ""
                 if "max_memory_gib" in report:
                     gpu += f" | {report['max_memory_gib']:.1f} GiB peak"
@@ -2092,7 +2103,7 @@ def load_trained_model(
 
 
 # %% [markdown]
-# ## From book/15_transformer_as_a_graph.ipynb
+# ## From book/17_transformer_as_a_graph.ipynb
 
 
 # %%
@@ -2145,7 +2156,7 @@ def graph_attention(
 
 
 # %% [markdown]
-# ## From book/16_attention_visualization.ipynb
+# ## From book/18_attention_visualization.ipynb
 
 
 # %%

@@ -26,6 +26,8 @@ def main() -> None:
     parser.add_argument("--checkpoint-dir", help="folder for last.pt and the vocabularies")
     parser.add_argument("--threads", type=int,
                         help="CPU threads per process (default: the cores shared among processes)")
+    parser.add_argument("--keep-epochs", type=int,
+                        help="also keep the last K epochs' weights (epoch_NNN.pt), for averaging")
     parser.add_argument("--resume", action="store_true",
                         help="continue from the checkpoint folder's last.pt if it exists")
     args = parser.parse_args()
@@ -34,6 +36,8 @@ def main() -> None:
         overrides["epochs"] = args.epochs
     if args.checkpoint_dir is not None:
         overrides["checkpoint_dir"] = args.checkpoint_dir
+    if args.keep_epochs is not None:
+        overrides["keep_epochs"] = args.keep_epochs
     config = training_config(args.config, **overrides)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # one of torchrun's processes
         train_worker(config=config, resume=args.resume, threads=args.threads)
