@@ -2103,7 +2103,7 @@ def load_trained_model(
 
 
 # %% [markdown]
-# ## From book/17_transformer_as_a_graph.ipynb
+# ## From book/18_transformer_as_a_graph.ipynb
 
 
 # %%
@@ -2156,7 +2156,7 @@ def graph_attention(
 
 
 # %% [markdown]
-# ## From book/18_attention_visualization.ipynb
+# ## From book/19_attention_visualization.ipynb
 
 
 # %%
