@@ -1648,12 +1648,8 @@ def device_report(device: torch.device) -> dict[str, float]:
     if device.type != "cuda":
         return {}
     report = {"max_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30}
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
-        report["utilization_percent"] = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+    try:  # torch asks NVML, translating the index through CUDA_VISIBLE_DEVICES
+        report["utilization_percent"] = float(torch.cuda.utilization(device))
     except Exception:  # nvidia-ml-py missing or no driver access: memory alone is still useful
         pass
     return report
@@ -2035,10 +2031,49 @@ from pathlib import Path
 import torch
 
 
+BOOK_REPOSITORY = "https://github.com/annotated-transformer/annotated-transformer-book"
+# The shipped files' SHA-256 checksums, verified after a download; tests/test_shipped_model.py
+# fails when they differ from the files in book/models/multi30k_cpu.
+SHIPPED_MODEL_SHA256 = {
+    "model.pt": "7f5e9f5e59a49d401656ed2332705f93d86d118921e8494f36532f743e696548",
+    "vocab_de.json": "6f0d3385a8223f9e43922604b4d9b421394968cfc64257893065b3dd88e15066",
+    "vocab_en.json": "6e22d0081b9e032fbce602f62bc5a56aa78326cce2e50fe722217285380daebf",
+    "info.json": "42dd9ae2952004f9a461c1db8c68f8fc48619115bc5646f12f5a708832e4219e",
+}
+
+
 def shipped_model_dir() -> Path:
-    """Where the book keeps its trained Multi30k model: book/models/multi30k_cpu."""
-    root = repository_root() or Path.cwd()
-    return root / "book" / "models" / "multi30k_cpu"
+    """book/models/multi30k_cpu in a copy of the repository; else a cache folder (Colab)."""
+    root = repository_root()
+    if root is not None and (root / "book" / "models").is_dir():
+        return root / "book" / "models" / "multi30k_cpu"
+    return Path.home() / ".cache" / "annotated-transformer" / "multi30k_cpu"
+
+
+def fetch_shipped_model(folder: str | os.PathLike | None = None, *, base_url: str | None = None
+                        ) -> Path:
+    """The folder holding the shipped model, with missing files downloaded and verified.
+
+    Files already there are used as they are; each missing one comes from the book's
+    repository (base_url replaces its address) through download_file, which keeps it only
+    when its SHA-256 checksum is the published one.
+    """
+    folder = shipped_model_dir() if folder is None else Path(folder)
+    base_url = base_url or f"{BOOK_REPOSITORY}/raw/main/book/models/multi30k_cpu"
+    for name, sha256 in SHIPPED_MODEL_SHA256.items():
+        if (folder / name).is_file():
+            continue
+        url = f"{base_url}/{name}"
+        print(f"downloading {url}", file=sys.stderr)
+        try:
+            download_file(url, folder / name, sha256=sha256)
+        except OSError as err:  # no network, an HTTP error, a timeout, a read-only folder
+            raise FileNotFoundError(
+                f"the trained model's {name} is not in {folder} and could not be downloaded "
+                f"from {url} ({err}): connect to the internet and try again, or train a model "
+                "with `make train` (about two hours on a CPU)"
+            ) from err
+    return folder
 
 
 def export_for_shipping(
@@ -2074,16 +2109,18 @@ def load_trained_model(
     """A trained model in float32 (eval mode) with its vocabularies and configuration.
 
     path: a folder from export_for_shipping, or a model.pt / last.pt file with the
-    vocabularies beside it; by default the book's shipped model, which is trained first
-    (about two hours on a CPU) when it is missing.
+    vocabularies beside it; by default the book's shipped model, downloaded when it is
+    missing (outside a copy of the repository), or trained (about two hours on a CPU) when
+    it cannot be downloaded.
     """
     if path is None:
         path = shipped_model_dir()
-        if not (path / "model.pt").is_file():
+        try:
+            fetch_shipped_model(path)
+        except FileNotFoundError as err:  # offline and no copy: make one
             config = training_config("cpu")
-            print(f"no trained model in {path}: training one with the cpu configuration "
-                  f"(about two hours on a CPU; checkpoints in {config.checkpoint_dir})",
-                  file=sys.stderr)
+            print(f"{err}\ntraining a model with the cpu configuration instead (about two "
+                  f"hours on a CPU; checkpoints in {config.checkpoint_dir})", file=sys.stderr)
             train_worker(0, 1, config, resume=True)
             export_for_shipping(Path(config.checkpoint_dir) / "last.pt", path)
     path = Path(path)
@@ -2100,6 +2137,83 @@ def load_trained_model(
     model.load_state_dict({name: tensor.float() if tensor.is_floating_point() else tensor
                            for name, tensor in state["model"].items()})
     return model.to(device).eval(), vocab_src, vocab_tgt, config
+
+
+# %% [markdown]
+# ## From book/16_checkpoint_averaging.ipynb
+
+
+# %%
+import os
+from collections.abc import Mapping, Sequence
+
+import torch
+
+
+def average_checkpoints(
+    checkpoints: Sequence[str | os.PathLike | Mapping[str, torch.Tensor]],
+) -> dict[str, torch.Tensor]:
+    """The elementwise mean of one model's weights at several points of one training run.
+
+    Each item is a checkpoint file (its "model" weights, read by load_checkpoint with
+    weights_only=True) or a state dict. Floating-point tensors are summed in float64 and cast
+    back to their own dtype; other tensors (integer counters, masks) must be equal everywhere.
+    """
+    if isinstance(checkpoints, str | os.PathLike | Mapping):
+        raise TypeError("checkpoints must be a list of paths or state dicts, not a single one")
+    if len(checkpoints) == 0:
+        raise ValueError("checkpoints is empty: give at least one path or state dict to average")
+    names = [str(c) if isinstance(c, str | os.PathLike) else f"checkpoints[{i}]"
+             for i, c in enumerate(checkpoints)]
+    first = _weights_to_average(checkpoints[0], names[0])
+    total = {k: v.double() if v.is_floating_point() else v for k, v in first.items()}
+    for item, name in zip(checkpoints[1:], names[1:], strict=True):
+        state = _weights_to_average(item, name)
+        _check_same_layout(first, state, names[0], name)
+        for key, tensor in state.items():
+            if tensor.is_floating_point():
+                total[key] += tensor.double()  # float64: no rounding drift over many checkpoints
+            elif not torch.equal(tensor, first[key]):
+                raise ValueError(
+                    f"{name}: {key!r} holds {tensor.dtype} values that differ from {names[0]}; "
+                    "only floating-point tensors are averaged, the others must be equal"
+                )
+    n = len(checkpoints)
+    return {k: (v / n).to(first[k].dtype) if v.is_floating_point() else v.clone()
+            for k, v in total.items()}
+
+
+def _weights_to_average(
+    item: str | os.PathLike | Mapping[str, torch.Tensor], name: str
+) -> Mapping[str, torch.Tensor]:
+    """A state dict: the "model" entry of a checkpoint file, or the mapping itself."""
+    if isinstance(item, str | os.PathLike):
+        item = load_checkpoint(item)["model"]
+    if not isinstance(item, Mapping):
+        raise TypeError(f"{name} must be a checkpoint path or a state dict, got {type(item)}")
+    for key, value in item.items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name}: {key!r} is a {type(value).__name__}, not a tensor; "
+                            "pass a state dict such as checkpoint['model']")
+    return item
+
+
+def _check_same_layout(
+    first: Mapping[str, torch.Tensor], other: Mapping[str, torch.Tensor], first_name: str,
+    name: str,
+) -> None:
+    """Raise unless `other` has the keys, shapes and dtypes of `first`: the same model."""
+    missing, extra = sorted(first.keys() - other.keys()), sorted(other.keys() - first.keys())
+    if missing or extra:
+        raise ValueError(f"{name} does not have the keys of {first_name}: missing "
+                         f"{missing[:3] or 'none'}, unexpected {extra[:3] or 'none'}")
+    for key, tensor in other.items():
+        if tensor.shape != first[key].shape or tensor.dtype != first[key].dtype:
+            raise ValueError(
+                f"{name}: {key!r} is {tuple(tensor.shape)} {tensor.dtype}, but "
+                f"{tuple(first[key].shape)} {first[key].dtype} in {first_name}; checkpoints "
+                "of different models (or precisions) cannot be averaged"
+            )
 
 
 # %% [markdown]

@@ -1,20 +1,91 @@
 """The trained Multi30k model that the book ships (book/models/multi30k_cpu)."""
 
+import functools
+import http.server
 import json
+import shutil
+import threading
 
 import pytest
 import torch
 
+import the_annotated_transformer as book
 from the_annotated_transformer import (
+    SHIPPED_MODEL_SHA256,
     bleu,
+    fetch_shipped_model,
+    free_port,
     load_multi30k,
     load_tokenizers,
     load_trained_model,
+    sha256_of,
     shipped_model_dir,
     translate,
 )
 
 FOLDER = shipped_model_dir()
+
+
+def test_module_records_the_checksums_of_the_shipped_files():
+    for name, expected in SHIPPED_MODEL_SHA256.items():
+        assert sha256_of(FOLDER / name) == expected, (
+            f"{FOLDER / name} changed: put its new SHA-256 in SHIPPED_MODEL_SHA256 "
+            "(chapter 14), or Colab readers will be refused the download"
+        )
+
+
+@pytest.fixture
+def server(tmp_path):
+    """A local web server for tmp_path/site: the repository's address, without a network."""
+    site = tmp_path / "site"
+    site.mkdir()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    handler.log_message = lambda *args: None
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield site, f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_fetch_shipped_model_downloads_every_file_and_verifies_it(server, tmp_path):
+    site, url = server
+    shutil.copytree(FOLDER, site / "model")
+    target = fetch_shipped_model(tmp_path / "cache", base_url=f"{url}/model")
+    for name in SHIPPED_MODEL_SHA256:
+        assert (target / name).read_bytes() == (FOLDER / name).read_bytes(), name
+
+
+def test_fetch_shipped_model_refuses_a_corrupted_download_and_keeps_nothing(server, tmp_path):
+    site, url = server
+    shutil.copytree(FOLDER, site / "model")
+    (site / "model" / "vocab_en.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"vocab_en\.json, but its SHA-256 checksum"):
+        fetch_shipped_model(tmp_path / "cache", base_url=f"{url}/model")
+    assert not (tmp_path / "cache" / "vocab_en.json").exists()
+    assert not list((tmp_path / "cache").glob(".*"))  # no temporary file left
+
+
+def test_fetch_shipped_model_offline_names_the_file_and_what_to_do(tmp_path):
+    offline = f"http://127.0.0.1:{free_port()}/model"  # nothing listens there
+    with pytest.raises(FileNotFoundError, match=r"model\.pt is not in .*`make train`"):
+        fetch_shipped_model(tmp_path / "cache", base_url=offline)
+
+
+def test_load_trained_model_outside_a_repository_downloads_the_shipped_model(
+    server, tmp_path, monkeypatch
+):
+    site, url = server
+    shutil.copytree(FOLDER, site / "raw" / "main" / "book" / "models" / "multi30k_cpu")
+    monkeypatch.setattr(book, "repository_root", lambda: None)  # as in Colab after pip install
+    monkeypatch.setattr(book, "BOOK_REPOSITORY", url)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert shipped_model_dir() == tmp_path / "home" / ".cache" / "annotated-transformer" / (
+        "multi30k_cpu")
+    model, vocab_src, vocab_tgt, config = load_trained_model()
+    assert (shipped_model_dir() / "model.pt").read_bytes() == (FOLDER / "model.pt").read_bytes()
+    assert config.d_model == 256 and len(vocab_src) > 1000 and not model.training
 
 
 def test_shipped_model_is_small_half_precision_and_loads_with_weights_only():

@@ -15,6 +15,7 @@ from the_annotated_transformer import (
     Vocab,
     bleu,
     detokenize,
+    device_report,
     export_for_shipping,
     free_port,
     load_checkpoint,
@@ -108,6 +109,8 @@ def test_training_config_presets_and_validation():
         training_config("cpu", d_model=100)
     with pytest.raises(ValueError, match="name must be one of cpu, base"):
         training_config("gpu")
+    with pytest.raises(ValueError, match="keep_epochs must be an integer >= 0, got -1"):
+        training_config("cpu", keep_epochs=-1)
 
 
 def test_train_worker_refuses_a_batch_too_small_to_share_before_starting_processes():
@@ -138,6 +141,59 @@ def test_resumed_run_ends_with_same_weights_and_optimizer_as_uninterrupted_run(t
     assert a["scheduler"]["last_epoch"] == b["scheduler"]["last_epoch"]
     assert [round(r["val_loss"], 6) for r in history] == [round(r["val_loss"], 6) for r in resumed]
     assert history[-1]["val_loss"] < history[0]["val_loss"]  # it learns
+
+
+@needs_multi30k
+def test_keep_epochs_keeps_the_weights_of_the_last_epochs_only(tmp_path):
+    config = replace(TINY, checkpoint_dir=str(tmp_path), keep_epochs=2, train_limit=80)
+    train_worker(0, 1, config, progress=False, threads=1)
+    kept = sorted(p.name for p in tmp_path.glob("epoch_*.pt"))
+    assert kept == ["epoch_002.pt", "epoch_003.pt"]
+    last = load_checkpoint(tmp_path / "last.pt")
+    newest = load_checkpoint(tmp_path / "epoch_003.pt")
+    assert newest["epoch"] == 3 and set(newest) == {"model", "config", "epoch"}
+    for name, tensor in last["model"].items():
+        assert torch.equal(tensor, newest["model"][name]), name
+    older = load_checkpoint(tmp_path / "epoch_002.pt")["model"]
+    assert any(not torch.equal(older[n], t) for n, t in last["model"].items())
+
+
+# --- devices ------------------------------------------------------------------------------
+
+
+def test_bf16_autocast_trains_like_float32_on_the_cpu():
+    """The GPU path's autocast, run on the CPU: same losses within bf16 rounding, fp32 weights."""
+    losses = {}
+    for dtype in (None, torch.bfloat16):
+        model, optimizer, scheduler, criterion = _setup()
+        loader = multi30k_loader(_synthetic_examples(64, 1), max_tokens=60, shuffle=False)
+        losses[dtype] = [
+            train_epoch(model, loader, criterion, optimizer, scheduler,
+                        device=torch.device("cpu"), train_state=TrainState(),
+                        autocast_dtype=dtype)[0]
+            for _ in range(3)
+        ]
+        assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert losses[None][-1] < losses[None][0]  # it learns, in both precisions
+    for full, half in zip(losses[None], losses[torch.bfloat16], strict=True):
+        assert half == pytest.approx(full, rel=0.03)
+    assert losses[None] != losses[torch.bfloat16]  # autocast did run in bfloat16
+
+
+def test_device_report_asks_for_the_process_own_gpu(monkeypatch):
+    asked = []
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: 3 * 2**29)
+    monkeypatch.setattr(torch.cuda, "utilization", lambda device: asked.append(device) or 42)
+    gpu = torch.device("cuda", 1)
+    assert device_report(gpu) == {"max_memory_gib": 1.5, "utilization_percent": 42.0}
+    assert asked == [gpu]  # torch maps it through CUDA_VISIBLE_DEVICES to NVML's index
+
+    def no_nvml(device):
+        raise ModuleNotFoundError("No module named 'pynvml'")
+
+    monkeypatch.setattr(torch.cuda, "utilization", no_nvml)
+    assert device_report(gpu) == {"max_memory_gib": 1.5}
+    assert device_report(torch.device("cpu")) == {}
 
 
 # --- distributed training -----------------------------------------------------------------

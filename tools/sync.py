@@ -2,9 +2,10 @@
 
 The chapters are the source. `make sync` reads the notebooks in `_toc.yml` order, copies every
 cell tagged `export` into the module (a jupytext py:percent file, one block per chapter), writes
-each setup cell's Colab block with the repository URL from `_config.yml`, and rewrites each
-chapter's text twin in `book/twins/`. `python tools/sync.py --check` changes nothing and fails
-when any of those files is out of date; the tests run it.
+each setup cell's Colab block (and the module's BOOK_REPOSITORY) with the repository URL from
+`_config.yml`, and rewrites each chapter's text twin in `book/twins/`.
+`python tools/sync.py --check` changes nothing and fails when any of those files is out of
+date; the tests run it.
 """
 
 import argparse
@@ -35,6 +36,9 @@ if "google.colab" in sys.modules:
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
 
 """
+
+# The module's copy of the same URL, for downloading the shipped model (chapter 14).
+REPOSITORY_LINE = re.compile(r'^BOOK_REPOSITORY = ".*"$', re.MULTILINE)
 
 HEADER = '''\
 # %% [markdown]
@@ -86,10 +90,14 @@ def module_text(notebooks: dict[Path, nbformat.NotebookNode]) -> str:
 
 
 def refreshed(nb: nbformat.NotebookNode, url: str) -> nbformat.NotebookNode:
-    """The notebook with its setup cell's Colab block installing from `url`, its jupytext
-    pairing set, and no execution timestamps (they change on every run and say nothing)."""
+    """The notebook with its setup cell's Colab block installing from `url`, the module's
+    BOOK_REPOSITORY set to `url`, its jupytext pairing set, and no execution timestamps
+    (they change on every run and say nothing)."""
     for cell in nb.cells:
         cell.get("metadata", {}).pop("execution", None)
+        if "export" in tags(cell):
+            line = f'BOOK_REPOSITORY = "{url}"'
+            cell.source = REPOSITORY_LINE.sub(lambda _, b=line: b, cell.source)
         if "setup" in tags(cell):
             block = COLAB_TEMPLATE.format(url=url)
             cell.source = COLAB_BLOCK.sub(lambda _, b=block: b, cell.source, count=1).rstrip()

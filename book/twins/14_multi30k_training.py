@@ -557,7 +557,10 @@ def evaluate(
 #    Rank 0 shows a tqdm bar on stderr with the running loss, tokens per second and learning
 #    rate; on GPUs each epoch also reports the peak memory (`torch.cuda.max_memory_allocated`)
 #    and the GPU's utilization as `nvidia-ml-py` samples it at the end of the epoch, when that
-#    package is installed.
+#    package is installed (through `torch.cuda.utilization`, which translates the device index
+#    through `CUDA_VISIBLE_DEVICES` into NVML's own numbering). With `keep_epochs=k` rank 0 also
+#    keeps the weights of each of the last `k` epochs as `epoch_NNN.pt`, for the checkpoint
+#    averaging of chapter 16.
 #
 # The same function runs in three ways: called directly for one process, started by
 # `train_distributed` below, or started by `torchrun`, in which case it reads `RANK`,
@@ -594,12 +597,8 @@ def device_report(device: torch.device) -> dict[str, float]:
     if device.type != "cuda":
         return {}
     report = {"max_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30}
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
-        report["utilization_percent"] = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+    try:  # torch asks NVML, translating the index through CUDA_VISIBLE_DEVICES
+        report["utilization_percent"] = float(torch.cuda.utilization(device))
     except Exception:  # nvidia-ml-py missing or no driver access: memory alone is still useful
         pass
     return report
@@ -1079,8 +1078,12 @@ assert detokenize(tokens) == 'A man in a T-shirt doesn\'t smile (really), he\'s 
 # notice), the two vocabularies, and an `info.json` with the configuration, the command that
 # trained it, its training time and the hardware. `load_trained_model` converts the weights
 # back to float32 and builds the model from the stored configuration. Called without a path it
-# loads the shipped model from `book/models/multi30k_cpu/`, and if that folder is empty it
-# trains one with the `cpu` preset first, saying so on stderr.
+# loads the shipped model from `book/models/multi30k_cpu/`. Outside a copy of the repository
+# (in Colab, where `pip` installs only the module) that folder does not exist, so
+# `fetch_shipped_model` downloads the four files from the book's repository into a cache folder
+# and keeps each one only if its SHA-256 checksum is the one recorded in the module. Only when
+# there is neither a copy nor a network does `load_trained_model` train a model with the `cpu`
+# preset, saying so on stderr.
 
 # %% tags=["export"]
 import json
@@ -1091,10 +1094,49 @@ from pathlib import Path
 import torch
 
 
+BOOK_REPOSITORY = "https://github.com/annotated-transformer/annotated-transformer-book"
+# The shipped files' SHA-256 checksums, verified after a download; tests/test_shipped_model.py
+# fails when they differ from the files in book/models/multi30k_cpu.
+SHIPPED_MODEL_SHA256 = {
+    "model.pt": "7f5e9f5e59a49d401656ed2332705f93d86d118921e8494f36532f743e696548",
+    "vocab_de.json": "6f0d3385a8223f9e43922604b4d9b421394968cfc64257893065b3dd88e15066",
+    "vocab_en.json": "6e22d0081b9e032fbce602f62bc5a56aa78326cce2e50fe722217285380daebf",
+    "info.json": "42dd9ae2952004f9a461c1db8c68f8fc48619115bc5646f12f5a708832e4219e",
+}
+
+
 def shipped_model_dir() -> Path:
-    """Where the book keeps its trained Multi30k model: book/models/multi30k_cpu."""
-    root = repository_root() or Path.cwd()
-    return root / "book" / "models" / "multi30k_cpu"
+    """book/models/multi30k_cpu in a copy of the repository; else a cache folder (Colab)."""
+    root = repository_root()
+    if root is not None and (root / "book" / "models").is_dir():
+        return root / "book" / "models" / "multi30k_cpu"
+    return Path.home() / ".cache" / "annotated-transformer" / "multi30k_cpu"
+
+
+def fetch_shipped_model(folder: str | os.PathLike | None = None, *, base_url: str | None = None
+                        ) -> Path:
+    """The folder holding the shipped model, with missing files downloaded and verified.
+
+    Files already there are used as they are; each missing one comes from the book's
+    repository (base_url replaces its address) through download_file, which keeps it only
+    when its SHA-256 checksum is the published one.
+    """
+    folder = shipped_model_dir() if folder is None else Path(folder)
+    base_url = base_url or f"{BOOK_REPOSITORY}/raw/main/book/models/multi30k_cpu"
+    for name, sha256 in SHIPPED_MODEL_SHA256.items():
+        if (folder / name).is_file():
+            continue
+        url = f"{base_url}/{name}"
+        print(f"downloading {url}", file=sys.stderr)
+        try:
+            download_file(url, folder / name, sha256=sha256)
+        except OSError as err:  # no network, an HTTP error, a timeout, a read-only folder
+            raise FileNotFoundError(
+                f"the trained model's {name} is not in {folder} and could not be downloaded "
+                f"from {url} ({err}): connect to the internet and try again, or train a model "
+                "with `make train` (about two hours on a CPU)"
+            ) from err
+    return folder
 
 
 def export_for_shipping(
@@ -1130,16 +1172,18 @@ def load_trained_model(
     """A trained model in float32 (eval mode) with its vocabularies and configuration.
 
     path: a folder from export_for_shipping, or a model.pt / last.pt file with the
-    vocabularies beside it; by default the book's shipped model, which is trained first
-    (about two hours on a CPU) when it is missing.
+    vocabularies beside it; by default the book's shipped model, downloaded when it is
+    missing (outside a copy of the repository), or trained (about two hours on a CPU) when
+    it cannot be downloaded.
     """
     if path is None:
         path = shipped_model_dir()
-        if not (path / "model.pt").is_file():
+        try:
+            fetch_shipped_model(path)
+        except FileNotFoundError as err:  # offline and no copy: make one
             config = training_config("cpu")
-            print(f"no trained model in {path}: training one with the cpu configuration "
-                  f"(about two hours on a CPU; checkpoints in {config.checkpoint_dir})",
-                  file=sys.stderr)
+            print(f"{err}\ntraining a model with the cpu configuration instead (about two "
+                  f"hours on a CPU; checkpoints in {config.checkpoint_dir})", file=sys.stderr)
             train_worker(0, 1, config, resume=True)
             export_for_shipping(Path(config.checkpoint_dir) / "last.pt", path)
     path = Path(path)
@@ -1218,11 +1262,12 @@ import json
 
 import altair as alt
 
-info = json.loads((shipped_model_dir() / "info.json").read_text())
+folder = fetch_shipped_model()  # here, the repository's copy; in Colab, a download
+info = json.loads((folder / "info.json").read_text())
 print("command: ", info["command"])
 print("hardware:", info["hardware"])
 print(f"training: {info['epochs']} epochs in {info['training_seconds'] / 60:.0f} minutes")
-print(f"weights:  {(shipped_model_dir() / 'model.pt').stat().st_size / 1e6:.1f} MB (float16)")
+print(f"weights:  {(folder / 'model.pt').stat().st_size / 1e6:.1f} MB (float16)")
 history = [
     {"epoch": row["epoch"], "split": split, "loss": row[f"{split}_loss"]}
     for row in info["history"]
