@@ -8,12 +8,12 @@ import os
 
 import pytest
 import torch
+from tiny_training import synthetic_examples, tiny_setup
 
 from the_annotated_transformer import (
     TrainState,
     device_report,
     free_port,
-    make_model,
     multi30k_loader,
     train_epoch,
 )
@@ -21,28 +21,9 @@ from the_annotated_transformer import (
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
 
-def _examples(n: int, seed: int) -> list[tuple[list[int], list[int]]]:
-    generator = torch.Generator().manual_seed(seed)
-    examples = []
-    for _ in range(n):
-        n_src, n_tgt = (int(x) for x in torch.randint(2, 9, (2,), generator=generator))
-        examples.append((torch.randint(4, 20, (n_src,), generator=generator).tolist(),
-                         torch.randint(4, 20, (n_tgt,), generator=generator).tolist()))
-    return examples
-
-
-def _setup(device: torch.device):
-    torch.manual_seed(0)
-    model = make_model(20, 20, N=1, d_model=32, d_ff=64, h=4, dropout=0.0).to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1 + s))
-    criterion = torch.nn.NLLLoss(reduction="sum", ignore_index=2)
-    return model, optimizer, scheduler, criterion
-
-
 def _losses(device: torch.device, dtype: torch.dtype | None) -> list[float]:
-    model, optimizer, scheduler, criterion = _setup(device)
-    loader = multi30k_loader(_examples(64, 1), max_tokens=60, shuffle=False)
+    model, optimizer, scheduler, criterion = tiny_setup(device)
+    loader = multi30k_loader(synthetic_examples(64, 1), max_tokens=60, shuffle=False)
     losses = [
         train_epoch(model, loader, criterion, optimizer, scheduler, device=device,
                     train_state=TrainState(), autocast_dtype=dtype)[0]
@@ -85,9 +66,9 @@ def _nccl_worker(rank: int, world_size: int, port: int, out: str) -> None:
     torch.cuda.set_device(device)
     dist.init_process_group("nccl", rank=rank, world_size=world_size)
     try:
-        model, optimizer, scheduler, criterion = _setup(device)
+        model, optimizer, scheduler, criterion = tiny_setup(device)
         model = DistributedDataParallel(model, device_ids=[rank])
-        loader = multi30k_loader(_examples(64, 1), max_tokens=60, shuffle=True,
+        loader = multi30k_loader(synthetic_examples(64, 1), max_tokens=60, shuffle=True,
                                  num_replicas=world_size, rank=rank)
         train_epoch(model, loader, criterion, optimizer, scheduler, device=device,
                     accum_iter=2, train_state=TrainState())
@@ -102,7 +83,7 @@ def test_ddp_with_nccl_keeps_every_gpu_copy_identical(tmp_path):
     torch.multiprocessing.spawn(_nccl_worker, args=(world_size, free_port(), str(tmp_path)),
                                 nprocs=world_size)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(world_size)]
-    start = _setup(torch.device("cpu"))[0].state_dict()
+    start = tiny_setup()[0].state_dict()
     assert any(not torch.equal(start[n], t) for n, t in ranks[0].items())  # it trained
     for other in ranks[1:]:
         for name, tensor in ranks[0].items():

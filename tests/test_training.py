@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_training import synthetic_examples, tiny_setup
 
 from the_annotated_transformer import (
     TrainConfig,
@@ -165,8 +166,8 @@ def test_bf16_autocast_trains_like_float32_on_the_cpu():
     """The GPU path's autocast, run on the CPU: same losses within bf16 rounding, fp32 weights."""
     losses = {}
     for dtype in (None, torch.bfloat16):
-        model, optimizer, scheduler, criterion = _setup()
-        loader = multi30k_loader(_synthetic_examples(64, 1), max_tokens=60, shuffle=False)
+        model, optimizer, scheduler, criterion = tiny_setup()
+        loader = multi30k_loader(synthetic_examples(64, 1), max_tokens=60, shuffle=False)
         losses[dtype] = [
             train_epoch(model, loader, criterion, optimizer, scheduler,
                         device=torch.device("cpu"), train_state=TrainState(),
@@ -199,27 +200,6 @@ def test_device_report_asks_for_the_process_own_gpu(monkeypatch):
 # --- distributed training -----------------------------------------------------------------
 
 
-def _synthetic_examples(n: int, seed: int) -> list[tuple[list[int], list[int]]]:
-    generator = torch.Generator().manual_seed(seed)
-    examples = []
-    for _ in range(n):
-        n_src, n_tgt = (int(x) for x in torch.randint(2, 9, (2,), generator=generator))
-        examples.append((torch.randint(4, 20, (n_src,), generator=generator).tolist(),
-                         torch.randint(4, 20, (n_tgt,), generator=generator).tolist()))
-    return examples
-
-
-def _setup(seed: int = 0):
-    torch.manual_seed(seed)
-    model = make_model(20, 20, N=1, d_model=16, d_ff=32, h=2, dropout=0.0)
-    # Plain SGD: Adam would divide the float noise in gradients that are zero in exact
-    # arithmetic (the key projection's bias) by its own tiny running size, and amplify it.
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1 + s))
-    criterion = torch.nn.NLLLoss(reduction="sum", ignore_index=2)
-    return model, optimizer, scheduler, criterion
-
-
 def _ddp_worker(rank: int, world_size: int, port: int, out: str) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -228,9 +208,9 @@ def _ddp_worker(rank: int, world_size: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
-        model, optimizer, scheduler, criterion = _setup()
+        model, optimizer, scheduler, criterion = tiny_setup()
         model = DistributedDataParallel(model)
-        loader = multi30k_loader(_synthetic_examples(64, 1), max_tokens=60, shuffle=True,
+        loader = multi30k_loader(synthetic_examples(64, 1), max_tokens=60, shuffle=True,
                                  num_replicas=world_size, rank=rank)
         train_epoch(model, loader, criterion, optimizer, scheduler, device=torch.device("cpu"),
                     accum_iter=2, train_state=TrainState())
@@ -247,8 +227,8 @@ def test_two_gloo_processes_match_one_process_averaging_per_rank_losses(tmp_path
 
     # One process, the same global batches: each step follows the mean over ranks of each
     # rank's loss divided by its own token count (accumulated over accum_iter micro-batches).
-    model, optimizer, scheduler, criterion = _setup()
-    shares = [list(multi30k_loader(_synthetic_examples(64, 1), max_tokens=60, shuffle=True,
+    model, optimizer, scheduler, criterion = tiny_setup()
+    shares = [list(multi30k_loader(synthetic_examples(64, 1), max_tokens=60, shuffle=True,
                                    num_replicas=2, rank=r)) for r in range(2)]
     assert len(shares[0]) == len(shares[1]) >= 4
     for start in range(0, len(shares[0]), 2):  # accum_iter=2
@@ -262,7 +242,7 @@ def test_two_gloo_processes_match_one_process_averaging_per_rank_losses(tmp_path
         optimizer.step()
         optimizer.zero_grad()
         scheduler.step()
-    reference, initial = model.state_dict(), _setup()[0].state_dict()
+    reference, initial = model.state_dict(), tiny_setup()[0].state_dict()
     moved = max(float((reference[n] - initial[n]).abs().max()) for n in reference)
     assert moved > 1e-3  # the steps changed the weights, so the comparison below means something
     for name, tensor in reference.items():
