@@ -2030,15 +2030,16 @@ from pathlib import Path
 
 import torch
 
-
 BOOK_REPOSITORY = "https://github.com/annotated-transformer/annotated-transformer-book"
-# The shipped files' SHA-256 checksums, verified after a download; tests/test_shipped_model.py
+# The shipped files' SHA-256 checksums (averaging.json holds chapter 16's measurements),
+# verified after a download; tests/test_shipped_model.py
 # fails when they differ from the files in book/models/multi30k_cpu.
 SHIPPED_MODEL_SHA256 = {
     "model.pt": "7f5e9f5e59a49d401656ed2332705f93d86d118921e8494f36532f743e696548",
     "vocab_de.json": "6f0d3385a8223f9e43922604b4d9b421394968cfc64257893065b3dd88e15066",
     "vocab_en.json": "6e22d0081b9e032fbce602f62bc5a56aa78326cce2e50fe722217285380daebf",
     "info.json": "42dd9ae2952004f9a461c1db8c68f8fc48619115bc5646f12f5a708832e4219e",
+    "averaging.json": "3f30d9507d5da87fbfa50dbc63290913bb912a88c31e22ca1eb748ea8af6e27f",
 }
 
 
@@ -2140,6 +2141,233 @@ def load_trained_model(
 
 
 # %% [markdown]
+# ## From book/15_beam_search.ipynb
+
+
+# %%
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import nn
+
+
+class TableModel(nn.Module):
+    """A stand-in model whose next-token probabilities come from a table: for examples and tests.
+
+    table maps a prefix of generated ids (without the start symbol) to probabilities over the
+    vocab ids; a prefix that is not in the table ends the sentence (end_symbol gets 1).
+    """
+
+    def __init__(
+        self, table: Mapping[tuple[int, ...], Sequence[float]], *, vocab: int, end_symbol: int
+    ) -> None:
+        super().__init__()
+        self.log_probs = {}
+        for prefix, probs in table.items():
+            probs = torch.as_tensor(probs, dtype=torch.float)
+            if probs.shape != (vocab,) or (probs < 0).any() or abs(float(probs.sum()) - 1) > 1e-5:
+                raise ValueError(f"table[{prefix}] must hold {vocab} probabilities that sum "
+                                 f"to 1, got {probs.tolist()}")
+            self.log_probs[tuple(prefix)] = probs.log()  # log 0 = -inf: impossible
+        self.ends = torch.full((vocab,), -torch.inf)
+        self.ends[end_symbol] = 0.0
+        self.generator = nn.Identity()  # decode already gives log-probabilities
+
+    def encode(self, src: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
+        """A memory of zeros (batch, n_src, 1): the table ignores the source."""
+        return torch.zeros(*src.shape, 1)
+
+    def decode(
+        self, memory: torch.Tensor, src_mask: torch.Tensor, tgt: torch.Tensor,
+        tgt_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """Log-probabilities (batch, n_tgt, vocab) of the token after each prefix of tgt."""
+        rows = [
+            torch.stack([self.log_probs.get(tuple(ids[1 : i + 1]), self.ends)
+                         for i in range(len(ids))])
+            for ids in tgt.tolist()
+        ]
+        return torch.stack(rows)
+
+
+# %%
+import math
+
+import torch
+from torch import nn
+
+
+def length_penalty(length: int | torch.Tensor, *, alpha: float) -> float | torch.Tensor:
+    """GNMT's lp(Y) = ((5 + |Y|) / 6) ** alpha; a score is log P(Y | X) / lp(Y)."""
+    return ((5 + length) / 6) ** alpha
+
+
+def _beam_limits(
+    src: torch.Tensor, src_mask: torch.Tensor, max_len: int | torch.Tensor, beam_size: int,
+    alpha: float,
+) -> torch.Tensor:
+    """Raise on a bad argument of beam_search; return max_len as a (batch,) tensor."""
+    if isinstance(beam_size, bool) or not isinstance(beam_size, int):
+        raise TypeError(f"beam_size must be an int, got {beam_size!r}")
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be at least 1, got {beam_size}")
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not alpha >= 0:
+        raise ValueError(f"alpha must be a number >= 0 (0: no length penalty), got {alpha!r}")
+    if not isinstance(src, torch.Tensor) or src.dim() != 2:
+        got = tuple(src.shape) if isinstance(src, torch.Tensor) else type(src).__name__
+        raise ValueError(f"src must be a tensor of shape (batch, n_src), got {got}")
+    batch, n_src = src.shape
+    if not isinstance(src_mask, torch.Tensor) or src_mask.shape != (batch, 1, n_src):
+        got = tuple(src_mask.shape) if isinstance(src_mask, torch.Tensor) else src_mask
+        raise ValueError(f"src_mask must have shape (batch, 1, n_src) = {(batch, 1, n_src)} "
+                         f"for src of shape {(batch, n_src)}, got {got}")
+    limits = torch.as_tensor(max_len, device=src.device)
+    if limits.is_floating_point() or limits.dtype == torch.bool or limits.dim() > 1:
+        raise TypeError(f"max_len must be an int or a (batch,) tensor of ints, got {max_len!r}")
+    limits = limits.expand(batch) if limits.dim() == 0 else limits
+    if limits.shape != (batch,):
+        raise ValueError(f"max_len must be one int or one per sentence, shape ({batch},), "
+                         f"got shape {tuple(limits.shape)}")
+    if batch and int(limits.min()) < 1:
+        raise ValueError(f"max_len must be at least 1 (the start symbol), got {max_len}")
+    return limits.long()
+
+
+def beam_search(
+    model: nn.Module,
+    src: torch.Tensor,
+    src_mask: torch.Tensor,
+    *,
+    max_len: int | torch.Tensor,
+    start_symbol: int,
+    end_symbol: int,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The best output per sentence by log P(Y | X) / lp(Y), searching beam_size at a time.
+
+    Returns ids (batch, <= max_len), which begin with start_symbol and are padded with
+    end_symbol after the end as greedy_decode's are, and their scores (batch,). max_len counts
+    the start symbol and holds for every sentence (an int) or for each one (a (batch,) tensor);
+    an output cut short by its own max_len is padded like one that ended.
+    """
+    limits = _beam_limits(src, src_mask, max_len, beam_size, alpha)
+    batch, k, device = src.size(0), beam_size, src.device
+    steps = int(limits.max()) - 1 if batch else 0  # the most tokens any sentence may generate
+    every = torch.arange(batch, device=device)
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)  # (batch, n_src, d_model), once per sentence
+        ys = torch.full((batch, k, 1), start_symbol, dtype=torch.long, device=device)
+        live = torch.full((batch, k), -math.inf, device=device)  # log P; -inf: not live
+        live[:, 0] = 0.0  # one hypothesis to begin with: <s>
+        n_finished = torch.zeros(batch, dtype=torch.long, device=device)  # slots they hold
+        best_ids = torch.full((batch, steps + 1), end_symbol, dtype=torch.long, device=device)
+        best_ids[:, 0] = start_symbol
+        best_score = torch.full((batch,), -math.inf, device=device)
+        best_len = torch.zeros(batch, dtype=torch.long, device=device)
+        nothing = limits == 1  # max_len 1 leaves only the empty output, with log P = 0
+        best_score[nothing], live[nothing] = 0.0, -math.inf
+        for t in range(1, steps + 1):  # t: tokens generated once this step is done
+            rows = (live > -math.inf).nonzero(as_tuple=True)  # (sentence, slot) of live ones
+            if rows[0].numel() == 0:
+                break
+            # 1) decode the live hypotheses of all sentences as one batch of rows
+            out = model.decode(memory[rows[0]], src_mask[rows[0]], ys[rows],
+                               subsequent_mask(t).to(device))  # (n_live, t, d_model)
+            log_probs = model.generator(out[:, -1])  # (n_live, V)
+            V = log_probs.size(-1)
+            # 2) every extension of every live hypothesis: log P(prefix) + log p(word | prefix)
+            candidates = torch.full((batch, k, V), -math.inf, device=device)
+            candidates[rows] = live[rows].unsqueeze(-1) + log_probs
+            # 3) the best candidates fill the slots that finished hypotheses do not hold
+            top, index = candidates.view(batch, k * V).topk(k, dim=-1)  # (batch, k), best first
+            free = (k - n_finished).unsqueeze(-1)  # (batch, 1)
+            kept = (torch.arange(k, device=device) < free) & (top > -math.inf)  # (batch, k)
+            slot, word = index // V, index % V  # (batch, k) each
+            ys = torch.cat([ys[every.unsqueeze(-1), slot], word.unsqueeze(-1)], dim=-1)
+            # 4) a kept candidate finishes with </s> or at its sentence's max_len
+            at_limit = (t + 1 >= limits).unsqueeze(-1)  # (batch, 1)
+            finished = kept & ((word == end_symbol) | at_limit)  # (batch, k)
+            n_finished += finished.sum(dim=-1)
+            score = torch.where(finished, top / length_penalty(t, alpha=alpha), -math.inf)
+            new_best, new_slot = score.max(dim=-1)  # (batch,)
+            better = new_best > best_score
+            best_score = torch.where(better, new_best, best_score)
+            best_len = torch.where(better, t, best_len)
+            best_ids[better, : t + 1] = ys[every, new_slot][better]
+            live = torch.where(kept & ~finished, top, -math.inf)  # (batch, k)
+            # 5) stop early: no live hypothesis can beat the best finished one any more
+            bound = live.max(dim=-1).values / length_penalty(limits - 1, alpha=alpha)
+            live[best_score >= bound] = -math.inf
+    n_out = int(best_len.max()) + 1 if batch else 1
+    return best_ids[:, :n_out], best_score  # (batch, n_out), (batch,)
+
+
+# %%
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def beam_translate_batch(
+    model: nn.Module,
+    src_ids: Sequence[Sequence[int]],
+    *,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    extra_len: int = 50,
+    bos_id: int = 0,
+    eos_id: int = 1,
+    pad_id: int = 2,
+) -> list[list[int]]:
+    """Beam-search translations of id lists, each at most len(source) + extra_len tokens."""
+    device = next(model.parameters()).device
+    longest = max(len(ids) for ids in src_ids) + 2
+    src = torch.full((len(src_ids), longest), pad_id, dtype=torch.long)  # (batch, n_src)
+    for row, ids in enumerate(src_ids):
+        src[row, : len(ids) + 2] = torch.tensor([bos_id, *ids, eos_id])
+    src = src.to(device)
+    src_mask = (src != pad_id).unsqueeze(-2)  # (batch, 1, n_src)
+    limits = torch.tensor([len(ids) + extra_len + 1 for ids in src_ids], device=device)
+    model.eval()
+    out, _ = beam_search(model, src, src_mask, max_len=limits, start_symbol=bos_id,
+                         end_symbol=eos_id, beam_size=beam_size, alpha=alpha)
+    results = []
+    for row in out[:, 1:].tolist():  # drop <s>
+        results.append(row[: row.index(eos_id)] if eos_id in row else row)
+    return results
+
+
+def beam_translate(
+    model: nn.Module,
+    sentences: Sequence[str],
+    vocab_src: Vocab,
+    vocab_tgt: Vocab,
+    tokenizer: Any,
+    *,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    extra_len: int = 50,
+    batch_size: int = 32,
+) -> list[str]:
+    """translate with beam search: one English line per German sentence, in input order."""
+    if isinstance(sentences, str):
+        raise TypeError("sentences must be a list of strings, got one str: wrap it in a list")
+    src_ids = [vocab_src.encode(tokenize(s, tokenizer)) for s in sentences]
+    outputs = [""] * len(sentences)
+    order = sorted((i for i, ids in enumerate(src_ids) if ids), key=lambda i: len(src_ids[i]))
+    for start in range(0, len(order), batch_size):  # similar lengths together: less padding
+        chunk = order[start : start + batch_size]
+        results = beam_translate_batch(model, [src_ids[i] for i in chunk], beam_size=beam_size,
+                                       alpha=alpha, extra_len=extra_len)
+        for i, ids in zip(chunk, results, strict=True):
+            outputs[i] = detokenize(vocab_tgt.lookup_tokens(ids))
+    return outputs
+
+
+# %% [markdown]
 # ## From book/16_checkpoint_averaging.ipynb
 
 
@@ -2214,6 +2442,183 @@ def _check_same_layout(
                 f"{tuple(first[key].shape)} {first[key].dtype} in {first_name}; checkpoints "
                 "of different models (or precisions) cannot be averaged"
             )
+
+
+# %% [markdown]
+# ## From book/17_subword_vocabularies.ipynb
+
+
+# %%
+import heapq
+import math
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from itertools import pairwise
+
+END_OF_WORD = "</w>"
+
+
+def merge_pair(symbols: Sequence[str], pair: tuple[str, str]) -> list[str]:
+    """The symbols with every occurrence of pair joined into one symbol, left to right."""
+    merged, i = [], 0
+    while i < len(symbols):
+        if i + 1 < len(symbols) and (symbols[i], symbols[i + 1]) == pair:
+            merged.append(symbols[i] + symbols[i + 1])
+            i += 2
+        else:
+            merged.append(symbols[i])
+            i += 1
+    return merged
+
+
+def _check_word_counts(word_counts: Mapping[str, int], end_of_word: str) -> None:
+    """Raise a clear error for a corpus that learn_bpe cannot use."""
+    if not isinstance(word_counts, Mapping):
+        raise TypeError(
+            f"word_counts must map each word to its count (a dict or Counter), "
+            f"got {type(word_counts).__name__}"
+        )
+    if not word_counts:
+        raise ValueError("word_counts is empty: learn_bpe needs at least one word")
+    for word, count in word_counts.items():
+        if not isinstance(word, str) or not word or end_of_word in word:
+            raise ValueError(
+                f"word_counts has the key {word!r}: words must be non-empty strings without "
+                f"the end-of-word marker {end_of_word!r}"
+            )
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"word_counts[{word!r}] must be a positive integer, got {count!r}")
+
+
+def learn_bpe(
+    word_counts: Mapping[str, int], num_merges: int, *, end_of_word: str = END_OF_WORD
+) -> list[tuple[str, str]]:
+    """Up to num_merges merges, each joining the most frequent adjacent pair (Sennrich et al.).
+
+    Words start as their characters plus end_of_word; a pair's count is summed over the words
+    that hold it, each weighted by its count. Ties go to the smallest pair in Python's string
+    order. Learning stops early when every word is a single symbol.
+    """
+    if isinstance(num_merges, bool) or not isinstance(num_merges, int) or num_merges < 0:
+        raise ValueError(f"num_merges must be an integer >= 0, got {num_merges!r}")
+    _check_word_counts(word_counts, end_of_word)
+    words = [[*word, end_of_word] for word in word_counts]  # word i, spelled in symbols
+    counts = list(word_counts.values())
+    pair_counts: Counter[tuple[str, str]] = Counter()  # pair -> occurrences in the corpus
+    holders: defaultdict[tuple[str, str], set[int]] = defaultdict(set)  # pair -> word indices
+    for i, symbols in enumerate(words):
+        for pair in pairwise(symbols):
+            pair_counts[pair] += counts[i]
+            holders[pair].add(i)
+    heap = [(-count, pair) for pair, count in pair_counts.items()]  # most frequent on top
+    heapq.heapify(heap)
+    merges: list[tuple[str, str]] = []
+    while heap and len(merges) < num_merges:
+        negative_count, pair = heapq.heappop(heap)
+        if pair_counts[pair] == 0 or -negative_count != pair_counts[pair]:
+            continue  # stale: the pair's count changed after this entry was pushed
+        merges.append(pair)
+        delta: Counter[tuple[str, str]] = Counter()  # how this merge changes each pair's count
+        for i in holders.pop(pair):  # 1) re-spell only the words that hold the pair
+            old, new = words[i], merge_pair(words[i], pair)
+            old_pairs, new_pairs = list(pairwise(old)), list(pairwise(new))
+            for p in old_pairs:  # 2) take out the word's old pairs, put in its new ones
+                delta[p] -= counts[i]
+            for p in new_pairs:
+                delta[p] += counts[i]
+            for p in set(old_pairs) - set(new_pairs):
+                holders[p].discard(i)
+            for p in set(new_pairs) - set(old_pairs):
+                holders[p].add(i)
+            words[i] = new
+        for p, change in delta.items():  # 3) push the new counts; older entries go stale
+            if change:
+                pair_counts[p] += change
+                if pair_counts[p] > 0:
+                    heapq.heappush(heap, (-pair_counts[p], p))
+    return merges
+
+
+def segment_word(
+    word: str, ranks: Mapping[tuple[str, str], int], *, end_of_word: str = END_OF_WORD
+) -> list[str]:
+    """A word as BPE symbols (the last ends with end_of_word); ranks: {merge: its position}.
+
+    Repeatedly applies the earliest learned merge that fits; characters that no merge covers
+    stay single symbols, so any word can be segmented.
+    """
+    if not isinstance(word, str) or not word:
+        raise ValueError(f"word must be a non-empty string, got {word!r}")
+    symbols = [*word, end_of_word]
+    while len(symbols) > 1:
+        pair = min(pairwise(symbols), key=lambda p: ranks.get(p, math.inf))
+        if pair not in ranks:
+            break  # no learned merge applies any more
+        symbols = merge_pair(symbols, pair)
+    return symbols
+
+
+# %%
+import io
+from collections.abc import Iterable
+from typing import Any
+
+SENTENCEPIECE_MODEL_TYPES = ("bpe", "unigram")
+
+
+def train_sentencepiece(
+    sentences: Iterable[str],
+    *,
+    vocab_size: int = 8000,
+    model_type: str = "bpe",
+    byte_fallback: bool = True,
+    num_threads: int = 1,
+) -> Any:
+    """A sentencepiece model trained in memory (no files), with the ids of SPECIALS.
+
+    Returns a sentencepiece.SentencePieceProcessor that decodes every encoded text back to
+    itself (no normalization, spaces kept, unseen characters as UTF-8 bytes with byte_fallback),
+    except the meta symbol U+2581 itself, which comes back as a space.
+    """
+    import sentencepiece as spm
+
+    if isinstance(sentences, str):
+        raise TypeError("sentences must be an iterable of sentences, got one str: wrap it")
+    sentences = [s for s in sentences if s]
+    if not sentences:
+        raise ValueError("sentences holds no non-empty sentence to train on")
+    if not all(isinstance(s, str) for s in sentences):
+        raise TypeError("sentences must hold only strings")
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size <= 4:
+        raise ValueError(f"vocab_size must be an integer > 4 (the specials), got {vocab_size!r}")
+    if model_type not in SENTENCEPIECE_MODEL_TYPES:
+        raise ValueError(
+            f"model_type must be one of {', '.join(SENTENCEPIECE_MODEL_TYPES)}, got {model_type!r}"
+        )
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences),
+            model_writer=model,  # the trained model goes here, not into a file
+            vocab_size=vocab_size,
+            model_type=model_type,
+            character_coverage=1.0,  # every character of the training text gets a piece
+            byte_fallback=byte_fallback,  # unseen characters become byte pieces, not <unk>
+            normalization_rule_name="identity",  # no NFKC: text comes back as it went in
+            remove_extra_whitespaces=False,  # keep leading, trailing and repeated spaces
+            bos_id=SPECIALS.index("<s>"), bos_piece="<s>",
+            eos_id=SPECIALS.index("</s>"), eos_piece="</s>",
+            pad_id=SPECIALS.index("<blank>"), pad_piece="<blank>",
+            unk_id=SPECIALS.index("<unk>"), unk_piece="<unk>",
+            num_threads=num_threads,
+            minloglevel=2,  # errors only
+        )
+    except RuntimeError as err:  # e.g. vocab_size larger than the text allows
+        raise ValueError(
+            f"sentencepiece could not train vocab_size={vocab_size} ({model_type}) on "
+            f"{len(sentences)} sentences: {err}"
+        ) from err
+    return spm.SentencePieceProcessor(model_proto=model.getvalue())
 
 
 # %% [markdown]

@@ -4,7 +4,10 @@ import functools
 import http.server
 import json
 import shutil
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +25,8 @@ from the_annotated_transformer import (
     shipped_model_dir,
     translate,
 )
+
+ROOT = Path(__file__).resolve().parents[1]
 
 FOLDER = shipped_model_dir()
 
@@ -113,3 +118,19 @@ def test_shipped_model_scores_at_least_30_bleu_on_the_first_200_test_sentences(s
     score, signature = bleu(hypotheses, [en for _, en in pairs])
     print(f"BLEU {score:.2f} ({signature})")
     assert score >= 30, f"BLEU {score:.2f} on test_2016_flickr[:200] is below 30"
+
+
+def test_translate_script_decodes_greedily_with_beam_1_and_differently_with_beam_4(shipped):
+    model, vocab_src, vocab_tgt, _ = shipped
+    pairs = load_multi30k("val")[:40]
+    german = [de for de, _ in pairs]
+    outputs = {}
+    for beam in (1, 4):
+        result = subprocess.run(
+            [sys.executable, str(ROOT / "tools" / "translate.py"), "--beam", str(beam)],
+            input="\n".join(german).encode(), capture_output=True, check=True, timeout=300,
+        )
+        outputs[beam] = result.stdout.decode().split("\n")[:-1]
+        assert len(outputs[beam]) == len(german)
+    assert outputs[1] == translate(model, german, vocab_src, vocab_tgt, load_tokenizers()[0])
+    assert outputs[4] != outputs[1]  # the default is the paper's beam search

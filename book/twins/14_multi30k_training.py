@@ -38,6 +38,7 @@ from the_annotated_transformer import (
     Vocab,
     accumulation_groups,
     collate_batch,
+    download_file,
     enable_book_charts,
     encode_pairs,
     example_lengths,
@@ -1080,7 +1081,7 @@ assert detokenize(tokens) == 'A man in a T-shirt doesn\'t smile (really), he\'s 
 # back to float32 and builds the model from the stored configuration. Called without a path it
 # loads the shipped model from `book/models/multi30k_cpu/`. Outside a copy of the repository
 # (in Colab, where `pip` installs only the module) that folder does not exist, so
-# `fetch_shipped_model` downloads the four files from the book's repository into a cache folder
+# `fetch_shipped_model` downloads the five files from the book's repository into a cache folder
 # and keeps each one only if its SHA-256 checksum is the one recorded in the module. Only when
 # there is neither a copy nor a network does `load_trained_model` train a model with the `cpu`
 # preset, saying so on stderr.
@@ -1093,15 +1094,16 @@ from pathlib import Path
 
 import torch
 
-
 BOOK_REPOSITORY = "https://github.com/annotated-transformer/annotated-transformer-book"
-# The shipped files' SHA-256 checksums, verified after a download; tests/test_shipped_model.py
+# The shipped files' SHA-256 checksums (averaging.json holds chapter 16's measurements),
+# verified after a download; tests/test_shipped_model.py
 # fails when they differ from the files in book/models/multi30k_cpu.
 SHIPPED_MODEL_SHA256 = {
     "model.pt": "7f5e9f5e59a49d401656ed2332705f93d86d118921e8494f36532f743e696548",
     "vocab_de.json": "6f0d3385a8223f9e43922604b4d9b421394968cfc64257893065b3dd88e15066",
     "vocab_en.json": "6e22d0081b9e032fbce602f62bc5a56aa78326cce2e50fe722217285380daebf",
     "info.json": "42dd9ae2952004f9a461c1db8c68f8fc48619115bc5646f12f5a708832e4219e",
+    "averaging.json": "3f30d9507d5da87fbfa50dbc63290913bb912a88c31e22ca1eb748ea8af6e27f",
 }
 
 
@@ -1296,7 +1298,7 @@ for split in ("val", "test_2016_flickr"):
 print("sacreBLEU signature:", signature)
 
 # %% [markdown]
-# Twelve epochs, 67 minutes on one core of this book's CPU, give **36.1 BLEU on the validation set and 36.7 on the 2016 Flickr test set**, with greedy decoding. (These numbers are not comparable with the paper's 27.3 on WMT 2014: Multi30k's sentences are short, literal descriptions of photographs, a much easier task than news text.) The validation loss had flattened by epoch 8 while the training loss kept falling, so more epochs of this model would buy little; a larger model, beam search, checkpoint averaging or a subword vocabulary are the usual next steps.
+# Twelve epochs, 67 minutes on one core of this book's CPU, give **36.1 BLEU on the validation set and 36.7 on the 2016 Flickr test set**, with greedy decoding. (These numbers are not comparable with the paper's 27.3 on WMT 2014: Multi30k's sentences are short, literal descriptions of photographs, a much easier task than news text.) The validation loss had flattened by epoch 8 while the training loss kept falling, so more epochs of this model would buy little; a larger model, beam search (chapter 15), checkpoint averaging (chapter 16) or a subword vocabulary (chapter 17) are the usual next steps.
 #
 # What those numbers look like: the first ten sentences of the validation set, in order, with the reference and the model's translation.
 
@@ -1325,4 +1327,6 @@ pd.DataFrame(table)
 # You now have a training system: a configuration per run, data shared out among processes,
 # a worker that runs alone, under `spawn` or under `torchrun`, on CPUs or GPUs, checkpoints that
 # make an interruption cost at most an epoch, and translation with a reproducible BLEU score.
-# Part IV goes beyond the paper, and the trained model gives it something real to look inside.
+# The rest of Part III takes up the tools the paper used to get more out of a trained model:
+# beam search with a length penalty (chapter 15), averaging the last checkpoints (chapter 16),
+# and subword vocabularies (chapter 17).

@@ -41,7 +41,9 @@ if "google.colab" in sys.modules:
 #   tasks (copying and sorting) that a CPU learns in minutes.
 # * **Part III, a real-world example**: German-to-English translation on Multi30k
 #   {cite}`elliott2016multi30k`, trained on a CPU or on one or many GPUs, with checkpoints that
-#   survive interruptions, and scored with sacreBLEU {cite}`post2018call`.
+#   survive interruptions, and scored with sacreBLEU {cite}`post2018call`; then the three things
+#   the paper did to get more out of a trained model: beam search with a length penalty,
+#   averaging the last checkpoints, and subword vocabularies.
 # * **Part IV, beyond the paper**: the Transformer seen as a graph, with attention as message
 #   passing along edges, and what the trained translation model attends to, layer by layer and
 #   head by head.
