@@ -2622,7 +2622,7 @@ def train_sentencepiece(
 
 
 # %% [markdown]
-# ## From book/18_transformer_as_a_graph.ipynb
+# ## From book/19_transformer_as_a_graph.ipynb
 
 
 # %%
@@ -2675,7 +2675,7 @@ def graph_attention(
 
 
 # %% [markdown]
-# ## From book/19_attention_visualization.ipynb
+# ## From book/20_attention_visualization.ipynb
 
 
 # %%

@@ -43,7 +43,8 @@ if "google.colab" in sys.modules:
 #   {cite}`elliott2016multi30k`, trained on a CPU or on one or many GPUs, with checkpoints that
 #   survive interruptions, and scored with sacreBLEU {cite}`post2018call`; then the three things
 #   the paper did to get more out of a trained model: beam search with a length penalty,
-#   averaging the last checkpoints, and subword vocabularies.
+#   averaging the last checkpoints, and subword vocabularies; and a miniature of the paper's
+#   table of model variations.
 # * **Part IV, beyond the paper**: the Transformer seen as a graph, with attention as message
 #   passing along edges, and what the trained translation model attends to, layer by layer and
 #   head by head.
