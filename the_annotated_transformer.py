@@ -2622,6 +2622,104 @@ def train_sentencepiece(
 
 
 # %% [markdown]
+# ## From book/18_model_variations.ipynb
+
+
+# %%
+import torch
+from torch import nn
+
+
+class KeySizeAttention(MultiHeadedAttention):
+    """Multi-head attention with its own query/key width d_k; values keep d_v = d_model / h."""
+
+    def __init__(self, h: int, d_model: int, d_k: int, dropout: float = 0.1) -> None:
+        super().__init__(h, d_model, dropout=dropout)
+        if not isinstance(d_k, int) or d_k < 1:
+            raise ValueError(f"d_k={d_k!r} must be a positive integer")
+        self.d_k = d_k  # queries and keys: h heads of width d_k
+        self.d_v = d_model // h  # values: h heads of width d_v, as in MultiHeadedAttention
+        self.linears[0] = nn.Linear(d_model, h * d_k)  # W^Q
+        self.linears[1] = nn.Linear(d_model, h * d_k)  # W^K
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """query (batch, n_q, d_model), key/value (batch, n_k, d_model) -> (batch, n_q, d_model)."""
+        if mask is not None and mask.dim() == 3:
+            mask = mask.unsqueeze(1)  # (batch, 1, n_q or 1, n_k): the same mask for every head
+        batch = query.size(0)
+        # 1) project: queries and keys to h heads of d_k, values to h heads of d_v
+        widths = (self.d_k, self.d_k, self.d_v)
+        query, key, value = [
+            linear(x).view(batch, -1, self.h, width).transpose(1, 2)  # (batch, h, n, width)
+            for linear, x, width in zip(
+                self.linears[:3], (query, key, value), widths, strict=True
+            )
+        ]
+        # 2) attend: scores from d_k-wide dot products, outputs d_v wide
+        x, weights = attention(query, key, value, mask=mask, dropout=self.dropout)
+        self.attn = weights.detach()  # (batch, h, n_q, n_k)
+        # 3) merge the heads: (batch, h, n_q, d_v) -> (batch, n_q, h * d_v)
+        x = x.transpose(1, 2).contiguous().view(batch, -1, self.h * self.d_v)
+        # 4) the output projection W^O
+        return self.linears[-1](x)
+
+
+# %%
+import torch
+from torch import nn
+
+POSITIONS = ("sinusoidal", "learned", "none")
+
+
+def make_variant(
+    src_vocab: int,
+    tgt_vocab: int,
+    *,
+    N: int = 6,
+    d_model: int = 512,
+    d_ff: int = 2048,
+    h: int = 8,
+    d_k: int | None = None,
+    dropout: float = 0.1,
+    positions: str = "sinusoidal",
+    max_len: int = 5000,
+    share_embeddings: bool = False,
+) -> EncoderDecoder:
+    """make_model plus Table 3's other knobs: a key size d_k of its own, and the position signal."""
+    if positions not in POSITIONS:
+        raise ValueError(f"positions={positions!r} must be one of {POSITIONS}")
+    model = make_model(
+        src_vocab, tgt_vocab, N, d_model, d_ff, h, dropout, share_embeddings=share_embeddings
+    )
+    if d_k is not None and d_k != d_model // h:  # row B: narrower (or wider) queries and keys
+        for layer in [*model.encoder.layers, *model.decoder.layers]:
+            for name in ("self_attn", "src_attn"):
+                if hasattr(layer, name):
+                    setattr(layer, name, _xavier(KeySizeAttention(h, d_model, d_k, dropout)))
+    if positions != "sinusoidal":  # row E: item 1 of each embedding is the position signal
+        for embed in (model.src_embed, model.tgt_embed):
+            if positions == "learned":
+                embed[1] = LearnedPositionalEmbedding(d_model, dropout, max_len=max_len)
+            else:
+                embed[1] = nn.Dropout(dropout)  # no position signal, the same dropout
+    return model
+
+
+def _xavier(module: nn.Module) -> nn.Module:
+    """Initialize a module's matrices as make_model does (Xavier/Glorot uniform)."""
+    for p in module.parameters():
+        if p.dim() > 1:
+            nn.init.xavier_uniform_(p)
+    return module
+
+
+# %% [markdown]
 # ## From book/19_transformer_as_a_graph.ipynb
 
 
