@@ -1911,7 +1911,7 @@ def train_distributed(
 
 
 # %%
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -1972,8 +1972,13 @@ def translate(
     *,
     batch_size: int = 64,
     max_len: int = 72,
+    decode_batch: Callable[[list[list[int]]], list[list[int]]] | None = None,
 ) -> list[str]:
-    """One English line per German sentence, in input order (an empty line stays empty)."""
+    """One English line per German sentence, in input order (an empty line stays empty).
+
+    decode_batch turns a batch of source id lists into output id lists: greedy translate_batch
+    by default; chapter 15 passes beam search.
+    """
     if isinstance(sentences, str):
         raise TypeError("sentences must be a list of strings, got one str: wrap it in a list")
     src_ids = [vocab_src.encode(tokenize(s, tokenizer))[: max_len - 2] for s in sentences]
@@ -1981,7 +1986,11 @@ def translate(
     order = sorted((i for i, ids in enumerate(src_ids) if ids), key=lambda i: len(src_ids[i]))
     for start in range(0, len(order), batch_size):  # similar lengths together: less padding
         chunk = order[start : start + batch_size]
-        results = translate_batch(model, [src_ids[i] for i in chunk], max_len=max_len)
+        batch = [src_ids[i] for i in chunk]
+        if decode_batch is None:
+            results = translate_batch(model, batch, max_len=max_len)
+        else:
+            results = decode_batch(batch)
         for i, ids in zip(chunk, results, strict=True):
             outputs[i] = detokenize(vocab_tgt.lookup_tokens(ids))
     return outputs
@@ -2305,6 +2314,7 @@ def beam_search(
 
 # %%
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -2353,18 +2363,10 @@ def beam_translate(
     batch_size: int = 32,
 ) -> list[str]:
     """translate with beam search: one English line per German sentence, in input order."""
-    if isinstance(sentences, str):
-        raise TypeError("sentences must be a list of strings, got one str: wrap it in a list")
-    src_ids = [vocab_src.encode(tokenize(s, tokenizer)) for s in sentences]
-    outputs = [""] * len(sentences)
-    order = sorted((i for i, ids in enumerate(src_ids) if ids), key=lambda i: len(src_ids[i]))
-    for start in range(0, len(order), batch_size):  # similar lengths together: less padding
-        chunk = order[start : start + batch_size]
-        results = beam_translate_batch(model, [src_ids[i] for i in chunk], beam_size=beam_size,
-                                       alpha=alpha, extra_len=extra_len)
-        for i, ids in zip(chunk, results, strict=True):
-            outputs[i] = detokenize(vocab_tgt.lookup_tokens(ids))
-    return outputs
+    decode = partial(beam_translate_batch, model, beam_size=beam_size, alpha=alpha,
+                     extra_len=extra_len)
+    return translate(model, sentences, vocab_src, vocab_tgt, tokenizer, batch_size=batch_size,
+                     decode_batch=decode)
 
 
 # %% [markdown]

@@ -956,7 +956,7 @@ def train_distributed(
 # calls show different sentences and a reader can look them up.
 
 # %% tags=["export"]
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -1017,8 +1017,13 @@ def translate(
     *,
     batch_size: int = 64,
     max_len: int = 72,
+    decode_batch: Callable[[list[list[int]]], list[list[int]]] | None = None,
 ) -> list[str]:
-    """One English line per German sentence, in input order (an empty line stays empty)."""
+    """One English line per German sentence, in input order (an empty line stays empty).
+
+    decode_batch turns a batch of source id lists into output id lists: greedy translate_batch
+    by default; chapter 15 passes beam search.
+    """
     if isinstance(sentences, str):
         raise TypeError("sentences must be a list of strings, got one str: wrap it in a list")
     src_ids = [vocab_src.encode(tokenize(s, tokenizer))[: max_len - 2] for s in sentences]
@@ -1026,7 +1031,11 @@ def translate(
     order = sorted((i for i, ids in enumerate(src_ids) if ids), key=lambda i: len(src_ids[i]))
     for start in range(0, len(order), batch_size):  # similar lengths together: less padding
         chunk = order[start : start + batch_size]
-        results = translate_batch(model, [src_ids[i] for i in chunk], max_len=max_len)
+        batch = [src_ids[i] for i in chunk]
+        if decode_batch is None:
+            results = translate_batch(model, batch, max_len=max_len)
+        else:
+            results = decode_batch(batch)
         for i, ids in zip(chunk, results, strict=True):
             outputs[i] = detokenize(vocab_tgt.lookup_tokens(ids))
     return outputs

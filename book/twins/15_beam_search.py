@@ -42,6 +42,7 @@ from the_annotated_transformer import (
     make_model,
     subsequent_mask,
     tokenize,
+    translate,
     translate_batch,
 )
 
@@ -406,6 +407,7 @@ for what, arguments in bad_calls.items():
 
 # %% tags=["export"]
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -454,18 +456,10 @@ def beam_translate(
     batch_size: int = 32,
 ) -> list[str]:
     """translate with beam search: one English line per German sentence, in input order."""
-    if isinstance(sentences, str):
-        raise TypeError("sentences must be a list of strings, got one str: wrap it in a list")
-    src_ids = [vocab_src.encode(tokenize(s, tokenizer)) for s in sentences]
-    outputs = [""] * len(sentences)
-    order = sorted((i for i, ids in enumerate(src_ids) if ids), key=lambda i: len(src_ids[i]))
-    for start in range(0, len(order), batch_size):  # similar lengths together: less padding
-        chunk = order[start : start + batch_size]
-        results = beam_translate_batch(model, [src_ids[i] for i in chunk], beam_size=beam_size,
-                                       alpha=alpha, extra_len=extra_len)
-        for i, ids in zip(chunk, results, strict=True):
-            outputs[i] = detokenize(vocab_tgt.lookup_tokens(ids))
-    return outputs
+    decode = partial(beam_translate_batch, model, beam_size=beam_size, alpha=alpha,
+                     extra_len=extra_len)
+    return translate(model, sentences, vocab_src, vocab_tgt, tokenizer, batch_size=batch_size,
+                     decode_batch=decode)
 
 # %% [markdown]
 # ## What beam search does for the trained model
