@@ -983,6 +983,19 @@ def detokenize(tokens: Sequence[str]) -> str:
     return text
 
 
+def source_batch(
+    src_ids: Sequence[Sequence[int]], *, device: torch.device, bos_id: int = 0, eos_id: int = 1,
+    pad_id: int = 2,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sources wrapped in <s> ... </s>, padded into one tensor on device, and their mask."""
+    longest = max(len(ids) for ids in src_ids) + 2
+    src = torch.full((len(src_ids), longest), pad_id, dtype=torch.long)  # (batch, n_src)
+    for row, ids in enumerate(src_ids):
+        src[row, : len(ids) + 2] = torch.tensor([bos_id, *ids, eos_id])
+    src = src.to(device)
+    return src, (src != pad_id).unsqueeze(-2)  # (batch, n_src), (batch, 1, n_src)
+
+
 def translate_batch(
     model: nn.Module,
     src_ids: Sequence[Sequence[int]],
@@ -994,12 +1007,8 @@ def translate_batch(
 ) -> list[list[int]]:
     """Greedy translations of a batch of id lists, without `<s>` and cut at `</s>`."""
     device = next(model.parameters()).device
-    longest = max(len(ids) for ids in src_ids) + 2
-    src = torch.full((len(src_ids), longest), pad_id, dtype=torch.long)  # (batch, n_src)
-    for row, ids in enumerate(src_ids):
-        src[row, : len(ids) + 2] = torch.tensor([bos_id, *ids, eos_id])
-    src = src.to(device)
-    src_mask = (src != pad_id).unsqueeze(-2)  # (batch, 1, n_src)
+    src, src_mask = source_batch(src_ids, device=device, bos_id=bos_id, eos_id=eos_id,
+                                 pad_id=pad_id)
     model.eval()
     out = greedy_decode(model, src, src_mask, max_len, bos_id, end_symbol=eos_id)
     results = []

@@ -40,6 +40,7 @@ from the_annotated_transformer import (
     load_tokenizers,
     load_trained_model,
     make_model,
+    source_batch,
     subsequent_mask,
     tokenize,
     translate,
@@ -427,12 +428,8 @@ def beam_translate_batch(
 ) -> list[list[int]]:
     """Beam-search translations of id lists, each at most len(source) + extra_len tokens."""
     device = next(model.parameters()).device
-    longest = max(len(ids) for ids in src_ids) + 2
-    src = torch.full((len(src_ids), longest), pad_id, dtype=torch.long)  # (batch, n_src)
-    for row, ids in enumerate(src_ids):
-        src[row, : len(ids) + 2] = torch.tensor([bos_id, *ids, eos_id])
-    src = src.to(device)
-    src_mask = (src != pad_id).unsqueeze(-2)  # (batch, 1, n_src)
+    src, src_mask = source_batch(src_ids, device=device, bos_id=bos_id, eos_id=eos_id,
+                                 pad_id=pad_id)
     limits = torch.tensor([len(ids) + extra_len + 1 for ids in src_ids], device=device)
     model.eval()
     out, _ = beam_search(model, src, src_mask, max_len=limits, start_symbol=bos_id,
