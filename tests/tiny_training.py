@@ -2,7 +2,7 @@
 
 import torch
 
-from the_annotated_transformer import make_model
+from the_annotated_transformer import TrainConfig, make_model
 
 
 def synthetic_examples(n: int, seed: int) -> list[tuple[list[int], list[int]]]:
@@ -44,3 +44,11 @@ def synthetic_sentence_pairs(n: int, seed: int) -> list[tuple[str, str]]:
         pairs.append((" ".join(GERMAN[w] for w in words) + ".",
                       " ".join(ENGLISH[w] for w in words) + "."))
     return pairs
+
+
+# The torchrun tests' run: no dropout, so that two processes and one process on the same
+# global batches compute the same function; no BLEU, to stay fast.
+DIST_CONFIG = TrainConfig(
+    N=1, d_model=32, d_ff=64, h=4, dropout=0.0, max_tokens=200, epochs=2, warmup=20,
+    bleu_every=0,
+)

@@ -674,6 +674,7 @@ def evaluate(
 
 # %% tags=["export"]
 import hashlib
+import inspect
 import math
 import os
 import platform
@@ -780,8 +781,24 @@ def setup_process(rank: int, world_size: int, threads: int | None) -> Process:
         torch.set_num_threads(threads)
     if world_size > 1:  # MASTER_ADDR and MASTER_PORT come from train_distributed or torchrun
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, rank=rank, world_size=world_size)
+        dist.init_process_group(backend, rank=rank, world_size=world_size,
+                                store=attempt_store(rank, world_size))
     return Process(rank, world_size, device)
+
+
+def attempt_store(rank: int, world_size: int) -> dist.Store | None:
+    """Under torchrun, the rendezvous store seen through this attempt's own key prefix.
+
+    After a restart the store still holds the addresses that the dead processes published;
+    read by the new ones, they lead nowhere. None outside torchrun (the default env:// store).
+    """
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None:
+        return None
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # else rank 0's
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                          is_master=not agent_store and rank == 0)
+    return dist.PrefixStore(f"annotated-transformer/attempt-{attempt}", store)
 
 
 def from_rank0(process: Process, compute: Callable[[], Any]) -> Any:
@@ -1119,6 +1136,17 @@ def train_epochs(
     return run.history
 
 
+def wrap_ddp(model: nn.Module, device: torch.device) -> DistributedDataParallel:
+    """DDP that does not re-send the constant positional-encoding tables every forward pass."""
+    options = {"device_ids": [device.index] if device.type == "cuda" else None}
+    # torch 2.13 renamed broadcast_buffers (and deprecated the old name) to forward_sync_buffers
+    known = inspect.signature(DistributedDataParallel).parameters
+    options["forward_sync_buffers" if "forward_sync_buffers" in known else "broadcast_buffers"] = (
+        False
+    )
+    return DistributedDataParallel(model, **options)
+
+
 def train_worker(
     rank: int | None = None,
     world_size: int | None = None,
@@ -1154,11 +1182,7 @@ def train_worker(
         run = build_training(process, config, len(data.vocab_src), len(data.vocab_tgt))
         resume_run(process, config, run, resuming=resuming)
         if process.distributed:  # only now: every rank holds rank 0's state
-            run.model = DistributedDataParallel(
-                run.model,
-                device_ids=[process.device.index] if process.device.type == "cuda" else None,
-                broadcast_buffers=False,  # the only buffers, positional encodings, are constant
-            )
+            run.model = wrap_ddp(run.model, process.device)
         return train_epochs(process, config, run, data, progress=progress)
     finally:
         if process.distributed:
