@@ -56,3 +56,9 @@ clean:
 
 distclean: clean
 	rm -rf $(VENV) _vendor
+
+# On a machine with CUDA: the GPU tests (a skip fails), a few hundred bf16 steps of the base
+# preset, and a summary (tokens/s, peak memory, utilization, MFU). Fails loudly without CUDA.
+.PHONY: gpu-check
+gpu-check: $(STAMP)
+	$(PY) tools/gpu_check.py

@@ -608,7 +608,8 @@ class SimpleLossCompute:
 
 # %%
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 
 
 def accumulation_groups(batches: Iterable, accum_iter: int) -> Iterator[list]:
@@ -621,6 +622,63 @@ def accumulation_groups(batches: Iterable, accum_iter: int) -> Iterator[list]:
             group = []
     if group:
         yield group
+
+
+def run_groups(
+    batches: Iterable,
+    model: nn.Module,
+    loss_compute,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler=None,
+    *,
+    accum_iter: int = 1,
+    train_state: TrainState | None = None,
+    group_norm: Callable[[int], float] | None = None,
+    sync_context: Callable[[bool], AbstractContextManager] | None = None,
+    forward_context: Callable[[], AbstractContextManager] | None = None,
+    after_group: Callable[[float, int, int], None] | None = None,
+) -> tuple[float, int]:
+    """The accumulation core of every loop in the book; the summed loss and target tokens.
+
+    With an optimizer it trains: each micro-batch's summed loss is divided by
+    group_norm(T), T the group's tokens (by default T itself), and the optimizer and scheduler
+    step once per group. Without one it only evaluates, computing no gradients.
+    sync_context(is_last) wraps a micro-batch's forward and backward, forward_context() its
+    forward (chapter 14 uses them for DistributedDataParallel and autocast); after_group gets
+    each group's summed loss, tokens and batch count.
+    """
+    train = optimizer is not None
+    total_loss, total_tokens = 0.0, 0
+    with torch.set_grad_enabled(train):
+        for group in accumulation_groups(batches, accum_iter):
+            tokens = sum(batch.ntokens for batch in group)  # T = T_1 + ... + T_k
+            norm = group_norm(tokens) if group_norm is not None else max(tokens, 1)
+            group_loss = 0.0
+            for i, batch in enumerate(group):
+                is_last = i == len(group) - 1
+                with sync_context(is_last) if sync_context is not None else nullcontext():
+                    with forward_context() if forward_context is not None else nullcontext():
+                        out = model(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask)
+                        loss_sum, loss = loss_compute(out, batch.tgt_y, norm)  # S_i, S_i / T
+                    if train:
+                        loss.backward()  # .grad accumulates the sum over the group
+                group_loss += loss_sum
+                if train and train_state is not None:
+                    train_state.step += 1
+                    train_state.samples += batch.src.size(0)
+                    train_state.tokens += batch.ntokens
+            if train:
+                optimizer.step()  # once per group of accum_iter micro-batches
+                optimizer.zero_grad(set_to_none=True)
+                if train_state is not None:
+                    train_state.accum_step += 1
+                if scheduler is not None:
+                    scheduler.step()  # the schedule counts optimizer steps
+            total_loss += group_loss
+            total_tokens += tokens
+            if after_group is not None:
+                after_group(group_loss, tokens, len(group))
+    return total_loss, total_tokens
 
 
 def run_epoch(
@@ -651,40 +709,26 @@ def run_epoch(
         from tqdm.auto import tqdm
 
         bar = tqdm(desc=mode, unit="batch", leave=False)
-    total_loss, total_tokens = 0.0, 0  # over the epoch
-    log_loss, log_tokens, log_start = 0.0, 0, time.perf_counter()  # since the last log line
-    with torch.set_grad_enabled(train):
-        for group in accumulation_groups(data_iter, accum_iter):
-            group_tokens = max(sum(batch.ntokens for batch in group), 1)  # T = T_1 + ... + T_k
-            for batch in group:
-                out = model(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask)
-                loss_sum, loss = loss_compute(out, batch.tgt_y, group_tokens)  # S_i, S_i / T
-                if train:
-                    loss.backward()  # .grad accumulates the sum over the group
-                    state.step += 1
-                    state.samples += batch.src.size(0)
-                    state.tokens += batch.ntokens
-                total_loss += loss_sum
-                total_tokens += batch.ntokens
-                log_loss += loss_sum
-                log_tokens += batch.ntokens
-                if bar is not None:
-                    bar.update(1)
-            if not train:
-                continue
-            optimizer.step()  # once per group of accum_iter micro-batches
-            optimizer.zero_grad(set_to_none=True)
-            state.accum_step += 1
-            if scheduler is not None:
-                scheduler.step()  # the schedule counts optimizer steps
-            if log_every and state.accum_step % log_every == 0:
-                lr = optimizer.param_groups[0]["lr"]
-                speed = log_tokens / max(time.perf_counter() - log_start, 1e-9)
-                print(
-                    f"step {state.accum_step:6d} | loss {log_loss / max(log_tokens, 1):.4f}"
-                    f" | lr {lr:.3g} | {speed:,.0f} tokens/s"
-                )
-                log_loss, log_tokens, log_start = 0.0, 0, time.perf_counter()
+    log = {"loss": 0.0, "tokens": 0, "start": time.perf_counter()}  # since the last log line
+
+    def after_group(loss_sum: float, tokens: int, n_batches: int) -> None:
+        log["loss"] += loss_sum
+        log["tokens"] += tokens
+        if bar is not None:
+            bar.update(n_batches)
+        if train and log_every and state.accum_step % log_every == 0:
+            lr = optimizer.param_groups[0]["lr"]
+            speed = log["tokens"] / max(time.perf_counter() - log["start"], 1e-9)
+            print(
+                f"step {state.accum_step:6d} | loss {log['loss'] / max(log['tokens'], 1):.4f}"
+                f" | lr {lr:.3g} | {speed:,.0f} tokens/s"
+            )
+            log.update(loss=0.0, tokens=0, start=time.perf_counter())
+
+    total_loss, total_tokens = run_groups(
+        data_iter, model, loss_compute, optimizer if train else None, scheduler,
+        accum_iter=accum_iter, train_state=state, after_group=after_group,
+    )
     if bar is not None:
         bar.close()
     return total_loss / max(total_tokens, 1), state
@@ -1360,8 +1404,8 @@ class TrainConfig:
     d_ff: int = 2048
     h: int = 8
     dropout: float = 0.1
-    max_tokens: int = 4096  # padded tokens per batch (src and tgt each), all devices together
-    accum_iter: int = 1  # micro-batches per optimizer step
+    max_tokens: int = 4096  # padded tokens per micro-batch on each device (src and tgt each)
+    accum_iter: int = 1  # micro-batches per optimizer step, on each device
     epochs: int = 30
     warmup: int = 1000  # optimizer steps of linear warmup
     lr_factor: float = 0.5
@@ -1373,6 +1417,7 @@ class TrainConfig:
     train_limit: int | None = None  # use only the first train_limit training pairs (demos, tests)
     val_limit: int | None = None  # the same for the validation pairs
     keep_epochs: int = 0  # also keep the weights of the last keep_epochs epochs, for averaging
+    bleu_every: int = 1  # greedy validation BLEU every bleu_every epochs (0: never); keeps best.pt
 
     def __post_init__(self) -> None:
         for name in ("N", "d_model", "d_ff", "h", "max_tokens", "accum_iter", "epochs", "warmup"):
@@ -1381,8 +1426,10 @@ class TrainConfig:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.d_model % self.h:
             raise ValueError(f"d_model={self.d_model} is not divisible by h={self.h} heads")
-        if not isinstance(self.keep_epochs, int) or self.keep_epochs < 0:
-            raise ValueError(f"keep_epochs must be an integer >= 0, got {self.keep_epochs!r}")
+        for name in ("keep_epochs", "bleu_every"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
         if not 0.0 <= self.label_smoothing < 1.0:
@@ -1397,7 +1444,7 @@ def training_config(name: str, **overrides) -> TrainConfig:
             N=3, d_model=256, d_ff=1024, h=8, dropout=0.1, max_tokens=1500, accum_iter=1,
             epochs=12, warmup=1000, lr_factor=0.5, checkpoint_dir="checkpoints/multi30k_cpu",
         ),
-        # The paper's base model; batch and warmup sized for Multi30k on one to eight GPUs.
+        # The paper's base model; batch (per GPU) and warmup sized for Multi30k.
         "base": TrainConfig(),
     }
     if name not in presets:
@@ -1463,25 +1510,42 @@ from torch.utils.data import DataLoader
 PAD_ID = SPECIALS.index("<blank>")  # 2
 
 
+VOCAB_FILES = ("vocab_de.json", "vocab_en.json")
+
+
 def multi30k_vocabularies(
-    config: TrainConfig, tokenizers: tuple[Any, Any], *, save: bool = True
+    config: TrainConfig,
+    tokenizers: tuple[Any, Any],
+    *,
+    pairs: Sequence[tuple[str, str]] | None = None,
+    save: bool = True,
 ) -> tuple[Vocab, Vocab]:
-    """German and English vocabularies: read from the checkpoint folder, or built from train."""
-    folder = Path(config.checkpoint_dir)
-    paths = folder / "vocab_de.json", folder / "vocab_en.json"
-    if all(path.is_file() for path in paths):
-        return Vocab.load(paths[0]), Vocab.load(paths[1])
-    pairs = load_multi30k("train")[: config.train_limit]  # train only: val and test stay unseen
+    """German and English vocabularies built from the training pairs (Multi30k's by default).
+
+    With save=True they are also written into the checkpoint folder, replacing what is there.
+    """
+    if pairs is None:  # train only: val and test stay unseen
+        pairs = load_multi30k("train")[: config.train_limit]
     token_pairs = tokenize_pairs(pairs, *tokenizers)
     vocab_src = Vocab.build([src for src, _ in token_pairs], min_freq=config.min_freq)
     vocab_tgt = Vocab.build([tgt for _, tgt in token_pairs], min_freq=config.min_freq)
     if save:
+        folder = Path(config.checkpoint_dir)
         folder.mkdir(parents=True, exist_ok=True)
-        for vocab, path in zip((vocab_src, vocab_tgt), paths, strict=True):
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        for vocab, name in zip((vocab_src, vocab_tgt), VOCAB_FILES, strict=True):
+            tmp = folder / f".{name}.{os.getpid()}.tmp"
             vocab.save(tmp)
-            os.replace(tmp, path)  # like checkpoints: a reader never sees half a file
+            os.replace(tmp, folder / name)  # like checkpoints: a reader never sees half a file
     return vocab_src, vocab_tgt
+
+
+def read_vocabularies(folder: str | os.PathLike) -> tuple[Vocab, Vocab]:
+    """The vocabularies a run wrote into its checkpoint folder (for resuming, translating)."""
+    paths = [Path(folder) / name for name in VOCAB_FILES]
+    missing = [str(path) for path in paths if not path.is_file()]
+    if missing:
+        raise FileNotFoundError(f"the run's vocabularies are missing: {', '.join(missing)}")
+    return Vocab.load(paths[0]), Vocab.load(paths[1])
 
 
 def multi30k_examples(
@@ -1495,6 +1559,18 @@ def multi30k_examples(
 ) -> list[tuple[list[int], list[int]]]:
     """The first `limit` pairs of a split as ids, without pairs longer than max_len."""
     pairs = load_multi30k(split)[:limit]
+    return encode_examples(pairs, vocab_src, vocab_tgt, tokenizers, max_len=max_len)
+
+
+def encode_examples(
+    pairs: Sequence[tuple[str, str]],
+    vocab_src: Vocab,
+    vocab_tgt: Vocab,
+    tokenizers: tuple[Any, Any],
+    *,
+    max_len: int,
+) -> list[tuple[list[int], list[int]]]:
+    """Sentence pairs as id lists, without pairs longer than max_len."""
     examples = encode_pairs(tokenize_pairs(pairs, *tokenizers), vocab_src, vocab_tgt)
     return filter_by_length(examples, max_len=max_len)[0]
 
@@ -1526,10 +1602,11 @@ def multi30k_loader(
 # %%
 import time
 from collections.abc import Iterable
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -1537,6 +1614,40 @@ from torch.nn.parallel import DistributedDataParallel
 def unwrap(model: nn.Module) -> nn.Module:
     """The model itself, also when DistributedDataParallel wraps it."""
     return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def autocast_dtype_for(device: torch.device) -> torch.dtype | None:
+    """bfloat16 on GPUs that compute in it natively (compute capability 8.0 on); else None."""
+    if device.type != "cuda":
+        return None
+    return torch.bfloat16 if torch.cuda.get_device_capability(device) >= (8, 0) else None
+
+
+class LossAndNLL(SimpleLossCompute):
+    """SimpleLossCompute that also adds up the labels' plain negative log-likelihood in nll."""
+
+    def __init__(self, generator: nn.Module, criterion: nn.Module, pad_id: int = 2):
+        super().__init__(generator, criterion)
+        self.pad_id = pad_id
+        self.nll = 0.0
+
+    def __call__(
+        self, x: torch.Tensor, y: torch.Tensor, norm: float
+    ) -> tuple[float, torch.Tensor]:
+        logp = self.generator(x)  # (batch, n_tgt, tgt_vocab), log-probabilities
+        logp = logp.reshape(-1, logp.size(-1))  # (rows, tgt_vocab)
+        y = y.reshape(-1)  # (rows,)
+        loss_sum = self.criterion(logp, y)
+        gold = logp.detach().gather(1, y.unsqueeze(1)).squeeze(1)  # log p(label), (rows,)
+        self.nll -= float(gold.masked_fill(y == self.pad_id, 0.0).sum())
+        return float(loss_sum.detach()), loss_sum / norm
+
+
+def global_norm(tokens: int, device: torch.device) -> float:
+    """T / R for the tokens T of all R ranks: DDP's mean of gradients then divides by T."""
+    total = torch.tensor([float(tokens)], dtype=torch.float64, device=device)
+    dist.all_reduce(total)  # one number per optimizer step
+    return max(float(total), 1.0) / dist.get_world_size()
 
 
 def train_epoch(
@@ -1551,44 +1662,44 @@ def train_epoch(
     train_state: TrainState,
     autocast_dtype: torch.dtype | None = None,
     bar: Any = None,
-) -> tuple[float, int]:
-    """One training pass over this rank's batches; its summed loss and its target tokens."""
+) -> tuple[float, int, float]:
+    """One training pass over this rank's batches: summed loss, target tokens, summed NLL.
+
+    Under DistributedDataParallel the loss is normalized by the tokens of the whole global
+    batch (all ranks, all micro-batches of the step), as one process would normalize it.
+    """
     model.train()
-    loss_compute = SimpleLossCompute(unwrap(model).generator, criterion)
-    total_loss, total_tokens, start = 0.0, 0, time.perf_counter()
-    for group in accumulation_groups(batches, accum_iter):
-        group_tokens = max(sum(batch.ntokens for batch in group), 1)  # normalize by the group
-        for i, batch in enumerate(group):
-            batch = batch.to(device)
-            # DDP averages gradients across ranks during backward; skip that until the last
-            # micro-batch of the group, whose backward carries the accumulated sum.
-            last = i == len(group) - 1
-            skip_sync = isinstance(model, DistributedDataParallel) and not last
-            with model.no_sync() if skip_sync else nullcontext():
-                with torch.autocast(
-                    device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None
-                ):
-                    out = model(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask)
-                    loss_sum, loss = loss_compute(out, batch.tgt_y, group_tokens)
-                loss.backward()
-            train_state.step += 1
-            train_state.samples += len(batch)
-            train_state.tokens += batch.ntokens
-            total_loss += loss_sum
-            total_tokens += batch.ntokens
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        scheduler.step()
-        train_state.accum_step += 1
+    loss_compute = LossAndNLL(unwrap(model).generator, criterion, PAD_ID)
+    ddp = isinstance(model, DistributedDataParallel)
+
+    def sync_context(is_last: bool) -> AbstractContextManager:
+        # DDP averages gradients across ranks during backward; skip that until the last
+        # micro-batch of the group, whose backward carries the accumulated sum.
+        return model.no_sync() if ddp and not is_last else nullcontext()
+
+    def forward_context() -> AbstractContextManager:
+        return torch.autocast(device.type, dtype=autocast_dtype,
+                              enabled=autocast_dtype is not None)
+
+    totals = {"loss": 0.0, "tokens": 0, "start": time.perf_counter()}
+
+    def after_group(loss_sum: float, tokens: int, n_batches: int) -> None:
+        totals["loss"] += loss_sum
+        totals["tokens"] += tokens
         if bar is not None:
-            bar.update(len(group))
-            speed = total_tokens / max(time.perf_counter() - start, 1e-9)
-            bar.set_postfix(
-                loss=f"{total_loss / max(total_tokens, 1):.3f}",
-                tokens_per_s=f"{speed:,.0f}",
-                lr=f"{optimizer.param_groups[0]['lr']:.2e}",
-            )
-    return total_loss, total_tokens
+            bar.update(n_batches)
+            speed = totals["tokens"] / max(time.perf_counter() - totals["start"], 1e-9)
+            bar.set_postfix(loss=f"{totals['loss'] / max(totals['tokens'], 1):.3f}",
+                            tokens_per_s=f"{speed:,.0f}",
+                            lr=f"{optimizer.param_groups[0]['lr']:.2e}")
+
+    loss, tokens = run_groups(
+        (batch.to(device) for batch in batches), model, loss_compute, optimizer, scheduler,
+        accum_iter=accum_iter, train_state=train_state,
+        group_norm=(lambda t: global_norm(t, device)) if ddp else None,
+        sync_context=sync_context, forward_context=forward_context, after_group=after_group,
+    )
+    return loss, tokens, loss_compute.nll
 
 
 def evaluate(
@@ -1598,36 +1709,37 @@ def evaluate(
     *,
     device: torch.device,
     autocast_dtype: torch.dtype | None = None,
-) -> tuple[float, int]:
-    """Summed loss and target tokens over batches, without dropout or gradients."""
+) -> tuple[float, int, float]:
+    """Summed loss, target tokens and summed NLL over batches, without dropout or gradients."""
     model = unwrap(model)  # no gradients, so nothing for DDP to synchronize
     model.eval()
-    loss_compute = SimpleLossCompute(model.generator, criterion)
-    total_loss, total_tokens = 0.0, 0
-    with torch.no_grad():
-        for batch in batches:
-            batch = batch.to(device)
-            with torch.autocast(
-                device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None
-            ):
-                out = model(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask)
-                loss_sum, _ = loss_compute(out, batch.tgt_y, 1)
-            total_loss += loss_sum
-            total_tokens += batch.ntokens
-    return total_loss, total_tokens
+    loss_compute = LossAndNLL(model.generator, criterion, PAD_ID)
+    loss, tokens = run_groups(
+        (batch.to(device) for batch in batches), model, loss_compute,
+        forward_context=lambda: torch.autocast(device.type, dtype=autocast_dtype,
+                                               enabled=autocast_dtype is not None),
+    )
+    return loss, tokens, loss_compute.nll
 
 
 # %%
+import hashlib
+import inspect
+import math
 import os
 import platform
 import sys
 import time
-from dataclasses import asdict
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader
 
 
 def rng_states(device: torch.device) -> dict[str, torch.Tensor | None]:
@@ -1669,34 +1781,43 @@ def hardware_name(device: torch.device, world_size: int) -> str:
     return f"{world_size} CPU process(es) x {torch.get_num_threads()} thread(s), {cpu}"
 
 
-def train_worker(
-    rank: int | None = None,
-    world_size: int | None = None,
-    config: TrainConfig | None = None,
-    *,
-    resume: bool = False,
-    progress: bool = True,
-    threads: int | None = None,
-) -> list[dict[str, float]]:
-    """Train (or resume) on one device as one of world_size processes; the per-epoch history.
+RESUMABLE_CHANGES = ("epochs", "checkpoint_dir", "keep_epochs", "bleu_every", "accum_iter")
+RUN_FILES = ("last.pt", "best.pt", "epoch_*.pt")
 
-    Started by train_distributed, by torchrun (rank and world size then come from the
-    environment: RANK, WORLD_SIZE, LOCAL_RANK), or called directly for one process.
-    """
-    config = training_config("cpu") if config is None else config
-    rank = int(os.environ.get("RANK", 0)) if rank is None else rank
-    world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
+
+@dataclass
+class Process:
+    """Where this process stands in the run: its rank, how many there are, its device."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+@dataclass
+class Run:
+    """What changes as a run trains, and what it trains with."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    criterion: nn.Module
+    train_state: TrainState
+    history: list[dict[str, float]]
+    epoch: int = 0  # epochs done
+    elapsed_s: float = 0.0  # seconds of training, over all sessions of the run
+    best_bleu: float | None = None
+
+
+def setup_process(rank: int, world_size: int, threads: int | None) -> Process:
+    """1) One device per process, never more CPU threads than cores, and the process group."""
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    max_tokens = config.max_tokens // world_size  # the batch is shared among the ranks
-    if max_tokens < config.max_len:
-        raise ValueError(
-            f"max_tokens={config.max_tokens} shared by world_size={world_size} processes "
-            f"leaves {max_tokens} per batch, less than max_len={config.max_len}: raise "
-            "max_tokens or use fewer processes"
-        )
-    # 1) one device per process, and never more CPU threads than cores
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
@@ -1708,164 +1829,420 @@ def train_worker(
             threads = max(1, (cores or os.cpu_count() or 1) // local_size)
     if threads is not None:
         torch.set_num_threads(threads)
-    distributed = world_size > 1
-    if distributed:  # MASTER_ADDR and MASTER_PORT come from train_distributed or torchrun
+    if world_size > 1:  # MASTER_ADDR and MASTER_PORT come from train_distributed or torchrun
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, rank=rank, world_size=world_size)
-    try:
-        # 2) data: rank 0 builds (or reads) the vocabularies, the others read what it wrote
-        tokenizers = load_tokenizers()
-        if rank == 0:
-            vocab_src, vocab_tgt = multi30k_vocabularies(config, tokenizers)
-        if distributed:
-            dist.barrier()
-        if rank != 0:
-            vocab_src, vocab_tgt = multi30k_vocabularies(config, tokenizers, save=False)
-        train_data, val_data = (
-            multi30k_examples(split, vocab_src, vocab_tgt, tokenizers, max_len=config.max_len,
-                              limit=limit)
-            for split, limit in [("train", config.train_limit), ("val", config.val_limit)]
-        )
-        shard = {"max_tokens": max_tokens, "num_replicas": world_size, "rank": rank,
-                 "seed": config.seed}
-        train_loader = multi30k_loader(train_data, shuffle=True, **shard)
-        val_loader = multi30k_loader(val_data, shuffle=False, **shard)
-        # 3) model (the same initial weights on every rank), optimizer, schedule, loss
-        torch.manual_seed(config.seed)
-        model = make_model(
-            len(vocab_src), len(vocab_tgt), N=config.N, d_model=config.d_model,
-            d_ff=config.d_ff, h=config.h, dropout=config.dropout,
-        ).to(device)
-        if distributed:
-            model = DistributedDataParallel(
-                model, device_ids=[device.index] if device.type == "cuda" else None
-            )
-        optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer,
-            lr_lambda=lambda step: rate(step, config.d_model, config.lr_factor, config.warmup),
-        )
-        criterion = LabelSmoothing(len(vocab_tgt), PAD_ID, smoothing=config.label_smoothing)
-        use_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
-        autocast_dtype = torch.bfloat16 if use_bf16 else None
-        # 4) resume: weights, optimizer moments, schedule, counters and random states
-        path = Path(config.checkpoint_dir) / "last.pt"
-        start_epoch, train_state, history, elapsed = 0, TrainState(), [], 0.0
-        rng = None
-        if resume and path.exists():
-            checkpoint = load_checkpoint(path)
-            for name in ("N", "d_model", "d_ff", "h"):
-                if checkpoint["config"][name] != getattr(config, name):
-                    raise ValueError(
-                        f"checkpoint {path} has {name}={checkpoint['config'][name]}, but the "
-                        f"config asks for {name}={getattr(config, name)}"
-                    )
-            unwrap(model).load_state_dict(checkpoint["model"])
-            optimizer.load_state_dict(checkpoint["optimizer"])
-            scheduler.load_state_dict(checkpoint["scheduler"])
-            train_state = TrainState(**checkpoint["train_state"])
-            start_epoch, history = checkpoint["epoch"], checkpoint["history"]
-            elapsed = checkpoint["elapsed_s"]
-            if len(checkpoint["rng"]) == world_size:
-                rng = checkpoint["rng"][rank]
-            else:
-                print(f"{path} was written by {len(checkpoint['rng'])} processes, not "
-                      f"{world_size}: random states start afresh", file=sys.stderr)
-                torch.manual_seed(config.seed + 1_000 * start_epoch + rank)
-            if rank == 0:
-                print(f"resumed from {path} after epoch {start_epoch}", file=sys.stderr)
-        if rng is not None:
-            set_rng_states(rng, device)
-        elif start_epoch == 0:
-            torch.manual_seed(config.seed + rank)  # each rank its own dropout masks
-        # 5) the epochs: train, validate, report, checkpoint
-        for epoch in range(start_epoch, config.epochs):
-            train_loader.batch_sampler.set_epoch(epoch)  # a new order, the same on every rank
-            bar = None
-            if progress and rank == 0:
-                from tqdm.auto import tqdm
+        dist.init_process_group(backend, rank=rank, world_size=world_size,
+                                store=attempt_store(rank, world_size))
+    return Process(rank, world_size, device)
 
-                bar = tqdm(total=len(train_loader), desc=f"epoch {epoch + 1}/{config.epochs}",
-                           unit="batch", file=sys.stderr, leave=False)
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-            start = time.perf_counter()
-            train_sums = train_epoch(
-                model, train_loader, criterion, optimizer, scheduler, device=device,
-                accum_iter=config.accum_iter, train_state=train_state,
-                autocast_dtype=autocast_dtype, bar=bar,
-            )
-            seconds = time.perf_counter() - start
-            if bar is not None:
-                bar.close()
-            val_sums = evaluate(model, val_loader, criterion, device=device,
-                                autocast_dtype=autocast_dtype)
-            sums = [*train_sums, *val_sums]
-            if distributed:  # loss sums and token counts of all ranks
-                totals = torch.tensor(sums, dtype=torch.float64, device=device)
-                dist.all_reduce(totals)
-                sums = totals.tolist()
-            train_loss, train_tokens, val_loss, val_tokens = sums
-            elapsed += seconds
-            report = device_report(device)
-            record = {
-                "epoch": epoch + 1,
-                "train_loss": train_loss / max(train_tokens, 1),
-                "val_loss": val_loss / max(val_tokens, 1),
-                "seconds": seconds,
-                "tokens_per_s": train_tokens / seconds,
-                **report,
-            }
-            history.append(record)
-            rng_all = [rng_states(device)]
-            if distributed:
-                rng_all = [None] * world_size
-                dist.all_gather_object(rng_all, rng_states(device))
-            if rank == 0:
-                save_checkpoint(
-                    {
-                        "model": unwrap(model).state_dict(),
-                        "optimizer": optimizer.state_dict(),
-                        "scheduler": scheduler.state_dict(),
-                        "train_state": asdict(train_state),
-                        "epoch": epoch + 1,
-                        "rng": rng_all,
-                        "history": history,
-                        "config": asdict(config),
-                        "elapsed_s": elapsed,
-                        "hardware": hardware_name(device, world_size),
-                        "command": " ".join(["python", *sys.argv]),
-                    },
-                    path,
-                )
-                if config.keep_epochs:  # weights only: what checkpoint averaging needs
-                    save_checkpoint(
-                        {"model": unwrap(model).state_dict(), "config": asdict(config),
-                         "epoch": epoch + 1},
-                        path.with_name(f"epoch_{epoch + 1:03d}.pt"),
-                    )
-                    stale = epoch + 1 - config.keep_epochs
-                    path.with_name(f"epoch_{stale:03d}.pt").unlink(missing_ok=True)
-                gpu = ""
-                if "max_memory_gib" in report:
-                    gpu += f" | {report['max_memory_gib']:.1f} GiB peak"
-                if "utilization_percent" in report:
-                    gpu += f" | GPU {report['utilization_percent']:.0f}% busy"
-                print(
-                    f"epoch {epoch + 1:2d} | train loss {record['train_loss']:.4f} | "
-                    f"val loss {record['val_loss']:.4f} | "
-                    f"{record['tokens_per_s']:,.0f} tokens/s | {seconds:.1f} s{gpu}",
-                    flush=True,
-                )
-        return history
+
+def attempt_store(rank: int, world_size: int) -> dist.Store | None:
+    """Under torchrun, the rendezvous store seen through this attempt's own key prefix.
+
+    After a restart the store still holds the addresses that the dead processes published;
+    read by the new ones, they lead nowhere. None outside torchrun (the default env:// store).
+    """
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None:
+        return None
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # else rank 0's
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                          is_master=not agent_store and rank == 0)
+    return dist.PrefixStore(f"annotated-transformer/attempt-{attempt}", store)
+
+
+def from_rank0(process: Process, compute: Callable[[], Any]) -> Any:
+    """compute() on rank 0 only, and its result sent to every rank; its error raised on all."""
+    result, error = None, None
+    if process.rank == 0:
+        try:
+            result = compute()
+        except Exception as err:  # the other ranks must hear of it, or they wait forever
+            error = err
+    if process.distributed:
+        box = [(result, error)]
+        dist.broadcast_object_list(box, src=0)
+        result, error = box[0]
+    if error is not None:
+        raise error
+    return result
+
+
+def fingerprint(value: Any) -> int:
+    """A 56-bit hash of repr(value): two ranks agree on it when they agree on the value."""
+    return int.from_bytes(hashlib.blake2b(repr(value).encode(), digest_size=7).digest(), "big")
+
+
+def weights_fingerprint(model: nn.Module) -> int:
+    """An exact integer summary of the weights' bits, independent of any float rounding."""
+    total = 0
+    for tensor in unwrap(model).state_dict().values():
+        values = tensor.detach().cpu().contiguous().reshape(-1)
+        if values.dtype == torch.float32:
+            values = values.view(torch.int32)  # the bits, so that the sum is exact
+        total = (total * 1_000_003 + int(values.long().sum())) % (1 << 55)
+    return total
+
+
+def check_same_on_all_ranks(process: Process, values: list[int], what: str) -> None:
+    """Stop every rank with one clear error when the ranks' values differ (one all-reduce)."""
+    if not process.distributed:
+        return
+    both = torch.tensor([*values, *(-v for v in values)], dtype=torch.int64,
+                        device=process.device)
+    dist.all_reduce(both, op=dist.ReduceOp.MAX)  # the largest value, and minus the smallest
+    high = both[: len(values)].tolist()
+    low = [-v for v in both[len(values) :].tolist()]
+    if high != low:
+        raise RuntimeError(
+            f"rank {process.rank} of {process.world_size}: the ranks disagree on {what} "
+            f"(this rank has {values}; across the ranks they range from {low} to {high})"
+        )
+
+
+def prepare_checkpoint_dir(
+    folder: str | os.PathLike, *, resume: bool, overwrite: bool, restarted: bool = False
+) -> bool:
+    """2) Whether to resume from folder/last.pt; never mix a fresh run with another's files."""
+    if resume and overwrite:
+        raise ValueError("resume and overwrite exclude each other: choose one")
+    folder = Path(folder)
+    if (folder / "last.pt").is_file() and (resume or restarted):
+        return True
+    if resume:
+        raise FileNotFoundError(
+            f"cannot resume: the checkpoint folder {folder} holds no last.pt; start without "
+            "resume, or point the checkpoint folder at the run to continue"
+        )
+    old = sorted(path for pattern in RUN_FILES for path in folder.glob(pattern))
+    if old and not (overwrite or restarted):
+        raise FileExistsError(
+            f"the checkpoint folder {folder} already holds another run's "
+            f"{', '.join(p.name for p in old)}: resume it, overwrite it (its checkpoints are "
+            "deleted), or choose another checkpoint folder"
+        )
+    for path in old:
+        path.unlink()
+    return False
+
+
+@dataclass
+class RunData:
+    """What a rank trains and validates on."""
+
+    vocab_src: Vocab
+    vocab_tgt: Vocab
+    train_loader: DataLoader
+    val_loader: DataLoader
+    val_pairs: list[tuple[str, str]]  # the validation sentences, for BLEU
+    tokenizers: tuple[Any, Any]
+
+
+def training_pairs(
+    config: TrainConfig, pairs: dict[str, Sequence[tuple[str, str]]] | None
+) -> dict[str, list[tuple[str, str]]]:
+    """The train and val sentence pairs, given or Multi30k's, cut to the config's limits."""
+    if pairs is None:
+        pairs = {split: load_multi30k(split) for split in ("train", "val")}
+    missing = sorted({"train", "val"} - set(pairs))
+    if missing:
+        raise ValueError(f"pairs must hold the splits 'train' and 'val'; missing {missing}")
+    return {"train": list(pairs["train"])[: config.train_limit],
+            "val": list(pairs["val"])[: config.val_limit]}
+
+
+def load_data(
+    process: Process, config: TrainConfig, pairs: dict[str, list[tuple[str, str]]],
+    *, resuming: bool,
+) -> RunData:
+    """3) Rank 0's vocabularies on every rank, and this rank's share of the batches."""
+    tokenizers = load_tokenizers()
+
+    def vocabularies() -> tuple[Vocab, Vocab]:
+        if resuming:  # the ids the checkpoint's embeddings were trained with
+            return read_vocabularies(config.checkpoint_dir)
+        return multi30k_vocabularies(config, tokenizers, pairs=pairs["train"])
+
+    vocab_src, vocab_tgt = from_rank0(process, vocabularies)
+    train_data, val_data = (
+        encode_examples(pairs[split], vocab_src, vocab_tgt, tokenizers, max_len=config.max_len)
+        for split in ("train", "val")
+    )
+    shard = {"max_tokens": config.max_tokens, "num_replicas": process.world_size,
+             "rank": process.rank, "seed": config.seed}
+    train_loader = multi30k_loader(train_data, shuffle=True, **shard)
+    val_loader = multi30k_loader(val_data, shuffle=False, **shard)
+    return RunData(vocab_src, vocab_tgt, train_loader, val_loader, pairs["val"], tokenizers)
+
+
+def build_training(
+    process: Process, config: TrainConfig, src_vocab: int, tgt_vocab: int
+) -> Run:
+    """4) Model (the same initial weights on every rank), optimizer, schedule and loss."""
+    torch.manual_seed(config.seed)
+    model = make_model(
+        src_vocab, tgt_vocab, N=config.N, d_model=config.d_model, d_ff=config.d_ff,
+        h=config.h, dropout=config.dropout,
+    ).to(process.device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lr_lambda=lambda step: rate(step, config.d_model, config.lr_factor, config.warmup),
+    )
+    criterion = LabelSmoothing(tgt_vocab, PAD_ID, smoothing=config.label_smoothing)
+    return Run(model, optimizer, scheduler, criterion, TrainState(), [])
+
+
+def config_differences(stored: dict[str, Any], config: TrainConfig, world_size: int,
+                       stored_world_size: int) -> list[str]:
+    """What a resumed run would change that it may not: every field but RESUMABLE_CHANGES."""
+    changes = [
+        f"{name}={stored[name]!r} in the checkpoint but {value!r} now"
+        for name, value in asdict(config).items()
+        if name in stored and name not in RESUMABLE_CHANGES and stored[name] != value
+    ]
+    before = stored_world_size * stored.get("accum_iter", config.accum_iter)
+    if before != world_size * config.accum_iter:
+        changes.append(
+            f"processes x accum_iter = {before} in the checkpoint but "
+            f"{world_size} x {config.accum_iter} now (another global batch)"
+        )
+    return changes
+
+
+def read_resume_checkpoint(path: Path, config: TrainConfig, world_size: int) -> dict[str, Any]:
+    """last.pt, checked against the configuration of the run that is to continue it."""
+    checkpoint = load_checkpoint(path)
+    changes = config_differences(checkpoint["config"], config, world_size,
+                                 len(checkpoint["rng"]))
+    if changes:
+        raise ValueError(f"cannot resume from {path}: " + "; ".join(changes))
+    return checkpoint
+
+
+def resume_run(process: Process, config: TrainConfig, run: Run, *, resuming: bool) -> None:
+    """5) Rank 0's checkpoint on every rank, before DDP wraps the model; ranks must agree."""
+    if not resuming:
+        torch.manual_seed(config.seed + process.rank)  # each rank its own dropout masks
+        return
+    path = Path(config.checkpoint_dir) / "last.pt"
+    checkpoint = from_rank0(process, lambda: read_resume_checkpoint(path, config,
+                                                                    process.world_size))
+    run.model.load_state_dict(checkpoint["model"])
+    run.optimizer.load_state_dict(checkpoint["optimizer"])
+    run.scheduler.load_state_dict(checkpoint["scheduler"])
+    run.train_state = TrainState(**checkpoint["train_state"])
+    run.epoch, run.history = checkpoint["epoch"], checkpoint["history"]
+    run.elapsed_s, run.best_bleu = checkpoint["elapsed_s"], checkpoint.get("best_bleu")
+    check_same_on_all_ranks(
+        process, [run.epoch, run.train_state.accum_step, weights_fingerprint(run.model)],
+        f"the epoch, step and weights resumed from rank 0's {path}",
+    )
+    if len(checkpoint["rng"]) == process.world_size:
+        set_rng_states(checkpoint["rng"][process.rank], process.device)
+    else:
+        if process.rank == 0:
+            print(f"{path} was written by {len(checkpoint['rng'])} processes, not "
+                  f"{process.world_size}: random states start afresh", file=sys.stderr)
+        torch.manual_seed(config.seed + 1_000 * run.epoch + process.rank)
+    if process.rank == 0:
+        print(f"resumed from {path} after epoch {run.epoch}", file=sys.stderr)
+
+
+def validation_bleu(process: Process, model: nn.Module, data: RunData, max_len: int) -> float:
+    """Greedy BLEU on the validation pairs; each rank translates its share of the sources."""
+    pairs = data.val_pairs
+    share = [de for de, _ in pairs[process.rank :: process.world_size]]
+    outputs = translate(unwrap(model), share, data.vocab_src, data.vocab_tgt, data.tokenizers[0],
+                        max_len=max_len)
+    shares = [outputs]
+    if process.distributed:
+        shares = [None] * process.world_size
+        dist.all_gather_object(shares, outputs)
+    hypotheses = [""] * len(pairs)
+    for rank, translated in enumerate(shares):  # back into the order of the pairs
+        hypotheses[rank :: process.world_size] = translated
+    return bleu(hypotheses, [en for _, en in pairs])[0]
+
+
+def all_ranks_sum(process: Process, values: list[float]) -> list[float]:
+    """The sums over all ranks of a few numbers (loss sums, token counts)."""
+    if not process.distributed:
+        return values
+    totals = torch.tensor(values, dtype=torch.float64, device=process.device)
+    dist.all_reduce(totals)
+    return totals.tolist()
+
+
+def save_epoch(process: Process, config: TrainConfig, run: Run, improved: bool) -> None:
+    """7) Rank 0 writes last.pt (and best.pt, epoch_NNN.pt); every rank waits until it is done."""
+    rng_all = [rng_states(process.device)]
+    if process.distributed:
+        rng_all = [None] * process.world_size
+        dist.all_gather_object(rng_all, rng_states(process.device))
+    folder = Path(config.checkpoint_dir)
+
+    def save() -> None:
+        weights = {"model": unwrap(run.model).state_dict(), "config": asdict(config),
+                   "epoch": run.epoch}
+        save_checkpoint(
+            {
+                **weights,
+                "optimizer": run.optimizer.state_dict(),
+                "scheduler": run.scheduler.state_dict(),
+                "train_state": asdict(run.train_state),
+                "rng": rng_all,
+                "history": run.history,
+                "best_bleu": run.best_bleu,
+                "elapsed_s": run.elapsed_s,
+                "hardware": hardware_name(process.device, process.world_size),
+                "command": " ".join(["python", *sys.argv]),
+            },
+            folder / "last.pt",
+        )
+        if improved:
+            save_checkpoint({**weights, "val_bleu": run.best_bleu}, folder / "best.pt")
+        if config.keep_epochs:  # weights only: what checkpoint averaging needs
+            save_checkpoint(weights, folder / f"epoch_{run.epoch:03d}.pt")
+            stale = run.epoch - config.keep_epochs
+            (folder / f"epoch_{stale:03d}.pt").unlink(missing_ok=True)
+
+    from_rank0(process, save)  # also the barrier: no rank runs ahead of a slow or failed save
+
+
+def epoch_line(record: dict[str, float]) -> str:
+    """One line per epoch: losses, perplexity, BLEU, speed, and on GPUs memory and load."""
+    line = (f"epoch {record['epoch']:2d} | train loss {record['train_loss']:.4f} | "
+            f"val loss {record['val_loss']:.4f} | val ppl {record['val_ppl']:.2f}")
+    if "val_bleu" in record:
+        line += f" | val BLEU {record['val_bleu']:.2f}"
+    line += f" | {record['tokens_per_s']:,.0f} tokens/s | {record['seconds']:.1f} s"
+    if "max_memory_gib" in record:
+        line += f" | {record['max_memory_gib']:.1f} GiB peak"
+    if "utilization_percent" in record:
+        line += f" | GPU {record['utilization_percent']:.0f}% busy"
+    return line
+
+
+def train_epochs(
+    process: Process, config: TrainConfig, run: Run, data: RunData, *, progress: bool
+) -> list[dict[str, float]]:
+    """6) The epochs: check the batches, train, validate, score, report, checkpoint."""
+    train_loader, val_loader = data.train_loader, data.val_loader
+    device, autocast_dtype = process.device, autocast_dtype_for(process.device)
+    for epoch in range(run.epoch, config.epochs):
+        sampler = train_loader.batch_sampler
+        sampler.set_epoch(epoch)  # a new order, the same on every rank
+        check_same_on_all_ranks(
+            process, [len(train_loader), fingerprint(sampler.batches())],
+            f"the number of training batches per rank and the batch list of epoch {epoch + 1} "
+            "(every rank must see the same sentence pairs, max_tokens and seed)",
+        )
+        bar = None
+        if progress and process.rank == 0:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(train_loader), desc=f"epoch {epoch + 1}/{config.epochs}",
+                       unit="batch", file=sys.stderr, leave=False)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        start = time.perf_counter()
+        train_sums = train_epoch(
+            run.model, train_loader, run.criterion, run.optimizer, run.scheduler, device=device,
+            accum_iter=config.accum_iter, train_state=run.train_state,
+            autocast_dtype=autocast_dtype, bar=bar,
+        )
+        seconds = time.perf_counter() - start
+        if bar is not None:
+            bar.close()
+        check_same_on_all_ranks(process, [weights_fingerprint(run.model)],
+                                f"the weights after epoch {epoch + 1}")
+        val_sums = evaluate(run.model, val_loader, run.criterion, device=device,
+                            autocast_dtype=autocast_dtype)
+        loss, tokens, nll, val_loss, val_tokens, val_nll = all_ranks_sum(
+            process, [*train_sums, *val_sums]
+        )
+        run.epoch, run.elapsed_s = epoch + 1, run.elapsed_s + seconds
+        record = {
+            "epoch": run.epoch,
+            "train_loss": loss / max(tokens, 1),
+            "train_nll": nll / max(tokens, 1),
+            "val_loss": val_loss / max(val_tokens, 1),
+            "val_nll": val_nll / max(val_tokens, 1),
+            "val_ppl": math.exp(val_nll / max(val_tokens, 1)),
+            "seconds": seconds,
+            "tokens_per_s": tokens / seconds,
+            **device_report(device),
+        }
+        improved = False
+        if config.bleu_every and run.epoch % config.bleu_every == 0:
+            record["val_bleu"] = validation_bleu(process, run.model, data, config.max_len)
+            improved = run.best_bleu is None or record["val_bleu"] > run.best_bleu
+            run.best_bleu = record["val_bleu"] if improved else run.best_bleu
+        run.history.append(record)
+        save_epoch(process, config, run, improved)
+        if process.rank == 0:
+            print(epoch_line(record), flush=True)
+    return run.history
+
+
+def wrap_ddp(model: nn.Module, device: torch.device) -> DistributedDataParallel:
+    """DDP that does not re-send the constant positional-encoding tables every forward pass."""
+    options = {"device_ids": [device.index] if device.type == "cuda" else None}
+    # torch 2.13 renamed broadcast_buffers (and deprecated the old name) to forward_sync_buffers
+    known = inspect.signature(DistributedDataParallel).parameters
+    options["forward_sync_buffers" if "forward_sync_buffers" in known else "broadcast_buffers"] = (
+        False
+    )
+    return DistributedDataParallel(model, **options)
+
+
+def train_worker(
+    rank: int | None = None,
+    world_size: int | None = None,
+    config: TrainConfig | None = None,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+    threads: int | None = None,
+    pairs: dict[str, Sequence[tuple[str, str]]] | None = None,
+) -> list[dict[str, float]]:
+    """Train (or resume) on one device as one of world_size processes; the per-epoch history.
+
+    Started by train_distributed, by torchrun (rank and world size then come from the
+    environment: RANK, WORLD_SIZE, LOCAL_RANK), or called directly for one process. pairs
+    replaces Multi30k: {"train": [(german, english), ...], "val": [...]}.
+    """
+    config = training_config("cpu") if config is None else config
+    rank = int(os.environ.get("RANK", 0)) if rank is None else rank
+    world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
+    if config.max_tokens < config.max_len:
+        raise ValueError(
+            f"max_tokens={config.max_tokens} per device is less than max_len={config.max_len}: "
+            "the longest sentences would not fit into a batch; raise max_tokens"
+        )
+    process = setup_process(rank, world_size, threads)
+    try:
+        restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+        resuming = from_rank0(process, lambda: prepare_checkpoint_dir(
+            config.checkpoint_dir, resume=resume, overwrite=overwrite, restarted=restarted))
+        split_pairs = training_pairs(config, pairs)
+        data = load_data(process, config, split_pairs, resuming=resuming)
+        run = build_training(process, config, len(data.vocab_src), len(data.vocab_tgt))
+        resume_run(process, config, run, resuming=resuming)
+        if process.distributed:  # only now: every rank holds rank 0's state
+            run.model = wrap_ddp(run.model, process.device)
+        return train_epochs(process, config, run, data, progress=progress)
     finally:
-        if distributed:
+        if process.distributed:
             dist.destroy_process_group()
 
 
 # %%
 import os
 import socket
+from collections.abc import Sequence
 
 import torch
 
@@ -1877,12 +2254,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _spawned_worker(
-    rank: int, world_size: int, config: TrainConfig, resume: bool, progress: bool,
-    threads: int | None,
-) -> None:
+def _spawned_worker(rank: int, world_size: int, config: TrainConfig, options: dict) -> None:
     """train_worker with positional arguments, as torch.multiprocessing.spawn passes them."""
-    train_worker(rank, world_size, config, resume=resume, progress=progress, threads=threads)
+    train_worker(rank, world_size, config, **options)
 
 
 def train_distributed(
@@ -1890,8 +2264,10 @@ def train_distributed(
     world_size: int,
     *,
     resume: bool = False,
+    overwrite: bool = False,
     progress: bool = True,
     threads: int | None = None,
+    pairs: dict[str, Sequence[tuple[str, str]]] | None = None,
 ) -> None:
     """Train with world_size processes on this machine: one per GPU, or CPU processes (gloo)."""
     if not isinstance(world_size, int) or world_size < 1:
@@ -1900,14 +2276,15 @@ def train_distributed(
         raise ValueError(
             f"world_size={world_size} is more than the {torch.cuda.device_count()} GPUs here"
         )
+    options = {"resume": resume, "overwrite": overwrite, "progress": progress,
+               "threads": threads, "pairs": pairs}
     if world_size == 1:
-        train_worker(0, 1, config, resume=resume, progress=progress, threads=threads)
+        train_worker(0, 1, config, **options)
         return
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(free_port()))
-    torch.multiprocessing.spawn(
-        _spawned_worker, args=(world_size, config, resume, progress, threads), nprocs=world_size
-    )
+    torch.multiprocessing.spawn(_spawned_worker, args=(world_size, config, options),
+                                nprocs=world_size)
 
 
 # %%

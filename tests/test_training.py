@@ -8,13 +8,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_training import synthetic_examples, tiny_setup
+from tiny_training import synthetic_examples, synthetic_sentence_pairs, tiny_setup
 
 from the_annotated_transformer import (
+    LossAndNLL,
+    SimpleLossCompute,
     TrainConfig,
     TrainState,
     Vocab,
+    autocast_dtype_for,
     bleu,
+    config_differences,
     detokenize,
     device_report,
     export_for_shipping,
@@ -24,6 +28,7 @@ from the_annotated_transformer import (
     load_trained_model,
     make_model,
     multi30k_loader,
+    prepare_checkpoint_dir,
     save_checkpoint,
     train_epoch,
     train_worker,
@@ -42,6 +47,8 @@ TINY = TrainConfig(
     N=1, d_model=32, d_ff=64, h=4, dropout=0.1, max_tokens=300, epochs=3, warmup=20,
     train_limit=240, val_limit=40,
 )
+# Injected sentence pairs: the training tests do not need the Multi30k files.
+PAIRS = {"train": synthetic_sentence_pairs(240, 0), "val": synthetic_sentence_pairs(40, 1)}
 
 
 # --- checkpoints --------------------------------------------------------------------------
@@ -114,22 +121,60 @@ def test_training_config_presets_and_validation():
         training_config("cpu", keep_epochs=-1)
 
 
-def test_train_worker_refuses_a_batch_too_small_to_share_before_starting_processes():
-    config = replace(TINY, max_tokens=100)  # 50 per rank for two ranks, less than max_len=72
-    with pytest.raises(ValueError, match="max_tokens=100 shared by world_size=2 processes"):
+def test_train_worker_refuses_a_batch_smaller_than_the_longest_sentence_before_starting():
+    config = replace(TINY, max_tokens=50)  # per device, less than max_len=72
+    with pytest.raises(ValueError, match="max_tokens=50 per device is less than max_len=72"):
         train_worker(0, 2, config, progress=False)
+
+
+# --- the checkpoint folder ----------------------------------------------------------------
+
+
+def test_a_fresh_run_refuses_a_folder_holding_another_runs_checkpoints(tmp_path):
+    assert prepare_checkpoint_dir(tmp_path, resume=False, overwrite=False) is False  # empty
+    for name in ("last.pt", "best.pt", "epoch_003.pt", "vocab_de.json"):
+        (tmp_path / name).write_bytes(b"x")
+    with pytest.raises(FileExistsError, match=f"{tmp_path} already holds another run's "
+                                              "best.pt, epoch_003.pt, last.pt: resume it"):
+        prepare_checkpoint_dir(tmp_path, resume=False, overwrite=False)
+    assert prepare_checkpoint_dir(tmp_path, resume=True, overwrite=False) is True
+    assert prepare_checkpoint_dir(tmp_path, resume=False, overwrite=False, restarted=True)
+    assert prepare_checkpoint_dir(tmp_path, resume=False, overwrite=True) is False
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["vocab_de.json"]  # rebuilt later
+    with pytest.raises(ValueError, match="resume and overwrite exclude each other"):
+        prepare_checkpoint_dir(tmp_path, resume=True, overwrite=True)
+
+
+def test_resume_without_a_checkpoint_is_an_error_not_a_fresh_start(tmp_path):
+    config = replace(TINY, checkpoint_dir=str(tmp_path))
+    with pytest.raises(FileNotFoundError, match=f"cannot resume: the checkpoint folder "
+                                                f"{tmp_path} holds no last.pt"):
+        train_worker(0, 1, config, resume=True, progress=False, threads=1, pairs=PAIRS)
+    assert list(tmp_path.iterdir()) == []  # nothing was trained or written
+
+
+def test_resume_config_check_names_every_field_that_may_not_change():
+    stored = {**vars(TINY), "warmup": 10, "lr_factor": 2.0, "seed": 3, "epochs": 1}
+    changes = config_differences(stored, TINY, 1, 1)
+    assert changes == ["warmup=10 in the checkpoint but 20 now",
+                       "lr_factor=2.0 in the checkpoint but 0.5 now",
+                       "seed=3 in the checkpoint but 0 now"]  # epochs may change
+    assert config_differences(vars(TINY), replace(TINY, accum_iter=2), 2, 4) == []
+    assert config_differences(vars(TINY), TINY, 2, 1) == [
+        "processes x accum_iter = 1 in the checkpoint but 2 x 1 now (another global batch)"
+    ]
 
 
 # --- resuming -----------------------------------------------------------------------------
 
 
-@needs_multi30k
 def test_resumed_run_ends_with_same_weights_and_optimizer_as_uninterrupted_run(tmp_path):
     whole = replace(TINY, checkpoint_dir=str(tmp_path / "whole"))
     parts = replace(TINY, checkpoint_dir=str(tmp_path / "parts"))
-    history = train_worker(0, 1, whole, progress=False, threads=1)
-    train_worker(0, 1, replace(parts, epochs=1), progress=False, threads=1)  # "interrupted"
-    resumed = train_worker(0, 1, parts, resume=True, progress=False, threads=1)
+    run = {"progress": False, "threads": 1, "pairs": PAIRS}
+    history = train_worker(0, 1, whole, **run)
+    train_worker(0, 1, replace(parts, epochs=1), **run)  # "interrupted"
+    resumed = train_worker(0, 1, parts, resume=True, **run)
     a = load_checkpoint(tmp_path / "whole" / "last.pt")
     b = load_checkpoint(tmp_path / "parts" / "last.pt")
     assert a["epoch"] == b["epoch"] == 3
@@ -142,12 +187,47 @@ def test_resumed_run_ends_with_same_weights_and_optimizer_as_uninterrupted_run(t
     assert a["scheduler"]["last_epoch"] == b["scheduler"]["last_epoch"]
     assert [round(r["val_loss"], 6) for r in history] == [round(r["val_loss"], 6) for r in resumed]
     assert history[-1]["val_loss"] < history[0]["val_loss"]  # it learns
+    with pytest.raises(ValueError, match=r"cannot resume from .*parts/last\.pt: warmup=20 in "
+                                         "the checkpoint but 99 now"):
+        train_worker(0, 1, replace(parts, warmup=99, epochs=4), resume=True, **run)
 
 
-@needs_multi30k
+def test_history_reports_nll_perplexity_and_bleu_and_best_pt_keeps_the_best_epoch(tmp_path):
+    import math
+
+    config = replace(TINY, checkpoint_dir=str(tmp_path))
+    history = train_worker(0, 1, config, progress=False, threads=1, pairs=PAIRS)
+    for record in history:
+        assert record["val_ppl"] == pytest.approx(math.exp(record["val_nll"]))
+        assert record["train_nll"] > 0 and record["val_nll"] > 0
+        assert 0 <= record["val_bleu"] <= 100
+    best = load_checkpoint(tmp_path / "best.pt")
+    bleus = [r["val_bleu"] for r in history]
+    assert best["val_bleu"] == max(bleus) and best["epoch"] == 1 + bleus.index(max(bleus))
+    assert set(best) == {"model", "config", "epoch", "val_bleu"}
+
+
+def test_loss_and_nll_adds_the_plain_likelihood_beside_the_smoothed_loss():
+    from the_annotated_transformer import PAD_ID, LabelSmoothing
+
+    torch.manual_seed(0)
+    model = make_model(10, 10, N=1, d_model=16, d_ff=32, h=2, dropout=0.0)
+    x = torch.randn(2, 5, 16)
+    y = torch.tensor([[4, 5, 6, PAD_ID, PAD_ID], [7, 8, 9, 3, PAD_ID]])
+    criterion = LabelSmoothing(10, PAD_ID, smoothing=0.1)
+    both = LossAndNLL(model.generator, criterion, PAD_ID)
+    loss_sum, loss = both(x, y, 7.0)
+    plain_sum, plain = SimpleLossCompute(model.generator, criterion)(x, y, 7.0)
+    assert loss_sum == pytest.approx(plain_sum) and torch.allclose(loss, plain)
+    logp = model.generator(x).reshape(-1, 10)
+    nll = torch.nn.functional.nll_loss(logp, y.reshape(-1), ignore_index=PAD_ID, reduction="sum")
+    assert both.nll == pytest.approx(float(nll.detach()))
+
+
 def test_keep_epochs_keeps_the_weights_of_the_last_epochs_only(tmp_path):
-    config = replace(TINY, checkpoint_dir=str(tmp_path), keep_epochs=2, train_limit=80)
-    train_worker(0, 1, config, progress=False, threads=1)
+    config = replace(TINY, checkpoint_dir=str(tmp_path), keep_epochs=2, train_limit=80,
+                     bleu_every=0)
+    train_worker(0, 1, config, progress=False, threads=1, pairs=PAIRS)
     kept = sorted(p.name for p in tmp_path.glob("epoch_*.pt"))
     assert kept == ["epoch_002.pt", "epoch_003.pt"]
     last = load_checkpoint(tmp_path / "last.pt")
@@ -179,6 +259,15 @@ def test_bf16_autocast_trains_like_float32_on_the_cpu():
     for full, half in zip(losses[None], losses[torch.bfloat16], strict=True):
         assert half == pytest.approx(full, rel=0.03)
     assert losses[None] != losses[torch.bfloat16]  # autocast did run in bfloat16
+
+
+def test_bf16_only_on_gpus_that_compute_in_it_natively(monkeypatch):
+    capability = {"value": (7, 0)}  # a V100: is_bf16_supported() says yes, but it emulates
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: capability["value"])
+    assert autocast_dtype_for(torch.device("cuda", 0)) is None
+    capability["value"] = (8, 0)  # an A100
+    assert autocast_dtype_for(torch.device("cuda", 0)) == torch.bfloat16
+    assert autocast_dtype_for(torch.device("cpu")) is None
 
 
 def test_device_report_asks_for_the_process_own_gpu(monkeypatch):
@@ -219,49 +308,58 @@ def _ddp_worker(rank: int, world_size: int, port: int, out: str) -> None:
         dist.destroy_process_group()
 
 
-def test_two_gloo_processes_match_one_process_averaging_per_rank_losses(tmp_path):
+def _one_process_steps(shares: list[list], per_rank_means: bool) -> dict:
+    """One process on the ranks' global batches, normalized globally or per rank."""
+    model, optimizer, scheduler, criterion = tiny_setup()
+    for start in range(0, len(shares[0]), 2):  # accum_iter=2
+        groups = [share[start : start + 2] for share in shares]
+        everything = sum(b.ntokens for group in groups for b in group)
+        for group in groups:
+            tokens = sum(b.ntokens for b in group)
+            for b in group:
+                logp = model.generator(model(b.src, b.tgt, b.src_mask, b.tgt_mask))
+                loss = criterion(logp.reshape(-1, logp.size(-1)), b.tgt_y.reshape(-1))
+                (loss / tokens / 2 if per_rank_means else loss / everything).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        scheduler.step()
+    return model.state_dict()
+
+
+def test_two_gloo_processes_take_the_steps_of_one_process_normalized_by_global_tokens(tmp_path):
     torch.multiprocessing.spawn(_ddp_worker, args=(2, free_port(), str(tmp_path)), nprocs=2)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
     for name in ranks[0]:
         assert torch.equal(ranks[0][name], ranks[1][name]), name  # the copies never diverge
 
-    # One process, the same global batches: each step follows the mean over ranks of each
-    # rank's loss divided by its own token count (accumulated over accum_iter micro-batches).
-    model, optimizer, scheduler, criterion = tiny_setup()
+    # One process, the same global batches: each step follows the summed loss of both ranks'
+    # micro-batches divided by their total token count, as if it were one batch.
     shares = [list(multi30k_loader(synthetic_examples(64, 1), max_tokens=60, shuffle=True,
                                    num_replicas=2, rank=r)) for r in range(2)]
     assert len(shares[0]) == len(shares[1]) >= 4
-    for start in range(0, len(shares[0]), 2):  # accum_iter=2
-        for share in shares:
-            group = share[start : start + 2]
-            tokens = sum(b.ntokens for b in group)
-            for b in group:
-                logp = model.generator(model(b.src, b.tgt, b.src_mask, b.tgt_mask))
-                loss = criterion(logp.reshape(-1, logp.size(-1)), b.tgt_y.reshape(-1))
-                (loss / tokens / 2).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        scheduler.step()
-    reference, initial = model.state_dict(), tiny_setup()[0].state_dict()
+    reference = _one_process_steps(shares, per_rank_means=False)
+    initial = tiny_setup()[0].state_dict()
     moved = max(float((reference[n] - initial[n]).abs().max()) for n in reference)
     assert moved > 1e-3  # the steps changed the weights, so the comparison below means something
     for name, tensor in reference.items():
-        assert torch.allclose(ranks[0][name], tensor, rtol=1e-4, atol=1e-5), name
+        assert torch.allclose(ranks[0][name], tensor, rtol=0, atol=1e-6), name
+    # A mean of per-rank means (each rank dividing by its own tokens) is measurably different.
+    means = _one_process_steps(shares, per_rank_means=True)
+    assert max(float((means[n] - reference[n]).abs().max()) for n in reference) > 1e-4
 
 
-@needs_multi30k
 def test_train_distributed_with_two_cpu_processes_writes_checkpoint_with_both_random_states(
     tmp_path,
 ):
     from the_annotated_transformer import train_distributed
 
     config = replace(TINY, epochs=1, checkpoint_dir=str(tmp_path))
-    train_distributed(config, 2, progress=False)
+    train_distributed(config, 2, progress=False, threads=1, pairs=PAIRS)
     state = load_checkpoint(tmp_path / "last.pt")
     assert state["epoch"] == 1 and len(state["rng"]) == 2
     assert not torch.equal(state["rng"][0]["torch"], state["rng"][1]["torch"])  # own dropout
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "vocab_de.json",
-                                                          "vocab_en.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "last.pt",
+                                                          "vocab_de.json", "vocab_en.json"]
 
 
 # --- translation and BLEU -----------------------------------------------------------------
@@ -337,7 +435,7 @@ def test_translate_keeps_input_order_and_one_output_per_input():
 
 @needs_multi30k
 def test_translate_script_writes_exactly_one_line_per_input_line(tmp_path):
-    config = replace(TINY, epochs=1, checkpoint_dir=str(tmp_path / "run"))
+    config = replace(TINY, epochs=1, checkpoint_dir=str(tmp_path / "run"), bleu_every=0)
     train_worker(0, 1, config, progress=False, threads=1)
     shipped = tmp_path / "shipped"
     export_for_shipping(tmp_path / "run" / "last.pt", shipped, command="pytest")
@@ -363,5 +461,18 @@ def test_translate_script_writes_exactly_one_line_per_input_line(tmp_path):
 def test_train_script_explains_its_options():
     result = subprocess.run([sys.executable, str(ROOT / "tools" / "train.py"), "--help"],
                             capture_output=True, text=True, check=True, timeout=60)
-    for option in ("--config", "--devices", "--epochs", "--checkpoint-dir", "--resume"):
+    for option in ("--config", "--devices", "--epochs", "--checkpoint-dir", "--resume",
+                   "--overwrite", "--max-tokens", "--accum-iter", "--batch-tokens"):
         assert option in result.stdout
+    assert "on EACH device" in result.stdout  # what the batch size means
+
+
+def test_batch_tokens_picks_the_accumulation_nearest_the_papers_batch():
+    sys.path.insert(0, str(ROOT / "tools"))
+    from train import accum_for_batch
+
+    assert accum_for_batch(25_000, 4096, 1) == 6  # 24,576 tokens per step on one GPU
+    assert accum_for_batch(25_000, 4096, 8) == 1  # 32,768 on eight
+    assert accum_for_batch(25_000, 1500, 2) == 8
+    with pytest.raises(ValueError, match="--batch-tokens must be a positive integer, got 0"):
+        accum_for_batch(0, 4096, 1)

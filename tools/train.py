@@ -2,47 +2,82 @@
 
     python tools/train.py --config cpu                         # one CPU process, about 2 hours
     python tools/train.py --config base --devices 4            # four GPUs of this machine
+    python tools/train.py --config base --batch-tokens 25000   # the paper's batch, accumulated
     torchrun --nproc_per_node=8 tools/train.py --config base   # started by torchrun
     python tools/train.py --config cpu --resume                # continue after an interruption
 
 Under torchrun (which sets RANK and WORLD_SIZE) each process trains directly; otherwise
 --devices processes are started here: one per GPU, or CPU processes talking through gloo.
-Each epoch's checkpoint goes to --checkpoint-dir/last.pt, with the vocabularies beside it.
+Each epoch's checkpoint goes to --checkpoint-dir/last.pt (rank 0's folder), with the
+vocabularies beside it, and best.pt holds the weights with the best validation BLEU.
 """
 
 import argparse
 import os
+import sys
 
 from the_annotated_transformer import train_distributed, train_worker, training_config
 
 
-def main() -> None:
+def accum_for_batch(batch_tokens: int, max_tokens: int, world_size: int) -> int:
+    """The accum_iter that brings processes x accum_iter x max_tokens nearest batch_tokens."""
+    if batch_tokens < 1:
+        raise ValueError(f"--batch-tokens must be a positive integer, got {batch_tokens}")
+    return max(1, round(batch_tokens / (max_tokens * world_size)))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; --help explains every option."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", choices=["cpu", "base"], default="cpu",
                         help="preset: a small model for a CPU, or the paper's base model")
     parser.add_argument("--devices", type=int, default=1,
                         help="processes on this machine: GPUs if there are any, else CPU processes")
     parser.add_argument("--epochs", type=int, help="train until this many epochs are done")
+    parser.add_argument("--max-tokens", type=int,
+                        help="padded tokens per micro-batch on EACH device (not shared among "
+                             "devices); one optimizer step sees processes x accum-iter x this")
+    parser.add_argument("--accum-iter", type=int,
+                        help="micro-batches accumulated per optimizer step on each device")
+    parser.add_argument("--batch-tokens", type=int,
+                        help="choose --accum-iter so that one optimizer step sees about this "
+                             "many padded tokens over all processes (the paper: 25000)")
+    parser.add_argument("--bleu-every", type=int,
+                        help="greedy validation BLEU every N epochs (0: never); keeps best.pt")
     parser.add_argument("--checkpoint-dir", help="folder for last.pt and the vocabularies")
     parser.add_argument("--threads", type=int,
                         help="CPU threads per process (default: the cores shared among processes)")
     parser.add_argument("--keep-epochs", type=int,
                         help="also keep the last K epochs' weights (epoch_NNN.pt), for averaging")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue from the checkpoint folder's last.pt if it exists")
-    args = parser.parse_args()
-    overrides = {}
-    if args.epochs is not None:
-        overrides["epochs"] = args.epochs
-    if args.checkpoint_dir is not None:
-        overrides["checkpoint_dir"] = args.checkpoint_dir
-    if args.keep_epochs is not None:
-        overrides["keep_epochs"] = args.keep_epochs
+    start = parser.add_mutually_exclusive_group()
+    start.add_argument("--resume", action="store_true",
+                       help="continue from the checkpoint folder's last.pt (an error if none)")
+    start.add_argument("--overwrite", action="store_true",
+                       help="start afresh, deleting the checkpoints already in the folder")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ  # one of torchrun's processes
+    world_size = int(os.environ["WORLD_SIZE"]) if torchrun else args.devices
+    fields = ("epochs", "checkpoint_dir", "max_tokens", "accum_iter", "keep_epochs", "bleu_every")
+    overrides = {name: getattr(args, name) for name in fields if getattr(args, name) is not None}
     config = training_config(args.config, **overrides)
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # one of torchrun's processes
-        train_worker(config=config, resume=args.resume, threads=args.threads)
+    if args.batch_tokens is not None:
+        if args.accum_iter is not None:
+            sys.exit("train.py: error: give --batch-tokens or --accum-iter, not both")
+        accum = accum_for_batch(args.batch_tokens, config.max_tokens, world_size)
+        config = training_config(args.config, **overrides, accum_iter=accum)
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(f"{world_size} process(es) x accum_iter {config.accum_iter} x max_tokens "
+              f"{config.max_tokens} = {world_size * config.accum_iter * config.max_tokens:,} "
+              "padded tokens per optimizer step", file=sys.stderr)
+    options = {"resume": args.resume, "overwrite": args.overwrite, "threads": args.threads}
+    if torchrun:
+        train_worker(config=config, **options)
     else:
-        train_distributed(config, args.devices, resume=args.resume, threads=args.threads)
+        train_distributed(config, args.devices, **options)
 
 
 if __name__ == "__main__":

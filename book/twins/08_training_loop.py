@@ -110,10 +110,17 @@ class SimpleLossCompute:
 # schedule counts optimizer steps, not micro-batches. A last group with fewer than $k$ batches
 # (when the epoch's batch count is not a multiple of $k$) gets its own step, over its own
 # tokens, so that no gradient is left lying in `.grad` to leak into the next epoch.
+#
+# The loop over groups is written once, as `run_groups`, and `run_epoch` adds to it only the
+# checks of its arguments, the log lines and the progress bar. Chapter 14 trains on several
+# devices with the same core: it passes a `group_norm` that turns a group's token count into
+# the divisor of the global batch, and contexts for each micro-batch (gradient
+# synchronization, mixed precision), so that the rule above is implemented in one place only.
 
 # %% tags=["export"]
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 
 
 def accumulation_groups(batches: Iterable, accum_iter: int) -> Iterator[list]:
@@ -126,6 +133,63 @@ def accumulation_groups(batches: Iterable, accum_iter: int) -> Iterator[list]:
             group = []
     if group:
         yield group
+
+
+def run_groups(
+    batches: Iterable,
+    model: nn.Module,
+    loss_compute,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler=None,
+    *,
+    accum_iter: int = 1,
+    train_state: TrainState | None = None,
+    group_norm: Callable[[int], float] | None = None,
+    sync_context: Callable[[bool], AbstractContextManager] | None = None,
+    forward_context: Callable[[], AbstractContextManager] | None = None,
+    after_group: Callable[[float, int, int], None] | None = None,
+) -> tuple[float, int]:
+    """The accumulation core of every loop in the book; the summed loss and target tokens.
+
+    With an optimizer it trains: each micro-batch's summed loss is divided by
+    group_norm(T), T the group's tokens (by default T itself), and the optimizer and scheduler
+    step once per group. Without one it only evaluates, computing no gradients.
+    sync_context(is_last) wraps a micro-batch's forward and backward, forward_context() its
+    forward (chapter 14 uses them for DistributedDataParallel and autocast); after_group gets
+    each group's summed loss, tokens and batch count.
+    """
+    train = optimizer is not None
+    total_loss, total_tokens = 0.0, 0
+    with torch.set_grad_enabled(train):
+        for group in accumulation_groups(batches, accum_iter):
+            tokens = sum(batch.ntokens for batch in group)  # T = T_1 + ... + T_k
+            norm = group_norm(tokens) if group_norm is not None else max(tokens, 1)
+            group_loss = 0.0
+            for i, batch in enumerate(group):
+                is_last = i == len(group) - 1
+                with sync_context(is_last) if sync_context is not None else nullcontext():
+                    with forward_context() if forward_context is not None else nullcontext():
+                        out = model(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask)
+                        loss_sum, loss = loss_compute(out, batch.tgt_y, norm)  # S_i, S_i / T
+                    if train:
+                        loss.backward()  # .grad accumulates the sum over the group
+                group_loss += loss_sum
+                if train and train_state is not None:
+                    train_state.step += 1
+                    train_state.samples += batch.src.size(0)
+                    train_state.tokens += batch.ntokens
+            if train:
+                optimizer.step()  # once per group of accum_iter micro-batches
+                optimizer.zero_grad(set_to_none=True)
+                if train_state is not None:
+                    train_state.accum_step += 1
+                if scheduler is not None:
+                    scheduler.step()  # the schedule counts optimizer steps
+            total_loss += group_loss
+            total_tokens += tokens
+            if after_group is not None:
+                after_group(group_loss, tokens, len(group))
+    return total_loss, total_tokens
 
 
 def run_epoch(
@@ -156,40 +220,26 @@ def run_epoch(
         from tqdm.auto import tqdm
 
         bar = tqdm(desc=mode, unit="batch", leave=False)
-    total_loss, total_tokens = 0.0, 0  # over the epoch
-    log_loss, log_tokens, log_start = 0.0, 0, time.perf_counter()  # since the last log line
-    with torch.set_grad_enabled(train):
-        for group in accumulation_groups(data_iter, accum_iter):
-            group_tokens = max(sum(batch.ntokens for batch in group), 1)  # T = T_1 + ... + T_k
-            for batch in group:
-                out = model(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask)
-                loss_sum, loss = loss_compute(out, batch.tgt_y, group_tokens)  # S_i, S_i / T
-                if train:
-                    loss.backward()  # .grad accumulates the sum over the group
-                    state.step += 1
-                    state.samples += batch.src.size(0)
-                    state.tokens += batch.ntokens
-                total_loss += loss_sum
-                total_tokens += batch.ntokens
-                log_loss += loss_sum
-                log_tokens += batch.ntokens
-                if bar is not None:
-                    bar.update(1)
-            if not train:
-                continue
-            optimizer.step()  # once per group of accum_iter micro-batches
-            optimizer.zero_grad(set_to_none=True)
-            state.accum_step += 1
-            if scheduler is not None:
-                scheduler.step()  # the schedule counts optimizer steps
-            if log_every and state.accum_step % log_every == 0:
-                lr = optimizer.param_groups[0]["lr"]
-                speed = log_tokens / max(time.perf_counter() - log_start, 1e-9)
-                print(
-                    f"step {state.accum_step:6d} | loss {log_loss / max(log_tokens, 1):.4f}"
-                    f" | lr {lr:.3g} | {speed:,.0f} tokens/s"
-                )
-                log_loss, log_tokens, log_start = 0.0, 0, time.perf_counter()
+    log = {"loss": 0.0, "tokens": 0, "start": time.perf_counter()}  # since the last log line
+
+    def after_group(loss_sum: float, tokens: int, n_batches: int) -> None:
+        log["loss"] += loss_sum
+        log["tokens"] += tokens
+        if bar is not None:
+            bar.update(n_batches)
+        if train and log_every and state.accum_step % log_every == 0:
+            lr = optimizer.param_groups[0]["lr"]
+            speed = log["tokens"] / max(time.perf_counter() - log["start"], 1e-9)
+            print(
+                f"step {state.accum_step:6d} | loss {log['loss'] / max(log['tokens'], 1):.4f}"
+                f" | lr {lr:.3g} | {speed:,.0f} tokens/s"
+            )
+            log.update(loss=0.0, tokens=0, start=time.perf_counter())
+
+    total_loss, total_tokens = run_groups(
+        data_iter, model, loss_compute, optimizer if train else None, scheduler,
+        accum_iter=accum_iter, train_state=state, after_group=after_group,
+    )
     if bar is not None:
         bar.close()
     return total_loss / max(total_tokens, 1), state

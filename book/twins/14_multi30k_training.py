@@ -36,7 +36,6 @@ from the_annotated_transformer import (
     TokenBudgetSampler,
     TrainState,
     Vocab,
-    accumulation_groups,
     collate_batch,
     download_file,
     enable_book_charts,
@@ -49,6 +48,7 @@ from the_annotated_transformer import (
     make_model,
     rate,
     repository_root,
+    run_groups,
     tokenize,
     tokenize_pairs,
 )
@@ -68,7 +68,7 @@ enable_book_charts()
 #   $h=8$, dropout 0.1, label smoothing 0.1, Adam with $\beta_2 = 0.98$ and the warmup schedule
 #   of chapter 10), for one or more GPUs. Multi30k is tiny next to WMT: with the paper's 25,000
 #   tokens per batch an epoch would be about sixteen optimizer steps. So a batch holds 4,096
-#   padded tokens and the warmup is 1,000 steps instead of 4,000, with `lr_factor=0.5` so that
+#   padded tokens per GPU and the warmup is 1,000 steps instead of 4,000, with `lr_factor=0.5` so that
 #   the peak learning rate, $0.5 \cdot 512^{-0.5} \cdot 1000^{-0.5} \approx 0.0007$, is the
 #   paper's. We have not run this preset for the book (its machine has no GPU); it is a
 #   starting point, not a tested recipe. The GPU-only parts of the code below (bfloat16
@@ -77,12 +77,17 @@ enable_book_charts()
 # * **`cpu`** is a small model for a 2-core CPU: $N=3$, $d_{\text{model}}=256$,
 #   $d_{\text{ff}}=1024$, $h=8$. Its size came from timing candidates, as described below.
 #
-# The batch size `max_tokens` counts the tokens of one optimizer step (without accumulation)
-# over *all* devices together: with $R$ processes each takes batches of `max_tokens // R`. The
-# configuration then describes the same optimization on one device or on eight (the same
-# number of steps per epoch, the same schedule), and more devices only make each step faster.
-# (Multi30k is too small to keep eight GPUs busy this way; the mechanics are the same for
-# larger data.)
+# The batch size `max_tokens` is a budget **per device and per micro-batch**: the padded tokens
+# (of source and of target, each) that one process puts through the model at once, which is
+# what its memory has to hold. One optimizer step then sees
+# $R \times$ `accum_iter` $\times$ `max_tokens` padded tokens, with $R$ processes. Adding
+# devices therefore enlarges the global batch rather than shrinking each device's share (which
+# would leave 512 tokens per GPU of the `base` preset on eight GPUs). The paper's batch of
+# about 25,000 tokens is reached with accumulation: `tools/train.py --batch-tokens 25000` picks
+# the `accum_iter` that comes nearest for the number of processes it runs with, 6 on one GPU
+# (24,576 tokens) and 1 on eight (32,768). A different global batch is a different
+# optimization (other steps per epoch, another point in the schedule), so a resumed run must
+# keep $R \times$ `accum_iter`.
 #
 # Both keep separate German and English vocabularies (chapter 9), so the embeddings cannot be
 # shared between encoder, decoder and generator as the paper's shared byte-pair vocabulary
@@ -101,8 +106,8 @@ class TrainConfig:
     d_ff: int = 2048
     h: int = 8
     dropout: float = 0.1
-    max_tokens: int = 4096  # padded tokens per batch (src and tgt each), all devices together
-    accum_iter: int = 1  # micro-batches per optimizer step
+    max_tokens: int = 4096  # padded tokens per micro-batch on each device (src and tgt each)
+    accum_iter: int = 1  # micro-batches per optimizer step, on each device
     epochs: int = 30
     warmup: int = 1000  # optimizer steps of linear warmup
     lr_factor: float = 0.5
@@ -114,6 +119,7 @@ class TrainConfig:
     train_limit: int | None = None  # use only the first train_limit training pairs (demos, tests)
     val_limit: int | None = None  # the same for the validation pairs
     keep_epochs: int = 0  # also keep the weights of the last keep_epochs epochs, for averaging
+    bleu_every: int = 1  # greedy validation BLEU every bleu_every epochs (0: never); keeps best.pt
 
     def __post_init__(self) -> None:
         for name in ("N", "d_model", "d_ff", "h", "max_tokens", "accum_iter", "epochs", "warmup"):
@@ -122,8 +128,10 @@ class TrainConfig:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.d_model % self.h:
             raise ValueError(f"d_model={self.d_model} is not divisible by h={self.h} heads")
-        if not isinstance(self.keep_epochs, int) or self.keep_epochs < 0:
-            raise ValueError(f"keep_epochs must be an integer >= 0, got {self.keep_epochs!r}")
+        for name in ("keep_epochs", "bleu_every"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
         if not 0.0 <= self.label_smoothing < 1.0:
@@ -138,7 +146,7 @@ def training_config(name: str, **overrides) -> TrainConfig:
             N=3, d_model=256, d_ff=1024, h=8, dropout=0.1, max_tokens=1500, accum_iter=1,
             epochs=12, warmup=1000, lr_factor=0.5, checkpoint_dir="checkpoints/multi30k_cpu",
         ),
-        # The paper's base model; batch and warmup sized for Multi30k on one to eight GPUs.
+        # The paper's base model; batch (per GPU) and warmup sized for Multi30k.
         "base": TrainConfig(),
     }
     if name not in presets:
@@ -302,10 +310,11 @@ with tempfile.TemporaryDirectory() as folder:
 # budget of padded tokens. Three things are new.
 #
 # The vocabularies are built from the training split only (the validation and test sentences
-# must stay unseen) and written as JSON into the checkpoint folder. A resumed run, another
-# process of the same run, and later the translation script read them from there, so that word
-# $i$ means the same word everywhere. JSON rather than a pickle, for the same reason as
-# `weights_only` above.
+# must stay unseen), once, by rank 0, and written as JSON into the checkpoint folder. The other
+# processes of the run receive them from rank 0 (below), not from the folder, which on another
+# machine may not exist, and a resumed run and later the translation script read them from the
+# folder, so that word $i$ means the same word everywhere. JSON rather than a pickle, for the
+# same reason as `weights_only` above.
 #
 # Each process (each *rank*) trains on its own share of the batches: the sampler builds the
 # same list of batches on every rank (same seed, same epoch) and rank $r$ of $R$ takes batches
@@ -328,25 +337,42 @@ from torch.utils.data import DataLoader
 PAD_ID = SPECIALS.index("<blank>")  # 2
 
 
+VOCAB_FILES = ("vocab_de.json", "vocab_en.json")
+
+
 def multi30k_vocabularies(
-    config: TrainConfig, tokenizers: tuple[Any, Any], *, save: bool = True
+    config: TrainConfig,
+    tokenizers: tuple[Any, Any],
+    *,
+    pairs: Sequence[tuple[str, str]] | None = None,
+    save: bool = True,
 ) -> tuple[Vocab, Vocab]:
-    """German and English vocabularies: read from the checkpoint folder, or built from train."""
-    folder = Path(config.checkpoint_dir)
-    paths = folder / "vocab_de.json", folder / "vocab_en.json"
-    if all(path.is_file() for path in paths):
-        return Vocab.load(paths[0]), Vocab.load(paths[1])
-    pairs = load_multi30k("train")[: config.train_limit]  # train only: val and test stay unseen
+    """German and English vocabularies built from the training pairs (Multi30k's by default).
+
+    With save=True they are also written into the checkpoint folder, replacing what is there.
+    """
+    if pairs is None:  # train only: val and test stay unseen
+        pairs = load_multi30k("train")[: config.train_limit]
     token_pairs = tokenize_pairs(pairs, *tokenizers)
     vocab_src = Vocab.build([src for src, _ in token_pairs], min_freq=config.min_freq)
     vocab_tgt = Vocab.build([tgt for _, tgt in token_pairs], min_freq=config.min_freq)
     if save:
+        folder = Path(config.checkpoint_dir)
         folder.mkdir(parents=True, exist_ok=True)
-        for vocab, path in zip((vocab_src, vocab_tgt), paths, strict=True):
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        for vocab, name in zip((vocab_src, vocab_tgt), VOCAB_FILES, strict=True):
+            tmp = folder / f".{name}.{os.getpid()}.tmp"
             vocab.save(tmp)
-            os.replace(tmp, path)  # like checkpoints: a reader never sees half a file
+            os.replace(tmp, folder / name)  # like checkpoints: a reader never sees half a file
     return vocab_src, vocab_tgt
+
+
+def read_vocabularies(folder: str | os.PathLike) -> tuple[Vocab, Vocab]:
+    """The vocabularies a run wrote into its checkpoint folder (for resuming, translating)."""
+    paths = [Path(folder) / name for name in VOCAB_FILES]
+    missing = [str(path) for path in paths if not path.is_file()]
+    if missing:
+        raise FileNotFoundError(f"the run's vocabularies are missing: {', '.join(missing)}")
+    return Vocab.load(paths[0]), Vocab.load(paths[1])
 
 
 def multi30k_examples(
@@ -360,6 +386,18 @@ def multi30k_examples(
 ) -> list[tuple[list[int], list[int]]]:
     """The first `limit` pairs of a split as ids, without pairs longer than max_len."""
     pairs = load_multi30k(split)[:limit]
+    return encode_examples(pairs, vocab_src, vocab_tgt, tokenizers, max_len=max_len)
+
+
+def encode_examples(
+    pairs: Sequence[tuple[str, str]],
+    vocab_src: Vocab,
+    vocab_tgt: Vocab,
+    tokenizers: tuple[Any, Any],
+    *,
+    max_len: int,
+) -> list[tuple[list[int], list[int]]]:
+    """Sentence pairs as id lists, without pairs longer than max_len."""
     examples = encode_pairs(tokenize_pairs(pairs, *tokenizers), vocab_src, vocab_tgt)
     return filter_by_length(examples, max_len=max_len)[0]
 
@@ -389,9 +427,8 @@ def multi30k_loader(
 
 # %%
 tokenizers = load_tokenizers()
-with tempfile.TemporaryDirectory() as folder:  # an empty checkpoint folder: build, don't save
-    tiny = TrainConfig(train_limit=400, checkpoint_dir=folder)
-    vocab_src, vocab_tgt = multi30k_vocabularies(tiny, tokenizers, save=False)
+tiny = TrainConfig(train_limit=400)
+vocab_src, vocab_tgt = multi30k_vocabularies(tiny, tokenizers, save=False)
 examples = multi30k_examples("train", vocab_src, vocab_tgt, tokenizers, max_len=72, limit=400)
 shares = [
     multi30k_loader(examples, max_tokens=300, shuffle=True, num_replicas=2, rank=rank)
@@ -409,7 +446,8 @@ print(next(iter(shares[0])))
 # %% [markdown]
 # ## One epoch, on any device
 #
-# `train_epoch` is chapter 8's `run_epoch` with three additions for real hardware.
+# `train_epoch` and `evaluate` are chapter 8's accumulation core, `run_groups`, with three
+# additions for real hardware, and one for reporting.
 #
 # **Moving batches.** Each `Batch` is moved to the process's device just before use.
 #
@@ -418,13 +456,17 @@ print(next(iter(shares[0])))
 # during `backward` DDP adds them up across ranks with an *all-reduce* and divides by $R$, in
 # buckets, overlapping the communication with the rest of the backward pass. Every rank then
 # holds the same averaged gradient, takes the same optimizer step, and the copies stay
-# identical without ever sending weights. What does the average mean here? Rank $r$ divides
-# its summed loss $S_r$ by its own token count $T_r$, so the step follows
-# $\frac{1}{R}\sum_r S_r / T_r$, a mean of per-rank means. That is not exactly the loss per
-# token of the global batch, $\sum_r S_r / \sum_r T_r$; but the token budget keeps the $T_r$
-# close to each other, so the two differ little, and dividing locally needs no extra
-# communication. (The test suite checks the distributed run against one process that computes
-# this same mean of per-rank means.)
+# identical without ever sending weights. What should the average be? One process on the
+# whole global batch would follow its loss per token, $\sum_r S_r / \sum_r T_r$, where $S_r$
+# is rank $r$'s summed loss and $T_r$ its token count. If each rank divided by its own $T_r$,
+# DDP's average would give $\frac{1}{R}\sum_r S_r / T_r$ instead, a mean of per-rank means that
+# weighs a rank holding short sentences as much as one holding long ones. So before the first
+# backward pass of an optimizer step the ranks add up their token counts $T_r$ with one small
+# all-reduce (a single number), and each divides by $T / R$ with $T = \sum_r T_r$: after DDP's
+# division by $R$ the gradient is exactly that of $\sum_r S_r / T$. This is chapter 8's rule
+# for accumulation, extended across devices, and `run_groups` takes it as its `group_norm`.
+# (The test suite checks that two processes take the same steps as one process on the same
+# global batches.)
 #
 # With gradient accumulation, the micro-batches before the last of a group run inside
 # `model.no_sync()`: their gradients only accumulate locally, and the all-reduce happens once,
@@ -436,16 +478,25 @@ print(next(iter(shares[0])))
 # reductions such as softmax and the loss stay in float32 and the weights and optimizer state
 # remain float32 {cite}`micikevicius2018mixed`. bfloat16 keeps float32's 8 exponent bits and
 # gives up mantissa bits instead, so unlike float16 it cannot overflow where float32 would not,
-# and no loss scaling is needed {cite}`kalamkar2019study`. On a CPU autocast is off: the
+# and no loss scaling is needed {cite}`kalamkar2019study`. "Supports" means in hardware: GPUs
+# from compute capability 8.0 (Ampere) on. `torch.cuda.is_bf16_supported()` also says yes on
+# older GPUs such as the V100 or T4, where bfloat16 is emulated and slower than float32, so
+# `autocast_dtype_for` asks for the compute capability instead. On a CPU autocast is off: the
 # float32 numbers there are the reference the tests compare against.
+#
+# **Likelihood.** The label-smoothed loss that training minimizes is not the model's
+# likelihood: even a perfect model pays for the smoothing. So the loss function below also adds
+# up the plain negative log-likelihood of the reference tokens, and the history reports it per
+# token beside the smoothed loss, with the perplexity $e^{\text{NLL}}$.
 
 # %% tags=["export"]
 import time
 from collections.abc import Iterable
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -453,6 +504,40 @@ from torch.nn.parallel import DistributedDataParallel
 def unwrap(model: nn.Module) -> nn.Module:
     """The model itself, also when DistributedDataParallel wraps it."""
     return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def autocast_dtype_for(device: torch.device) -> torch.dtype | None:
+    """bfloat16 on GPUs that compute in it natively (compute capability 8.0 on); else None."""
+    if device.type != "cuda":
+        return None
+    return torch.bfloat16 if torch.cuda.get_device_capability(device) >= (8, 0) else None
+
+
+class LossAndNLL(SimpleLossCompute):
+    """SimpleLossCompute that also adds up the labels' plain negative log-likelihood in nll."""
+
+    def __init__(self, generator: nn.Module, criterion: nn.Module, pad_id: int = 2):
+        super().__init__(generator, criterion)
+        self.pad_id = pad_id
+        self.nll = 0.0
+
+    def __call__(
+        self, x: torch.Tensor, y: torch.Tensor, norm: float
+    ) -> tuple[float, torch.Tensor]:
+        logp = self.generator(x)  # (batch, n_tgt, tgt_vocab), log-probabilities
+        logp = logp.reshape(-1, logp.size(-1))  # (rows, tgt_vocab)
+        y = y.reshape(-1)  # (rows,)
+        loss_sum = self.criterion(logp, y)
+        gold = logp.detach().gather(1, y.unsqueeze(1)).squeeze(1)  # log p(label), (rows,)
+        self.nll -= float(gold.masked_fill(y == self.pad_id, 0.0).sum())
+        return float(loss_sum.detach()), loss_sum / norm
+
+
+def global_norm(tokens: int, device: torch.device) -> float:
+    """T / R for the tokens T of all R ranks: DDP's mean of gradients then divides by T."""
+    total = torch.tensor([float(tokens)], dtype=torch.float64, device=device)
+    dist.all_reduce(total)  # one number per optimizer step
+    return max(float(total), 1.0) / dist.get_world_size()
 
 
 def train_epoch(
@@ -467,44 +552,44 @@ def train_epoch(
     train_state: TrainState,
     autocast_dtype: torch.dtype | None = None,
     bar: Any = None,
-) -> tuple[float, int]:
-    """One training pass over this rank's batches; its summed loss and its target tokens."""
+) -> tuple[float, int, float]:
+    """One training pass over this rank's batches: summed loss, target tokens, summed NLL.
+
+    Under DistributedDataParallel the loss is normalized by the tokens of the whole global
+    batch (all ranks, all micro-batches of the step), as one process would normalize it.
+    """
     model.train()
-    loss_compute = SimpleLossCompute(unwrap(model).generator, criterion)
-    total_loss, total_tokens, start = 0.0, 0, time.perf_counter()
-    for group in accumulation_groups(batches, accum_iter):
-        group_tokens = max(sum(batch.ntokens for batch in group), 1)  # normalize by the group
-        for i, batch in enumerate(group):
-            batch = batch.to(device)
-            # DDP averages gradients across ranks during backward; skip that until the last
-            # micro-batch of the group, whose backward carries the accumulated sum.
-            last = i == len(group) - 1
-            skip_sync = isinstance(model, DistributedDataParallel) and not last
-            with model.no_sync() if skip_sync else nullcontext():
-                with torch.autocast(
-                    device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None
-                ):
-                    out = model(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask)
-                    loss_sum, loss = loss_compute(out, batch.tgt_y, group_tokens)
-                loss.backward()
-            train_state.step += 1
-            train_state.samples += len(batch)
-            train_state.tokens += batch.ntokens
-            total_loss += loss_sum
-            total_tokens += batch.ntokens
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        scheduler.step()
-        train_state.accum_step += 1
+    loss_compute = LossAndNLL(unwrap(model).generator, criterion, PAD_ID)
+    ddp = isinstance(model, DistributedDataParallel)
+
+    def sync_context(is_last: bool) -> AbstractContextManager:
+        # DDP averages gradients across ranks during backward; skip that until the last
+        # micro-batch of the group, whose backward carries the accumulated sum.
+        return model.no_sync() if ddp and not is_last else nullcontext()
+
+    def forward_context() -> AbstractContextManager:
+        return torch.autocast(device.type, dtype=autocast_dtype,
+                              enabled=autocast_dtype is not None)
+
+    totals = {"loss": 0.0, "tokens": 0, "start": time.perf_counter()}
+
+    def after_group(loss_sum: float, tokens: int, n_batches: int) -> None:
+        totals["loss"] += loss_sum
+        totals["tokens"] += tokens
         if bar is not None:
-            bar.update(len(group))
-            speed = total_tokens / max(time.perf_counter() - start, 1e-9)
-            bar.set_postfix(
-                loss=f"{total_loss / max(total_tokens, 1):.3f}",
-                tokens_per_s=f"{speed:,.0f}",
-                lr=f"{optimizer.param_groups[0]['lr']:.2e}",
-            )
-    return total_loss, total_tokens
+            bar.update(n_batches)
+            speed = totals["tokens"] / max(time.perf_counter() - totals["start"], 1e-9)
+            bar.set_postfix(loss=f"{totals['loss'] / max(totals['tokens'], 1):.3f}",
+                            tokens_per_s=f"{speed:,.0f}",
+                            lr=f"{optimizer.param_groups[0]['lr']:.2e}")
+
+    loss, tokens = run_groups(
+        (batch.to(device) for batch in batches), model, loss_compute, optimizer, scheduler,
+        accum_iter=accum_iter, train_state=train_state,
+        group_norm=(lambda t: global_norm(t, device)) if ddp else None,
+        sync_context=sync_context, forward_context=forward_context, after_group=after_group,
+    )
+    return loss, tokens, loss_compute.nll
 
 
 def evaluate(
@@ -514,72 +599,97 @@ def evaluate(
     *,
     device: torch.device,
     autocast_dtype: torch.dtype | None = None,
-) -> tuple[float, int]:
-    """Summed loss and target tokens over batches, without dropout or gradients."""
+) -> tuple[float, int, float]:
+    """Summed loss, target tokens and summed NLL over batches, without dropout or gradients."""
     model = unwrap(model)  # no gradients, so nothing for DDP to synchronize
     model.eval()
-    loss_compute = SimpleLossCompute(model.generator, criterion)
-    total_loss, total_tokens = 0.0, 0
-    with torch.no_grad():
-        for batch in batches:
-            batch = batch.to(device)
-            with torch.autocast(
-                device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None
-            ):
-                out = model(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask)
-                loss_sum, _ = loss_compute(out, batch.tgt_y, 1)
-            total_loss += loss_sum
-            total_tokens += batch.ntokens
-    return total_loss, total_tokens
+    loss_compute = LossAndNLL(model.generator, criterion, PAD_ID)
+    loss, tokens = run_groups(
+        (batch.to(device) for batch in batches), model, loss_compute,
+        forward_context=lambda: torch.autocast(device.type, dtype=autocast_dtype,
+                                               enabled=autocast_dtype is not None),
+    )
+    return loss, tokens, loss_compute.nll
 
 # %% [markdown]
 # ## The worker
 #
-# `train_worker` is everything one process does, from its rank to its last checkpoint:
+# `train_worker` is everything one process does, from its rank to its last checkpoint. It is a
+# sequence of named steps, each a function below:
 #
-# 1. **Device and threads.** Rank $r$ takes GPU `LOCAL_RANK` (its number on its own machine) if
-#    there are GPUs, else the CPU. Several CPU processes on one machine split the cores between
-#    them. On this book's 2-core machine, twenty steps of a small model in two gloo processes
-#    took 58.8 s with two threads per process, and 4.6 s and 7.6 s (two runs) with one: four
-#    threads on two cores keep waiting for each other.
-# 2. **Process group.** With more than one process, `torch.distributed` connects them, through
-#    NCCL between GPUs or gloo between CPU processes; where to meet (`MASTER_ADDR`,
-#    `MASTER_PORT`) comes from the environment.
-# 3. **Data and model.** Rank 0 builds or reads the vocabularies; the others wait at a barrier
-#    and read what it wrote. Every rank seeds the generator identically before building the
-#    model, so all copies start from the same weights (DDP would copy rank 0's anyway), then
+# 1. **`setup_process`: device, threads, process group.** Rank $r$ takes GPU `LOCAL_RANK` (its
+#    number on its own machine) if there are GPUs, else the CPU. Several CPU processes on one
+#    machine split the cores between them. On this book's 2-core machine, twenty steps of a
+#    small model in two gloo processes took 58.8 s with two threads per process, and 4.6 s and
+#    7.6 s (two runs) with one: four threads on two cores keep waiting for each other. With
+#    more than one process, `torch.distributed` connects them, through NCCL between GPUs or
+#    gloo between CPU processes; where to meet (`MASTER_ADDR`, `MASTER_PORT`) comes from the
+#    environment.
+# 2. **`prepare_checkpoint_dir`: one decision about the folder.** Only rank 0 looks at its
+#    checkpoint folder, and every rank learns its decision. A fresh run into a folder that
+#    already holds another run's `last.pt`, `best.pt` or `epoch_NNN.pt` refuses to start (those
+#    files would be overwritten, or mixed into checkpoint averaging) unless told to `overwrite`,
+#    which deletes them first; `resume` with no `last.pt` is an error, not a quiet fresh start.
+#    A process that `torchrun` restarted after a failure (it sets `TORCHELASTIC_RESTART_COUNT`)
+#    continues from `last.pt` when there is one.
+# 3. **`load_data`: vocabularies and batches.** Rank 0 builds the vocabularies (or, resuming,
+#    reads them from its folder) and sends them to the other ranks, which may run on machines
+#    that cannot see rank 0's files. Each rank encodes its sentence pairs and takes its share of
+#    the batches.
+# 4. **`build_training`: model, optimizer, schedule, loss.** Every rank seeds the generator
+#    identically before building the model, so all copies start from the same weights.
+# 5. **`resume_run`: one source of truth.** Rank 0 alone reads `last.pt`, checks that its
+#    configuration is this one (every field but those a resumed run may change: `epochs`,
+#    `checkpoint_dir`, `keep_epochs`, `bleu_every`, and `accum_iter` as long as processes
+#    $\times$ `accum_iter` stays the same), and sends the whole checkpoint to the other ranks
+#    *before* DDP wraps the model. Everything that changes during training is restored:
+#    weights, optimizer, scheduler, counters, epoch, and each rank's random state (torch's CPU
+#    generator and, on a GPU, its CUDA generator; nothing here draws from Python's `random` or
+#    NumPy). The ranks then compare a fingerprint of epoch, step and weights (one all-reduce),
+#    and stop together, naming the folder, if they disagree. Without resuming, each rank
 #    reseeds with its rank so that dropout masks differ between ranks.
-# 4. **Resume.** With `resume=True` and a `last.pt` in the checkpoint folder, everything that
-#    changes during training is restored: weights, optimizer, scheduler, counters, epoch, and
-#    each rank's random state (torch's CPU generator and, on a GPU, its CUDA generator; nothing
-#    here draws from Python's `random` or NumPy). The scheduler is created before its state is
-#    loaded (it sets the learning rate when created), and the random state is restored last,
-#    after model creation has drawn its initial weights.
-# 5. **Epochs.** Train, validate (the per-rank sums of loss and tokens are added up over all
-#    ranks), report, and let rank 0 write the checkpoint, holding all ranks' random states.
-#    Rank 0 shows a tqdm bar on stderr with the running loss, tokens per second and learning
-#    rate; on GPUs each epoch also reports the peak memory (`torch.cuda.max_memory_allocated`)
-#    and the GPU's utilization as `nvidia-ml-py` samples it at the end of the epoch, when that
-#    package is installed (through `torch.cuda.utilization`, which translates the device index
-#    through `CUDA_VISIBLE_DEVICES` into NVML's own numbering). With `keep_epochs=k` rank 0 also
-#    keeps the weights of each of the last `k` epochs as `epoch_NNN.pt`, for the checkpoint
-#    averaging of chapter 16.
+# 6. **`train_epochs`: the epoch loop.** At the start of every epoch the ranks check, again
+#    with one small all-reduce, that they hold the same number of batches and the same batch
+#    list: a rank with one batch more would wait forever in a gradient exchange that no
+#    partner joins, so a difference (other data, another `max_tokens`) is an error within
+#    seconds instead. Then train, validate (the per-rank sums of loss, tokens and NLL are added
+#    up over all ranks), translate the validation sources greedily every `bleu_every` epochs
+#    (each rank translates its share) and score them with BLEU, check that the weights are
+#    still identical on all ranks, and report. Rank 0 shows a tqdm bar on stderr with the
+#    running loss, tokens per second and learning rate; on GPUs each epoch also reports the
+#    peak memory (`torch.cuda.max_memory_allocated`) and the GPU's utilization as
+#    `nvidia-ml-py` samples it at the end of the epoch, when that package is installed (through
+#    `torch.cuda.utilization`, which translates the device index through `CUDA_VISIBLE_DEVICES`
+#    into NVML's own numbering).
+# 7. **`save_epoch`: the checkpoint.** Rank 0 writes `last.pt`, holding all ranks' random
+#    states; `best.pt` (weights only) whenever the validation BLEU is the best so far; and with
+#    `keep_epochs=k` the weights of each of the last `k` epochs as `epoch_NNN.pt`, for the
+#    checkpoint averaging of chapter 16. The other ranks wait until it has finished, and a
+#    failed save stops all of them with rank 0's error.
 #
 # The same function runs in three ways: called directly for one process, started by
 # `train_distributed` below, or started by `torchrun`, in which case it reads `RANK`,
-# `WORLD_SIZE` and `LOCAL_RANK` from the environment.
+# `WORLD_SIZE` and `LOCAL_RANK` from the environment. Tests and small experiments can pass
+# their own sentence pairs (`pairs={"train": ..., "val": ...}`) instead of Multi30k.
 
 # %% tags=["export"]
+import hashlib
+import inspect
+import math
 import os
 import platform
 import sys
 import time
-from dataclasses import asdict
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader
 
 
 def rng_states(device: torch.device) -> dict[str, torch.Tensor | None]:
@@ -621,34 +731,43 @@ def hardware_name(device: torch.device, world_size: int) -> str:
     return f"{world_size} CPU process(es) x {torch.get_num_threads()} thread(s), {cpu}"
 
 
-def train_worker(
-    rank: int | None = None,
-    world_size: int | None = None,
-    config: TrainConfig | None = None,
-    *,
-    resume: bool = False,
-    progress: bool = True,
-    threads: int | None = None,
-) -> list[dict[str, float]]:
-    """Train (or resume) on one device as one of world_size processes; the per-epoch history.
+RESUMABLE_CHANGES = ("epochs", "checkpoint_dir", "keep_epochs", "bleu_every", "accum_iter")
+RUN_FILES = ("last.pt", "best.pt", "epoch_*.pt")
 
-    Started by train_distributed, by torchrun (rank and world size then come from the
-    environment: RANK, WORLD_SIZE, LOCAL_RANK), or called directly for one process.
-    """
-    config = training_config("cpu") if config is None else config
-    rank = int(os.environ.get("RANK", 0)) if rank is None else rank
-    world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
+
+@dataclass
+class Process:
+    """Where this process stands in the run: its rank, how many there are, its device."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+@dataclass
+class Run:
+    """What changes as a run trains, and what it trains with."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    criterion: nn.Module
+    train_state: TrainState
+    history: list[dict[str, float]]
+    epoch: int = 0  # epochs done
+    elapsed_s: float = 0.0  # seconds of training, over all sessions of the run
+    best_bleu: float | None = None
+
+
+def setup_process(rank: int, world_size: int, threads: int | None) -> Process:
+    """1) One device per process, never more CPU threads than cores, and the process group."""
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    max_tokens = config.max_tokens // world_size  # the batch is shared among the ranks
-    if max_tokens < config.max_len:
-        raise ValueError(
-            f"max_tokens={config.max_tokens} shared by world_size={world_size} processes "
-            f"leaves {max_tokens} per batch, less than max_len={config.max_len}: raise "
-            "max_tokens or use fewer processes"
-        )
-    # 1) one device per process, and never more CPU threads than cores
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
@@ -660,203 +779,414 @@ def train_worker(
             threads = max(1, (cores or os.cpu_count() or 1) // local_size)
     if threads is not None:
         torch.set_num_threads(threads)
-    distributed = world_size > 1
-    if distributed:  # MASTER_ADDR and MASTER_PORT come from train_distributed or torchrun
+    if world_size > 1:  # MASTER_ADDR and MASTER_PORT come from train_distributed or torchrun
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, rank=rank, world_size=world_size)
+        dist.init_process_group(backend, rank=rank, world_size=world_size,
+                                store=attempt_store(rank, world_size))
+    return Process(rank, world_size, device)
+
+
+def attempt_store(rank: int, world_size: int) -> dist.Store | None:
+    """Under torchrun, the rendezvous store seen through this attempt's own key prefix.
+
+    After a restart the store still holds the addresses that the dead processes published;
+    read by the new ones, they lead nowhere. None outside torchrun (the default env:// store).
+    """
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None:
+        return None
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # else rank 0's
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                          is_master=not agent_store and rank == 0)
+    return dist.PrefixStore(f"annotated-transformer/attempt-{attempt}", store)
+
+
+def from_rank0(process: Process, compute: Callable[[], Any]) -> Any:
+    """compute() on rank 0 only, and its result sent to every rank; its error raised on all."""
+    result, error = None, None
+    if process.rank == 0:
+        try:
+            result = compute()
+        except Exception as err:  # the other ranks must hear of it, or they wait forever
+            error = err
+    if process.distributed:
+        box = [(result, error)]
+        dist.broadcast_object_list(box, src=0)
+        result, error = box[0]
+    if error is not None:
+        raise error
+    return result
+
+
+def fingerprint(value: Any) -> int:
+    """A 56-bit hash of repr(value): two ranks agree on it when they agree on the value."""
+    return int.from_bytes(hashlib.blake2b(repr(value).encode(), digest_size=7).digest(), "big")
+
+
+def weights_fingerprint(model: nn.Module) -> int:
+    """An exact integer summary of the weights' bits, independent of any float rounding."""
+    total = 0
+    for tensor in unwrap(model).state_dict().values():
+        values = tensor.detach().cpu().contiguous().reshape(-1)
+        if values.dtype == torch.float32:
+            values = values.view(torch.int32)  # the bits, so that the sum is exact
+        total = (total * 1_000_003 + int(values.long().sum())) % (1 << 55)
+    return total
+
+
+def check_same_on_all_ranks(process: Process, values: list[int], what: str) -> None:
+    """Stop every rank with one clear error when the ranks' values differ (one all-reduce)."""
+    if not process.distributed:
+        return
+    both = torch.tensor([*values, *(-v for v in values)], dtype=torch.int64,
+                        device=process.device)
+    dist.all_reduce(both, op=dist.ReduceOp.MAX)  # the largest value, and minus the smallest
+    high = both[: len(values)].tolist()
+    low = [-v for v in both[len(values) :].tolist()]
+    if high != low:
+        raise RuntimeError(
+            f"rank {process.rank} of {process.world_size}: the ranks disagree on {what} "
+            f"(this rank has {values}; across the ranks they range from {low} to {high})"
+        )
+
+
+def prepare_checkpoint_dir(
+    folder: str | os.PathLike, *, resume: bool, overwrite: bool, restarted: bool = False
+) -> bool:
+    """2) Whether to resume from folder/last.pt; never mix a fresh run with another's files."""
+    if resume and overwrite:
+        raise ValueError("resume and overwrite exclude each other: choose one")
+    folder = Path(folder)
+    if (folder / "last.pt").is_file() and (resume or restarted):
+        return True
+    if resume:
+        raise FileNotFoundError(
+            f"cannot resume: the checkpoint folder {folder} holds no last.pt; start without "
+            "resume, or point the checkpoint folder at the run to continue"
+        )
+    old = sorted(path for pattern in RUN_FILES for path in folder.glob(pattern))
+    if old and not (overwrite or restarted):
+        raise FileExistsError(
+            f"the checkpoint folder {folder} already holds another run's "
+            f"{', '.join(p.name for p in old)}: resume it, overwrite it (its checkpoints are "
+            "deleted), or choose another checkpoint folder"
+        )
+    for path in old:
+        path.unlink()
+    return False
+
+
+@dataclass
+class RunData:
+    """What a rank trains and validates on."""
+
+    vocab_src: Vocab
+    vocab_tgt: Vocab
+    train_loader: DataLoader
+    val_loader: DataLoader
+    val_pairs: list[tuple[str, str]]  # the validation sentences, for BLEU
+    tokenizers: tuple[Any, Any]
+
+
+def training_pairs(
+    config: TrainConfig, pairs: dict[str, Sequence[tuple[str, str]]] | None
+) -> dict[str, list[tuple[str, str]]]:
+    """The train and val sentence pairs, given or Multi30k's, cut to the config's limits."""
+    if pairs is None:
+        pairs = {split: load_multi30k(split) for split in ("train", "val")}
+    missing = sorted({"train", "val"} - set(pairs))
+    if missing:
+        raise ValueError(f"pairs must hold the splits 'train' and 'val'; missing {missing}")
+    return {"train": list(pairs["train"])[: config.train_limit],
+            "val": list(pairs["val"])[: config.val_limit]}
+
+
+def load_data(
+    process: Process, config: TrainConfig, pairs: dict[str, list[tuple[str, str]]],
+    *, resuming: bool,
+) -> RunData:
+    """3) Rank 0's vocabularies on every rank, and this rank's share of the batches."""
+    tokenizers = load_tokenizers()
+
+    def vocabularies() -> tuple[Vocab, Vocab]:
+        if resuming:  # the ids the checkpoint's embeddings were trained with
+            return read_vocabularies(config.checkpoint_dir)
+        return multi30k_vocabularies(config, tokenizers, pairs=pairs["train"])
+
+    vocab_src, vocab_tgt = from_rank0(process, vocabularies)
+    train_data, val_data = (
+        encode_examples(pairs[split], vocab_src, vocab_tgt, tokenizers, max_len=config.max_len)
+        for split in ("train", "val")
+    )
+    shard = {"max_tokens": config.max_tokens, "num_replicas": process.world_size,
+             "rank": process.rank, "seed": config.seed}
+    train_loader = multi30k_loader(train_data, shuffle=True, **shard)
+    val_loader = multi30k_loader(val_data, shuffle=False, **shard)
+    return RunData(vocab_src, vocab_tgt, train_loader, val_loader, pairs["val"], tokenizers)
+
+
+def build_training(
+    process: Process, config: TrainConfig, src_vocab: int, tgt_vocab: int
+) -> Run:
+    """4) Model (the same initial weights on every rank), optimizer, schedule and loss."""
+    torch.manual_seed(config.seed)
+    model = make_model(
+        src_vocab, tgt_vocab, N=config.N, d_model=config.d_model, d_ff=config.d_ff,
+        h=config.h, dropout=config.dropout,
+    ).to(process.device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lr_lambda=lambda step: rate(step, config.d_model, config.lr_factor, config.warmup),
+    )
+    criterion = LabelSmoothing(tgt_vocab, PAD_ID, smoothing=config.label_smoothing)
+    return Run(model, optimizer, scheduler, criterion, TrainState(), [])
+
+
+def config_differences(stored: dict[str, Any], config: TrainConfig, world_size: int,
+                       stored_world_size: int) -> list[str]:
+    """What a resumed run would change that it may not: every field but RESUMABLE_CHANGES."""
+    changes = [
+        f"{name}={stored[name]!r} in the checkpoint but {value!r} now"
+        for name, value in asdict(config).items()
+        if name in stored and name not in RESUMABLE_CHANGES and stored[name] != value
+    ]
+    before = stored_world_size * stored.get("accum_iter", config.accum_iter)
+    if before != world_size * config.accum_iter:
+        changes.append(
+            f"processes x accum_iter = {before} in the checkpoint but "
+            f"{world_size} x {config.accum_iter} now (another global batch)"
+        )
+    return changes
+
+
+def read_resume_checkpoint(path: Path, config: TrainConfig, world_size: int) -> dict[str, Any]:
+    """last.pt, checked against the configuration of the run that is to continue it."""
+    checkpoint = load_checkpoint(path)
+    changes = config_differences(checkpoint["config"], config, world_size,
+                                 len(checkpoint["rng"]))
+    if changes:
+        raise ValueError(f"cannot resume from {path}: " + "; ".join(changes))
+    return checkpoint
+
+
+def resume_run(process: Process, config: TrainConfig, run: Run, *, resuming: bool) -> None:
+    """5) Rank 0's checkpoint on every rank, before DDP wraps the model; ranks must agree."""
+    if not resuming:
+        torch.manual_seed(config.seed + process.rank)  # each rank its own dropout masks
+        return
+    path = Path(config.checkpoint_dir) / "last.pt"
+    checkpoint = from_rank0(process, lambda: read_resume_checkpoint(path, config,
+                                                                    process.world_size))
+    run.model.load_state_dict(checkpoint["model"])
+    run.optimizer.load_state_dict(checkpoint["optimizer"])
+    run.scheduler.load_state_dict(checkpoint["scheduler"])
+    run.train_state = TrainState(**checkpoint["train_state"])
+    run.epoch, run.history = checkpoint["epoch"], checkpoint["history"]
+    run.elapsed_s, run.best_bleu = checkpoint["elapsed_s"], checkpoint.get("best_bleu")
+    check_same_on_all_ranks(
+        process, [run.epoch, run.train_state.accum_step, weights_fingerprint(run.model)],
+        f"the epoch, step and weights resumed from rank 0's {path}",
+    )
+    if len(checkpoint["rng"]) == process.world_size:
+        set_rng_states(checkpoint["rng"][process.rank], process.device)
+    else:
+        if process.rank == 0:
+            print(f"{path} was written by {len(checkpoint['rng'])} processes, not "
+                  f"{process.world_size}: random states start afresh", file=sys.stderr)
+        torch.manual_seed(config.seed + 1_000 * run.epoch + process.rank)
+    if process.rank == 0:
+        print(f"resumed from {path} after epoch {run.epoch}", file=sys.stderr)
+
+
+def validation_bleu(process: Process, model: nn.Module, data: RunData, max_len: int) -> float:
+    """Greedy BLEU on the validation pairs; each rank translates its share of the sources."""
+    pairs = data.val_pairs
+    share = [de for de, _ in pairs[process.rank :: process.world_size]]
+    outputs = translate(unwrap(model), share, data.vocab_src, data.vocab_tgt, data.tokenizers[0],
+                        max_len=max_len)
+    shares = [outputs]
+    if process.distributed:
+        shares = [None] * process.world_size
+        dist.all_gather_object(shares, outputs)
+    hypotheses = [""] * len(pairs)
+    for rank, translated in enumerate(shares):  # back into the order of the pairs
+        hypotheses[rank :: process.world_size] = translated
+    return bleu(hypotheses, [en for _, en in pairs])[0]
+
+
+def all_ranks_sum(process: Process, values: list[float]) -> list[float]:
+    """The sums over all ranks of a few numbers (loss sums, token counts)."""
+    if not process.distributed:
+        return values
+    totals = torch.tensor(values, dtype=torch.float64, device=process.device)
+    dist.all_reduce(totals)
+    return totals.tolist()
+
+
+def save_epoch(process: Process, config: TrainConfig, run: Run, improved: bool) -> None:
+    """7) Rank 0 writes last.pt (and best.pt, epoch_NNN.pt); every rank waits until it is done."""
+    rng_all = [rng_states(process.device)]
+    if process.distributed:
+        rng_all = [None] * process.world_size
+        dist.all_gather_object(rng_all, rng_states(process.device))
+    folder = Path(config.checkpoint_dir)
+
+    def save() -> None:
+        weights = {"model": unwrap(run.model).state_dict(), "config": asdict(config),
+                   "epoch": run.epoch}
+        save_checkpoint(
+            {
+                **weights,
+                "optimizer": run.optimizer.state_dict(),
+                "scheduler": run.scheduler.state_dict(),
+                "train_state": asdict(run.train_state),
+                "rng": rng_all,
+                "history": run.history,
+                "best_bleu": run.best_bleu,
+                "elapsed_s": run.elapsed_s,
+                "hardware": hardware_name(process.device, process.world_size),
+                "command": " ".join(["python", *sys.argv]),
+            },
+            folder / "last.pt",
+        )
+        if improved:
+            save_checkpoint({**weights, "val_bleu": run.best_bleu}, folder / "best.pt")
+        if config.keep_epochs:  # weights only: what checkpoint averaging needs
+            save_checkpoint(weights, folder / f"epoch_{run.epoch:03d}.pt")
+            stale = run.epoch - config.keep_epochs
+            (folder / f"epoch_{stale:03d}.pt").unlink(missing_ok=True)
+
+    from_rank0(process, save)  # also the barrier: no rank runs ahead of a slow or failed save
+
+
+def epoch_line(record: dict[str, float]) -> str:
+    """One line per epoch: losses, perplexity, BLEU, speed, and on GPUs memory and load."""
+    line = (f"epoch {record['epoch']:2d} | train loss {record['train_loss']:.4f} | "
+            f"val loss {record['val_loss']:.4f} | val ppl {record['val_ppl']:.2f}")
+    if "val_bleu" in record:
+        line += f" | val BLEU {record['val_bleu']:.2f}"
+    line += f" | {record['tokens_per_s']:,.0f} tokens/s | {record['seconds']:.1f} s"
+    if "max_memory_gib" in record:
+        line += f" | {record['max_memory_gib']:.1f} GiB peak"
+    if "utilization_percent" in record:
+        line += f" | GPU {record['utilization_percent']:.0f}% busy"
+    return line
+
+
+def train_epochs(
+    process: Process, config: TrainConfig, run: Run, data: RunData, *, progress: bool
+) -> list[dict[str, float]]:
+    """6) The epochs: check the batches, train, validate, score, report, checkpoint."""
+    train_loader, val_loader = data.train_loader, data.val_loader
+    device, autocast_dtype = process.device, autocast_dtype_for(process.device)
+    for epoch in range(run.epoch, config.epochs):
+        sampler = train_loader.batch_sampler
+        sampler.set_epoch(epoch)  # a new order, the same on every rank
+        check_same_on_all_ranks(
+            process, [len(train_loader), fingerprint(sampler.batches())],
+            f"the number of training batches per rank and the batch list of epoch {epoch + 1} "
+            "(every rank must see the same sentence pairs, max_tokens and seed)",
+        )
+        bar = None
+        if progress and process.rank == 0:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(train_loader), desc=f"epoch {epoch + 1}/{config.epochs}",
+                       unit="batch", file=sys.stderr, leave=False)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        start = time.perf_counter()
+        train_sums = train_epoch(
+            run.model, train_loader, run.criterion, run.optimizer, run.scheduler, device=device,
+            accum_iter=config.accum_iter, train_state=run.train_state,
+            autocast_dtype=autocast_dtype, bar=bar,
+        )
+        seconds = time.perf_counter() - start
+        if bar is not None:
+            bar.close()
+        check_same_on_all_ranks(process, [weights_fingerprint(run.model)],
+                                f"the weights after epoch {epoch + 1}")
+        val_sums = evaluate(run.model, val_loader, run.criterion, device=device,
+                            autocast_dtype=autocast_dtype)
+        loss, tokens, nll, val_loss, val_tokens, val_nll = all_ranks_sum(
+            process, [*train_sums, *val_sums]
+        )
+        run.epoch, run.elapsed_s = epoch + 1, run.elapsed_s + seconds
+        record = {
+            "epoch": run.epoch,
+            "train_loss": loss / max(tokens, 1),
+            "train_nll": nll / max(tokens, 1),
+            "val_loss": val_loss / max(val_tokens, 1),
+            "val_nll": val_nll / max(val_tokens, 1),
+            "val_ppl": math.exp(val_nll / max(val_tokens, 1)),
+            "seconds": seconds,
+            "tokens_per_s": tokens / seconds,
+            **device_report(device),
+        }
+        improved = False
+        if config.bleu_every and run.epoch % config.bleu_every == 0:
+            record["val_bleu"] = validation_bleu(process, run.model, data, config.max_len)
+            improved = run.best_bleu is None or record["val_bleu"] > run.best_bleu
+            run.best_bleu = record["val_bleu"] if improved else run.best_bleu
+        run.history.append(record)
+        save_epoch(process, config, run, improved)
+        if process.rank == 0:
+            print(epoch_line(record), flush=True)
+    return run.history
+
+
+def wrap_ddp(model: nn.Module, device: torch.device) -> DistributedDataParallel:
+    """DDP that does not re-send the constant positional-encoding tables every forward pass."""
+    options = {"device_ids": [device.index] if device.type == "cuda" else None}
+    # torch 2.13 renamed broadcast_buffers (and deprecated the old name) to forward_sync_buffers
+    known = inspect.signature(DistributedDataParallel).parameters
+    options["forward_sync_buffers" if "forward_sync_buffers" in known else "broadcast_buffers"] = (
+        False
+    )
+    return DistributedDataParallel(model, **options)
+
+
+def train_worker(
+    rank: int | None = None,
+    world_size: int | None = None,
+    config: TrainConfig | None = None,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+    threads: int | None = None,
+    pairs: dict[str, Sequence[tuple[str, str]]] | None = None,
+) -> list[dict[str, float]]:
+    """Train (or resume) on one device as one of world_size processes; the per-epoch history.
+
+    Started by train_distributed, by torchrun (rank and world size then come from the
+    environment: RANK, WORLD_SIZE, LOCAL_RANK), or called directly for one process. pairs
+    replaces Multi30k: {"train": [(german, english), ...], "val": [...]}.
+    """
+    config = training_config("cpu") if config is None else config
+    rank = int(os.environ.get("RANK", 0)) if rank is None else rank
+    world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
+    if config.max_tokens < config.max_len:
+        raise ValueError(
+            f"max_tokens={config.max_tokens} per device is less than max_len={config.max_len}: "
+            "the longest sentences would not fit into a batch; raise max_tokens"
+        )
+    process = setup_process(rank, world_size, threads)
     try:
-        # 2) data: rank 0 builds (or reads) the vocabularies, the others read what it wrote
-        tokenizers = load_tokenizers()
-        if rank == 0:
-            vocab_src, vocab_tgt = multi30k_vocabularies(config, tokenizers)
-        if distributed:
-            dist.barrier()
-        if rank != 0:
-            vocab_src, vocab_tgt = multi30k_vocabularies(config, tokenizers, save=False)
-        train_data, val_data = (
-            multi30k_examples(split, vocab_src, vocab_tgt, tokenizers, max_len=config.max_len,
-                              limit=limit)
-            for split, limit in [("train", config.train_limit), ("val", config.val_limit)]
-        )
-        shard = {"max_tokens": max_tokens, "num_replicas": world_size, "rank": rank,
-                 "seed": config.seed}
-        train_loader = multi30k_loader(train_data, shuffle=True, **shard)
-        val_loader = multi30k_loader(val_data, shuffle=False, **shard)
-        # 3) model (the same initial weights on every rank), optimizer, schedule, loss
-        torch.manual_seed(config.seed)
-        model = make_model(
-            len(vocab_src), len(vocab_tgt), N=config.N, d_model=config.d_model,
-            d_ff=config.d_ff, h=config.h, dropout=config.dropout,
-        ).to(device)
-        if distributed:
-            model = DistributedDataParallel(
-                model, device_ids=[device.index] if device.type == "cuda" else None
-            )
-        optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer,
-            lr_lambda=lambda step: rate(step, config.d_model, config.lr_factor, config.warmup),
-        )
-        criterion = LabelSmoothing(len(vocab_tgt), PAD_ID, smoothing=config.label_smoothing)
-        use_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
-        autocast_dtype = torch.bfloat16 if use_bf16 else None
-        # 4) resume: weights, optimizer moments, schedule, counters and random states
-        path = Path(config.checkpoint_dir) / "last.pt"
-        start_epoch, train_state, history, elapsed = 0, TrainState(), [], 0.0
-        rng = None
-        if resume and path.exists():
-            checkpoint = load_checkpoint(path)
-            for name in ("N", "d_model", "d_ff", "h"):
-                if checkpoint["config"][name] != getattr(config, name):
-                    raise ValueError(
-                        f"checkpoint {path} has {name}={checkpoint['config'][name]}, but the "
-                        f"config asks for {name}={getattr(config, name)}"
-                    )
-            unwrap(model).load_state_dict(checkpoint["model"])
-            optimizer.load_state_dict(checkpoint["optimizer"])
-            scheduler.load_state_dict(checkpoint["scheduler"])
-            train_state = TrainState(**checkpoint["train_state"])
-            start_epoch, history = checkpoint["epoch"], checkpoint["history"]
-            elapsed = checkpoint["elapsed_s"]
-            if len(checkpoint["rng"]) == world_size:
-                rng = checkpoint["rng"][rank]
-            else:
-                print(f"{path} was written by {len(checkpoint['rng'])} processes, not "
-                      f"{world_size}: random states start afresh", file=sys.stderr)
-                torch.manual_seed(config.seed + 1_000 * start_epoch + rank)
-            if rank == 0:
-                print(f"resumed from {path} after epoch {start_epoch}", file=sys.stderr)
-        if rng is not None:
-            set_rng_states(rng, device)
-        elif start_epoch == 0:
-            torch.manual_seed(config.seed + rank)  # each rank its own dropout masks
-        # 5) the epochs: train, validate, report, checkpoint
-        for epoch in range(start_epoch, config.epochs):
-            train_loader.batch_sampler.set_epoch(epoch)  # a new order, the same on every rank
-            bar = None
-            if progress and rank == 0:
-                from tqdm.auto import tqdm
-
-                bar = tqdm(total=len(train_loader), desc=f"epoch {epoch + 1}/{config.epochs}",
-                           unit="batch", file=sys.stderr, leave=False)
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-            start = time.perf_counter()
-            train_sums = train_epoch(
-                model, train_loader, criterion, optimizer, scheduler, device=device,
-                accum_iter=config.accum_iter, train_state=train_state,
-                autocast_dtype=autocast_dtype, bar=bar,
-            )
-            seconds = time.perf_counter() - start
-            if bar is not None:
-                bar.close()
-            val_sums = evaluate(model, val_loader, criterion, device=device,
-                                autocast_dtype=autocast_dtype)
-            sums = [*train_sums, *val_sums]
-            if distributed:  # loss sums and token counts of all ranks
-                totals = torch.tensor(sums, dtype=torch.float64, device=device)
-                dist.all_reduce(totals)
-                sums = totals.tolist()
-            train_loss, train_tokens, val_loss, val_tokens = sums
-            elapsed += seconds
-            report = device_report(device)
-            record = {
-                "epoch": epoch + 1,
-                "train_loss": train_loss / max(train_tokens, 1),
-                "val_loss": val_loss / max(val_tokens, 1),
-                "seconds": seconds,
-                "tokens_per_s": train_tokens / seconds,
-                **report,
-            }
-            history.append(record)
-            rng_all = [rng_states(device)]
-            if distributed:
-                rng_all = [None] * world_size
-                dist.all_gather_object(rng_all, rng_states(device))
-            if rank == 0:
-                save_checkpoint(
-                    {
-                        "model": unwrap(model).state_dict(),
-                        "optimizer": optimizer.state_dict(),
-                        "scheduler": scheduler.state_dict(),
-                        "train_state": asdict(train_state),
-                        "epoch": epoch + 1,
-                        "rng": rng_all,
-                        "history": history,
-                        "config": asdict(config),
-                        "elapsed_s": elapsed,
-                        "hardware": hardware_name(device, world_size),
-                        "command": " ".join(["python", *sys.argv]),
-                    },
-                    path,
-                )
-                if config.keep_epochs:  # weights only: what checkpoint averaging needs
-                    save_checkpoint(
-                        {"model": unwrap(model).state_dict(), "config": asdict(config),
-                         "epoch": epoch + 1},
-                        path.with_name(f"epoch_{epoch + 1:03d}.pt"),
-                    )
-                    stale = epoch + 1 - config.keep_epochs
-                    path.with_name(f"epoch_{stale:03d}.pt").unlink(missing_ok=True)
-                gpu = ""
-                if "max_memory_gib" in report:
-                    gpu += f" | {report['max_memory_gib']:.1f} GiB peak"
-                if "utilization_percent" in report:
-                    gpu += f" | GPU {report['utilization_percent']:.0f}% busy"
-                print(
-                    f"epoch {epoch + 1:2d} | train loss {record['train_loss']:.4f} | "
-                    f"val loss {record['val_loss']:.4f} | "
-                    f"{record['tokens_per_s']:,.0f} tokens/s | {seconds:.1f} s{gpu}",
-                    flush=True,
-                )
-        return history
+        restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+        resuming = from_rank0(process, lambda: prepare_checkpoint_dir(
+            config.checkpoint_dir, resume=resume, overwrite=overwrite, restarted=restarted))
+        split_pairs = training_pairs(config, pairs)
+        data = load_data(process, config, split_pairs, resuming=resuming)
+        run = build_training(process, config, len(data.vocab_src), len(data.vocab_tgt))
+        resume_run(process, config, run, resuming=resuming)
+        if process.distributed:  # only now: every rank holds rank 0's state
+            run.model = wrap_ddp(run.model, process.device)
+        return train_epochs(process, config, run, data, progress=progress)
     finally:
-        if distributed:
+        if process.distributed:
             dist.destroy_process_group()
-
-# %% [markdown]
-# Here is the whole system on a tiny configuration that the notebook can afford: one layer,
-# $d_{\text{model}}=64$, the first 2,000 training pairs and the first 200 validation pairs, one
-# thread. We train for two epochs and then stop, as if the machine had gone away.
-
-# %%
-import shutil
-
-demo_dir = Path(tempfile.gettempdir()) / "annotated-transformer-multi30k-demo"
-shutil.rmtree(demo_dir, ignore_errors=True)
-demo = TrainConfig(
-    N=1, d_model=64, d_ff=256, h=4, dropout=0.1, max_tokens=500, epochs=2, warmup=100,
-    lr_factor=1.0, train_limit=2000, val_limit=200, checkpoint_dir=str(demo_dir),
-)
-history = train_worker(0, 1, demo, progress=False, threads=1)
-print(sorted(p.name for p in demo_dir.iterdir()))
-
-# %% [markdown]
-# The training loss is the label-smoothed loss of chapter 11 per target token, so it cannot
-# reach zero. The checkpoint folder holds the two vocabularies and `last.pt`. Now we "restart"
-# with `resume=True` and a budget of four epochs: the worker reads `last.pt` and continues with
-# epoch 3, with the optimizer moments, learning rate, step counter and random state that an
-# uninterrupted run would have had at that point. (The test suite checks that claim: a run
-# stopped and resumed ends with exactly the weights of one that never stopped.)
-
-# %%
-history = train_worker(0, 1, replace(demo, epochs=4), resume=True, progress=False, threads=1)
-state = load_checkpoint(demo_dir / "last.pt")
-print(f"epoch {state['epoch']}, train state {state['train_state']}")
-print("stored keys:", sorted(state))
-
-# %%
-import altair as alt
-
-alt.Chart(alt.Data(values=[
-    {"epoch": r["epoch"], "loss": round(r[key], 4), "split": split}
-    for r in history for key, split in [("train_loss", "train"), ("val_loss", "validation")]
-])).mark_line(point=True).encode(
-    x=alt.X("epoch:O", title="epoch"),
-    y=alt.Y("loss:Q", title="label-smoothed loss per token", scale=alt.Scale(zero=False)),
-    color=alt.Color("split:N", title=None),
-    tooltip=["epoch:O", "split:N", "loss:Q"],
-).properties(width=360, height=200, title="The tiny demo model, stopped after epoch 2 and resumed")
 
 # %% [markdown]
 # ## Many processes
@@ -875,19 +1205,33 @@ alt.Chart(alt.Data(values=[
 # python tools/train.py --config cpu                       # one CPU process (one to two hours)
 # python tools/train.py --config cpu --threads 1           # the same on a machine shared with others
 # python tools/train.py --config base --devices 4          # four GPUs of this machine
+# python tools/train.py --config base --batch-tokens 25000  # one GPU, the paper's batch (accum 6)
 # torchrun --nproc_per_node=8 tools/train.py --config base  # eight GPUs, started by torchrun
 # # two machines with 8 GPUs each; run on both, with node_rank 0 and 1:
-# torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 \
+# torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --max-restarts=3 \
 #     --master_addr=10.0.0.1 --master_port=29500 tools/train.py --config base
 # ```
 #
-# An interrupted run continues with the same command plus `--resume`. The checkpoint records
-# every rank's random state; a run resumed with a different number of processes still resumes
+# An interrupted run continues with the same command plus `--resume`; a fresh run into a
+# folder that holds a checkpoint needs `--overwrite`. Only rank 0's checkpoint folder counts:
+# the other machines may have none, or an old one, and receive rank 0's state. Under `torchrun`
+# with `--max-restarts`, a process that dies (a lost GPU, a killed job) makes the launcher
+# restart all of them, and the restarted processes continue from the last checkpoint by
+# themselves. The checkpoint records every rank's random state; a run resumed with a
+# different number of processes (and an `accum_iter` that keeps the global batch) resumes
 # its weights, optimizer and schedule, but draws fresh random states, and says so.
+#
+# The test suite runs these paths on one CPU: two `torchrun` agents as two simulated machines
+# (c10d rendezvous on 127.0.0.1, gloo, one process each, each with its own checkpoint
+# folder), which must end with the weights of one process trained on the same global batches;
+# a resume where only the first machine has the checkpoint; a worker killed with SIGKILL in the
+# middle of an epoch and restarted by `torchrun`; and a machine with other data, which must
+# stop the run with the batch-count error within seconds.
 
 # %% tags=["export"]
 import os
 import socket
+from collections.abc import Sequence
 
 import torch
 
@@ -899,12 +1243,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _spawned_worker(
-    rank: int, world_size: int, config: TrainConfig, resume: bool, progress: bool,
-    threads: int | None,
-) -> None:
+def _spawned_worker(rank: int, world_size: int, config: TrainConfig, options: dict) -> None:
     """train_worker with positional arguments, as torch.multiprocessing.spawn passes them."""
-    train_worker(rank, world_size, config, resume=resume, progress=progress, threads=threads)
+    train_worker(rank, world_size, config, **options)
 
 
 def train_distributed(
@@ -912,8 +1253,10 @@ def train_distributed(
     world_size: int,
     *,
     resume: bool = False,
+    overwrite: bool = False,
     progress: bool = True,
     threads: int | None = None,
+    pairs: dict[str, Sequence[tuple[str, str]]] | None = None,
 ) -> None:
     """Train with world_size processes on this machine: one per GPU, or CPU processes (gloo)."""
     if not isinstance(world_size, int) or world_size < 1:
@@ -922,14 +1265,15 @@ def train_distributed(
         raise ValueError(
             f"world_size={world_size} is more than the {torch.cuda.device_count()} GPUs here"
         )
+    options = {"resume": resume, "overwrite": overwrite, "progress": progress,
+               "threads": threads, "pairs": pairs}
     if world_size == 1:
-        train_worker(0, 1, config, resume=resume, progress=progress, threads=threads)
+        train_worker(0, 1, config, **options)
         return
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(free_port()))
-    torch.multiprocessing.spawn(
-        _spawned_worker, args=(world_size, config, resume, progress, threads), nprocs=world_size
-    )
+    torch.multiprocessing.spawn(_spawned_worker, args=(world_size, config, options),
+                                nprocs=world_size)
 
 # %% [markdown]
 # ## Translating and scoring
@@ -1089,6 +1433,68 @@ tokens = ["A", "man", "in", "a", "T", "-", "shirt", "does", "n't", "smile", "(",
           ",", "he", "'s", "saying", '"', "cheese", '"', "."]
 print(detokenize(tokens))
 assert detokenize(tokens) == 'A man in a T-shirt doesn\'t smile (really), he\'s saying "cheese".'
+
+# %% [markdown]
+# ## The whole system, in miniature
+#
+# Here is the whole system on a tiny configuration that the notebook can afford: one layer,
+# $d_{\text{model}}=64$, the first 2,000 training pairs and the first 200 validation pairs, one
+# thread, and a fresh temporary checkpoint folder. We train for two epochs and then stop, as if
+# the machine had gone away.
+
+# %%
+import shutil
+
+demo_dir = Path(tempfile.mkdtemp(prefix="annotated-transformer-demo-"))
+demo = TrainConfig(
+    N=1, d_model=64, d_ff=256, h=4, dropout=0.1, max_tokens=500, epochs=2, warmup=100,
+    lr_factor=1.0, train_limit=2000, val_limit=200, checkpoint_dir=str(demo_dir),
+)
+history = train_worker(0, 1, demo, progress=False, threads=1)
+print(sorted(p.name for p in demo_dir.iterdir()))
+print("reported each epoch:", ", ".join(key for key in history[-1] if key != "epoch"))
+
+# %% [markdown]
+# The training loss is the label-smoothed loss of chapter 11 per target token, so it cannot
+# reach zero; `val_nll` and `val_ppl` are the validation set's plain negative log-likelihood
+# per token and perplexity, and `val_bleu` its greedy BLEU. The checkpoint folder holds the two
+# vocabularies, `last.pt`, and `best.pt`, the weights of the epoch with the best validation
+# BLEU so far. Starting a fresh run into this folder by mistake is refused, instead of
+# overwriting the checkpoint:
+
+# %%
+try:
+    train_worker(0, 1, demo, progress=False, threads=1)
+except FileExistsError as err:
+    print(str(err).replace(str(demo_dir), "<folder>"))
+
+# %% [markdown]
+# Now we "restart" with `resume=True` and a budget of four epochs: the worker reads `last.pt`
+# and continues with epoch 3, with the optimizer moments, learning rate, step counter and
+# random state that an uninterrupted run would have had at that point. (The test suite checks
+# that claim: a run stopped and resumed ends with exactly the weights of one that never
+# stopped.)
+
+# %%
+history = train_worker(0, 1, replace(demo, epochs=4), resume=True, progress=False, threads=1)
+state = load_checkpoint(demo_dir / "last.pt")
+print(f"epoch {state['epoch']}, train state {state['train_state']}")
+print("stored keys:", sorted(state))
+assert all(r["val_ppl"] > 1 and 0 <= r["val_bleu"] <= 100 for r in history)
+assert history[-1]["val_loss"] < history[0]["val_loss"]
+
+# %%
+import altair as alt
+
+alt.Chart(alt.Data(values=[
+    {"epoch": r["epoch"], "loss": round(r[key], 4), "split": split}
+    for r in history for key, split in [("train_loss", "train"), ("val_loss", "validation")]
+])).mark_line(point=True).encode(
+    x=alt.X("epoch:O", title="epoch"),
+    y=alt.Y("loss:Q", title="label-smoothed loss per token", scale=alt.Scale(zero=False)),
+    color=alt.Color("split:N", title=None),
+    tooltip=["epoch:O", "split:N", "loss:Q"],
+).properties(width=360, height=200, title="The tiny demo model, stopped after epoch 2 and resumed")
 
 # %% [markdown]
 # ## The trained model

@@ -1,0 +1,135 @@
+"""Chapter 14's multi-process paths under torchrun, on this CPU: gloo, 127.0.0.1, one thread.
+
+Two torchrun agents (--nnodes 2, c10d rendezvous) stand for two machines, each with its own
+checkpoint folder. Every launch has a timeout, so that a hang fails the test instead of
+blocking the suite.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_training import DIST_CONFIG, synthetic_sentence_pairs
+
+from the_annotated_transformer import free_port, load_checkpoint, train_worker
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tests" / "dist_worker.py"
+TIMEOUT_S = 240  # one launch: seconds of training, the rest is starting Python and torch
+PAIRS = {"train": synthetic_sentence_pairs(320, 0), "val": synthetic_sentence_pairs(40, 1)}
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def _finish(procs: list[subprocess.Popen]) -> list[tuple[int, str]]:
+    """Each launch's exit status and output; a launch still running at the timeout fails."""
+    results = []
+    try:
+        for proc in procs:
+            out, _ = proc.communicate(timeout=TIMEOUT_S)
+            results.append((proc.returncode, out))
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            proc.kill()
+        outputs = [proc.communicate()[0] for proc in procs]
+        pytest.fail(f"torchrun hung for more than {TIMEOUT_S} s:\n" + "\n".join(outputs))
+    return results
+
+
+def two_nodes(folders: list[Path], epochs: int, extra: list[list[str]] | None = None):
+    """Two torchrun agents, one process each, meeting on 127.0.0.1 (c10d rendezvous)."""
+    port = free_port()
+    extra = extra or [[], []]
+    procs = []
+    for folder, more in zip(folders, extra, strict=True):
+        command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+                   "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                   "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "test",
+                   "--max-restarts", "0", str(SCRIPT), str(folder), str(epochs), *more]
+        procs.append(subprocess.Popen(command, env=_env(), stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    return _finish(procs)
+
+
+def assert_same_weights(a: dict, b: dict) -> None:
+    for name, tensor in a.items():
+        assert torch.allclose(tensor, b[name], rtol=0, atol=1e-6), name
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict[int, dict]:
+    """One process on the same global batches: accum_iter=2 takes what two ranks take."""
+    folder = tmp_path_factory.mktemp("one_process")
+    config = replace(DIST_CONFIG, accum_iter=2, checkpoint_dir=str(folder))
+    train_worker(0, 1, config, progress=False, threads=1, pairs=PAIRS)
+    after = {2: load_checkpoint(folder / "last.pt")}
+    train_worker(0, 1, replace(config, epochs=3), resume=True, progress=False, threads=1,
+                 pairs=PAIRS)
+    after[3] = load_checkpoint(folder / "last.pt")
+    return after
+
+
+def test_two_torchrun_nodes_train_like_one_process_and_resume_from_rank_0_only(
+    tmp_path, reference
+):
+    nodes = [tmp_path / "node0", tmp_path / "node1"]
+    results = two_nodes(nodes, 2)
+    assert all(code == 0 for code, _ in results), results
+    # The weights are compared on all ranks after every epoch; rank 0 wrote the checkpoint.
+    written = [folder for folder in nodes if (folder / "last.pt").exists()]
+    assert len(written) == 1, "only rank 0 writes checkpoints"
+    state = load_checkpoint(written[0] / "last.pt")
+    assert state["epoch"] == 2 and len(state["rng"]) == 2
+    assert state["train_state"]["accum_step"] == reference[2]["train_state"]["accum_step"]
+    assert_same_weights(state["model"], reference[2]["model"])
+
+    # Resume with the checkpoint on one node only (the other has an empty folder).
+    for folder in nodes:
+        if folder not in written:
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+    results = two_nodes(nodes, 3, extra=[["--resume"], ["--resume"]])
+    codes = [code for code, _ in results]
+    if codes == [0, 0]:  # the node with the checkpoint was rank 0: both resumed its state
+        resumed = load_checkpoint(written[0] / "last.pt")
+        assert resumed["epoch"] == 3
+        assert_same_weights(resumed["model"], reference[3]["model"])
+        assert "resumed from" in "".join(out for _, out in results)
+    else:  # rank 0 had no checkpoint: both ranks stop with its error, and nothing trained
+        assert all(code != 0 for code in codes), results
+        for _, out in results:
+            assert "cannot resume: the checkpoint folder" in out and "holds no last.pt" in out
+        assert load_checkpoint(written[0] / "last.pt")["epoch"] == 2
+
+
+def test_a_node_with_other_data_stops_both_with_the_batch_count_error(tmp_path):
+    results = two_nodes([tmp_path / "a", tmp_path / "b"], 2,
+                        extra=[[], ["--n-train", "300"]])
+    for code, out in results:
+        assert code != 0
+        assert "the ranks disagree on the number of training batches per rank" in out, out
+
+
+def test_a_worker_killed_mid_epoch_is_restarted_by_torchrun_and_ends_like_no_kill(
+    tmp_path, reference
+):
+    folder = tmp_path / "run"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", "2", "--max-restarts", "1", str(SCRIPT), str(folder), "3",
+               "--kill-rank", "1", "--kill-epoch", "2"]
+    proc = subprocess.Popen(command, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    [(code, out)] = _finish([proc])
+    assert code == 0, out
+    assert "resumed from" in out and "after epoch 1" in out  # the restart continued the run
+    state = load_checkpoint(folder / "last.pt")
+    assert state["epoch"] == 3
+    assert state["train_state"]["accum_step"] == reference[3]["train_state"]["accum_step"]
+    assert_same_weights(state["model"], reference[3]["model"])
