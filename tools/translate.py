@@ -51,6 +51,7 @@ def at_least(minimum: int | float, kind: type) -> Callable[[str], int | float]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The options, each checked here so that a bad one fails before the model loads."""
     parser = OneLineParser(prog="translate.py", description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", help="a shipped model folder, or a model.pt / last.pt")
     parser.add_argument("--batch-size", type=at_least(1, int), default=32,
