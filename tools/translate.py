@@ -5,42 +5,151 @@
     python tools/translate.py --beam 1 < de.txt > en.txt   # greedy decoding
 
 Only translations go to stdout, exactly one line for each input line (an empty line stays
-empty); messages go to stderr. By default the book's shipped model (book/models/multi30k_cpu)
-translates; --checkpoint takes a folder from export_for_shipping or a model.pt / last.pt file
-with vocab_de.json and vocab_en.json beside it. Decoding is the paper's beam search (beam 4,
-length penalty alpha 0.6; chapter 15); --beam 1 gives greedy decoding.
+empty); messages go to stderr. Input is read as bytes: a byte-order mark is dropped, CRLF line
+endings are accepted, and a line that is not valid UTF-8 is reported by its number and gives an
+empty output line (--stop-on-bad-input stops instead, with nothing written). A line longer than
+the model translates at once is split into pieces, translated piece by piece, and reported.
+By default the book's shipped model (book/models/multi30k_cpu) translates; --checkpoint takes a
+folder from export_for_shipping or a model.pt / last.pt file with vocab_de.json and
+vocab_en.json beside it. Decoding is the paper's beam search (beam 4, length penalty alpha
+0.6; chapter 15); --beam 1 gives greedy decoding. A user error (a bad flag, a missing or
+corrupt checkpoint, bad input with --stop-on-bad-input) ends with one line on stderr and exit
+status 1 (2 for a bad flag).
 """
 
 import argparse
 import contextlib
+import inspect
 import io
 import sys
+from collections.abc import Callable
+from typing import BinaryIO, NoReturn, TextIO
 
-from the_annotated_transformer import beam_translate, load_tokenizers, load_trained_model
+BOM = b"\xef\xbb\xbf"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, with a bad flag reported in one line (no usage block) and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the options)\n")
+
+
+def at_least(minimum: int | float, kind: type) -> Callable[[str], int | float]:
+    """An argparse type: a number of `kind` that is at least `minimum`."""
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text} is less than {minimum}")
+        return value
+
+    return parse
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The options, each checked here so that a bad one fails before the model loads."""
+    parser = OneLineParser(prog="translate.py", description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", help="a shipped model folder, or a model.pt / last.pt")
-    parser.add_argument("--batch-size", type=int, default=32, help="sentences decoded together")
-    parser.add_argument("--beam", type=int, default=4, help="beam size (1: greedy decoding)")
-    parser.add_argument("--alpha", type=float, default=0.6,
-                        help="length penalty exponent (0: none)")
-    args = parser.parse_args()
-    lines = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8").read().split("\n")
-    if lines[-1] == "":  # the newline that ends the last line
-        lines.pop()
-    lines = [line.rstrip("\r") for line in lines]
-    with contextlib.redirect_stdout(sys.stderr):  # anything printed while loading (or training)
-        model, vocab_src, vocab_tgt, _ = load_trained_model(args.checkpoint)
+    parser.add_argument("--batch-size", type=at_least(1, int), default=32,
+                        help="sentences decoded together (at least 1)")
+    parser.add_argument("--beam", type=at_least(1, int), default=4,
+                        help="beam size, at least 1 (1: greedy decoding)")
+    parser.add_argument("--alpha", type=at_least(0.0, float), default=0.6,
+                        help="length penalty exponent, at least 0 (0: none)")
+    parser.add_argument("--stop-on-bad-input", action="store_true",
+                        help="stop at a line that is not UTF-8 instead of leaving it empty")
+    return parser.parse_args(argv)
+
+
+def decode_lines(data: bytes) -> tuple[list[str], list[str]]:
+    """The input's lines as text (no BOM, no line endings), and a message per undecodable line.
+
+    An undecodable line becomes an empty line, so that line numbers stay aligned.
+    """
+    if data.startswith(BOM):
+        data = data[len(BOM):]
+    raw = data.split(b"\n")
+    if raw[-1] == b"":  # the newline that ends the last line (or empty input)
+        raw.pop()
+    lines, problems = [], []
+    for number, line in enumerate(raw, start=1):
+        try:
+            lines.append(line.removesuffix(b"\r").decode("utf-8"))
+        except UnicodeDecodeError as err:
+            lines.append("")
+            problems.append(f"line {number} is not valid UTF-8 (byte {line[err.start]:#04x} at "
+                            f"column {err.start + 1})")
+    return lines, problems
+
+
+def split_long(tokens: list[str], limit: int, tokenize: Callable[[str], list[str]]) -> list[str]:
+    """Pieces of a tokenized line as text, each of them at most `limit` tokens once tokenized."""
+    pieces, start, step = [], 0, limit
+    while start < len(tokens):
+        piece = " ".join(tokens[start : start + step])
+        if step > 1 and len(tokenize(piece)) > limit:  # spaces made more tokens: take fewer
+            step -= 1
+            continue
+        pieces.append(piece)
+        start, step = start + step, limit
+    return pieces
+
+
+def main(argv: list[str] | None = None, stdin: BinaryIO | None = None,
+         stdout: TextIO | None = None) -> int:
+    """Translate stdin to stdout; the exit status (user errors are one line on stderr)."""
+    args = parse_args(argv)
+    stdin = sys.stdin.buffer if stdin is None else stdin
+    stdout = stdout or io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", newline="\n")
+    from the_annotated_transformer import (
+        beam_translate,
+        load_tokenizers,
+        load_trained_model,
+        tokenize,
+        translate,
+    )
+
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # anything printed while loading
+            model, vocab_src, vocab_tgt, _ = load_trained_model(args.checkpoint)
+    except (OSError, ValueError) as err:  # missing, truncated or corrupt files
+        print("translate.py: " + " ".join(str(err).split()), file=sys.stderr)
+        return 1
+    lines, problems = decode_lines(stdin.read())
+    for problem in problems:
+        print(f"translate.py: {problem}" + (": stopping" if args.stop_on_bad_input
+                                            else ": its output line is empty"), file=sys.stderr)
+    if problems and args.stop_on_bad_input:
+        return 1
+    german = load_tokenizers()[0]
+    # beam_translate reads at most translate's max_len tokens, less <s> and </s>, at once.
+    limit = inspect.signature(translate).parameters["max_len"].default - 2
+    pieces, owner = [], []  # each piece of text to translate, and the line it belongs to
+    for number, line in enumerate(lines):
+        tokens = tokenize(line, german)
+        parts = [line]
+        if len(tokens) > limit:
+            parts = split_long(tokens, limit, lambda text: tokenize(text, german))
+        if len(parts) > 1:
+            print(f"translate.py: line {number + 1} has {len(tokens)} tokens, more than the "
+                  f"model's {limit}: translated in {len(parts)} pieces", file=sys.stderr)
+        pieces += parts
+        owner += [number] * len(parts)
     print(f"translating {len(lines)} lines", file=sys.stderr)
-    outputs = beam_translate(model, lines, vocab_src, vocab_tgt, load_tokenizers()[0],
-                             beam_size=args.beam, alpha=args.alpha, batch_size=args.batch_size)
-    out = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", newline="\n")
-    for text in outputs:
-        out.write(text.replace("\n", " ") + "\n")
-    out.flush()
+    outputs = beam_translate(model, pieces, vocab_src, vocab_tgt, german, beam_size=args.beam,
+                             alpha=args.alpha, batch_size=args.batch_size)
+    joined = [[] for _ in lines]
+    for number, text in zip(owner, outputs, strict=True):
+        joined[number].append(text.replace("\n", " "))
+    for parts in joined:
+        stdout.write(" ".join(part for part in parts if part) + "\n")
+    stdout.flush()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -79,9 +79,11 @@ def fetch(name: str, version: str, integrity: str, files: dict[str, str]) -> Non
 
 
 def main() -> None:
-    if shutil.which("npm") is None:
-        sys.exit("npm is needed to fetch the book's JavaScript (apt-get install -y npm)")
-    for package in PACKAGES:
+    missing = [p for p in PACKAGES if not (VENDOR / f".{p[0]}-{p[1]}").exists()]
+    if missing and shutil.which("npm") is None:
+        sys.exit("vendor_js.py: npm is missing: install Node.js with npm (apt-get install -y npm) "
+                 "to fetch the book's JavaScript")
+    for package in missing:
         fetch(*package)
 
 

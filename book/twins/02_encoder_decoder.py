@@ -23,7 +23,8 @@ if "google.colab" in sys.modules:
     import subprocess
 
     REPO = "https://github.com/annotated-transformer/annotated-transformer-book"
-    package = f"the-annotated-transformer[book] @ git+{REPO}"
+    REF = "v0.1.0"  # the tag or commit this notebook comes from
+    package = f"the-annotated-transformer[book] @ git+{REPO}@{REF}"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
 
 from the_annotated_transformer import enable_book_charts

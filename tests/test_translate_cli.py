@@ -1,0 +1,122 @@
+"""tools/translate.py as a user meets it: odd input bytes, long lines, bad flags, bad files."""
+
+import importlib.util
+import io
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from the_annotated_transformer import (
+    beam_translate,
+    load_tokenizers,
+    load_trained_model,
+    shipped_model_dir,
+    tokenize,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tools" / "translate.py"
+spec = importlib.util.spec_from_file_location("translate_cli", SCRIPT)
+translate_cli = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(translate_cli)
+
+
+def run_main(args: list[str], data: bytes) -> tuple[int, list[str]]:
+    """translate.py's main in this process: its exit status and its output lines."""
+    out = io.StringIO()
+    status = translate_cli.main(args, stdin=io.BytesIO(data), stdout=out)
+    text = out.getvalue()
+    assert text == "" or text.endswith("\n")
+    return status, text.split("\n")[:-1]
+
+
+def run_script(args: list[str], data: bytes = b"Ein Hund.\n") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], input=data,
+                          capture_output=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def greedy():
+    """Greedy translations by the shipped model, for comparing with the script's output."""
+    model, vocab_src, vocab_tgt, _ = load_trained_model()
+
+    def translations(sentences: list[str]) -> list[str]:
+        return beam_translate(model, sentences, vocab_src, vocab_tgt, load_tokenizers()[0],
+                              beam_size=1)
+
+    return translations
+
+
+def test_translate_gives_one_line_per_input_line_through_a_bom_crlf_bad_bytes_and_empty_lines(
+    greedy, capsys
+):
+    data = (b"\xef\xbb\xbfEin Hund rennt.\r\n\r\nEin \xff Mann.\n\nZwei Hunde spielen im Schnee.")
+    status, lines = run_main(["--beam", "1"], data)
+    expected = greedy(["Ein Hund rennt.", "Zwei Hunde spielen im Schnee."])
+    assert status == 0
+    assert lines == [expected[0], "", "", "", expected[1]]  # the BOM and the CR are gone
+    errors = capsys.readouterr().err
+    assert "line 3 is not valid UTF-8 (byte 0xff at column 5): its output line is empty" in errors
+
+
+def test_translate_stops_at_an_undecodable_line_when_asked(capsys):
+    status, lines = run_main(["--stop-on-bad-input"], b"Ein Hund.\n\xc3\x28\n")
+    assert status == 1 and lines == []
+    assert "line 2 is not valid UTF-8 (byte 0xc3 at column 1): stopping" in capsys.readouterr().err
+
+
+def test_translate_splits_a_500_token_line_and_says_so(greedy, capsys):
+    line = " ".join(["Ein Hund rennt."] * 125)
+    german = load_tokenizers()[0]
+    assert len(tokenize(line, german)) == 500
+    status, lines = run_main(["--beam", "1"], f"Ein Mann.\n{line}\n".encode())
+    assert status == 0 and len(lines) == 2
+    assert lines[0] == greedy(["Ein Mann."])[0]
+    pieces = translate_cli.split_long(tokenize(line, german), 70,
+                                      lambda text: tokenize(text, german))
+    assert lines[1] == " ".join(greedy(pieces))  # every piece translated, none dropped
+    assert "line 2 has 500 tokens, more than the model's 70: translated in 8 pieces" in (
+        capsys.readouterr().err)
+
+
+def test_split_long_keeps_every_token_and_each_piece_within_the_limit():
+    german = load_tokenizers()[0]
+    tokens = tokenize("Der Mann (z. B. ein Koch) trägt 3,5 kg Äpfel - und lacht! " * 20, german)
+    pieces = translate_cli.split_long(tokens, 9, lambda text: tokenize(text, german))
+    assert [t for piece in pieces for t in tokenize(piece, german)] == tokens
+    assert all(len(tokenize(piece, german)) <= 9 for piece in pieces)
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    ("--beam", "0", "argument --beam: 0 is less than 1"),
+    ("--batch-size", "0", "argument --batch-size: 0 is less than 1"),
+    ("--alpha", "x", "argument --alpha: 'x' is not a number"),
+])
+def test_translate_rejects_a_bad_flag_in_one_line(flag, value, message):
+    result = run_script([flag, value])
+    errors = result.stderr.decode().splitlines()
+    assert result.returncode == 2 and result.stdout == b""
+    assert errors == [f"translate.py: error: {message} (--help lists the options)"]
+
+
+def test_translate_reports_a_missing_checkpoint_in_one_line(tmp_path):
+    result = run_script(["--checkpoint", str(tmp_path / "nothing.pt")])
+    assert result.returncode == 1 and result.stdout == b""
+    assert result.stderr.decode().splitlines() == [
+        f"translate.py: checkpoint {tmp_path / 'nothing.pt'} does not exist"
+    ]
+
+
+def test_translate_reports_a_truncated_checkpoint_in_one_line(tmp_path):
+    folder = tmp_path / "model"
+    shutil.copytree(shipped_model_dir(), folder)
+    weights = folder / "model.pt"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    result = run_script(["--checkpoint", str(folder)])
+    errors = result.stderr.decode().splitlines()
+    assert result.returncode == 1 and result.stdout == b""
+    assert len(errors) == 1 and "Traceback" not in result.stderr.decode()
+    assert errors[0].startswith(f"translate.py: checkpoint {weights} is truncated or corrupted")
