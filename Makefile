@@ -82,5 +82,5 @@ distclean: clean
 # On a machine with CUDA: the GPU tests (a skip fails), a few hundred bf16 steps of the base
 # preset, and a summary (tokens/s, peak memory, utilization, MFU). Fails loudly without CUDA.
 .PHONY: gpu-check
-gpu-check: $(STAMP)
+gpu-check: $(TEST_LAYER)
 	$(PY) tools/gpu_check.py
