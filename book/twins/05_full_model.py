@@ -373,7 +373,9 @@ alt.Chart(alt.Data(values=rows)).mark_line(point=True).encode(
 # (chapter 10): at full learning rate, the large gradients near the output would make steps
 # too big for the top layers. In the pre-norm model the gradients stay within a factor of
 # about 2.5 of each other, decreasing slowly with depth, and {cite:t}`xiong2020layer` train
-# such models without warm-up.
+# such models without warm-up. Gradients at initialization are only a prediction; chapter 18
+# trains both models on the sort task, with and without warm-up, and the post-norm model
+# without warm-up is the one that fails to learn.
 #
 # ## Greedy decoding
 #

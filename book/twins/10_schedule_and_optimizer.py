@@ -208,6 +208,8 @@ for name, config in configs.items():
 # full-size updates then can throw a Transformer into a region it does not recover from.
 # {cite:t}`xiong2020layer` trace this to where the layer norms sit, and show that the layer
 # arrangement this book uses (norm before each sub-layer, chapter 2) depends on warmup less.
+# Chapter 18 puts this to the test on the sort task: without warm-up, the paper's post-norm
+# model learns nothing in 250 steps, while the pre-norm model still learns, only more slowly.
 # The factor $d_{\text{model}}^{-0.5}$ makes wider models take smaller steps.
 #
 # The function below adds a `factor` to scale the whole curve, as the classic implementation
@@ -346,7 +348,8 @@ for peak, d_model, factor in ((7e-4, 512, 1.0), (1e-3, 256, 2.0), (5e-3, 64, 0.5
     warmup = warmup_for_peak(peak, d_model, factor)
     top = max(rate(s, model_size=d_model, factor=factor, warmup=warmup)
               for s in range(1, int(3 * warmup)))
-    assert math.isclose(top, peak, rel_tol=1e-3), (peak, d_model, factor, warmup)
+    # the best whole step can miss a fractional warmup by a little: within 1%
+    assert math.isclose(top, peak, rel_tol=1e-2), (peak, d_model, factor, warmup)
 print("exercise 1: correct")
 paper = {"model_size": 512, "factor": 1.0, "warmup": 4000}
 assert math.isclose(rate(answer_2, **paper), rate(4000, **paper) / 10)

@@ -627,3 +627,48 @@ assert share.max() > 0.9 and share.min() > 0.5
 # only a straight path from each source position to the same target position. The next chapter
 # asks for more: to sort, the model must compare every symbol with every other one, which is
 # what self-attention is for.
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. **How many sequences are there?** Write `count_sequences(symbols, max_len)`, the number
+#    of different sequences of 1 to `max_len` symbols drawn from `symbols` kinds. How many does
+#    this chapter's generator choose from, and what share of them do 60 epochs of 20 batches
+#    of 64 sequences see at most? The check also draws 20,000 sequences of up to 3 of 3
+#    symbols and counts the distinct ones.
+# 2. **Reversing instead of copying.** Write `reversed_symbols(src, pad=2)`: each row's
+#    symbols in reverse order, padding kept at the end. (Training on it is one change to
+#    `copy_batches`; try it, if you like, with the set-up of this chapter.) Which pattern would
+#    you expect in the trained model's decoder-to-source attention?
+#
+# ```{dropdown} Answer to the last question
+# The anti-diagonal: to write the $(i+1)$-th symbol of the reversal of a sequence of $n$, the
+# decoder needs the source position $n - 1 - i$, so the strongest weights run from the top
+# right of the map to the bottom left. Unlike the copy's diagonal, that depends on the
+# sequence's length, which the decoder can read from the source's padding mask.
+# ```
+
+# %% tags=["hide-cell"]
+# Exercises 1 and 2: our solutions (hidden in the book). Replace them with yours.
+def count_sequences(symbols: int, max_len: int) -> int:
+    """symbols^1 + symbols^2 + ... + symbols^max_len."""
+    return sum(symbols**length for length in range(1, max_len + 1))
+
+
+def reversed_symbols(src: torch.Tensor, *, pad: int = 2) -> torch.Tensor:
+    """Each row's symbols in reverse order, padding kept at the end."""
+    rows = [[t for t in row if t != pad] for row in src.tolist()]
+    return torch.tensor([row[::-1] + [pad] * (src.size(1) - len(row)) for row in rows])
+
+
+# %%
+# Check exercises 1 and 2
+drawn = random_sequences(20_000, 6, max_len=3, generator=torch.Generator().manual_seed(0))
+assert len(sequence_set(drawn)) == count_sequences(3, 3) == 39
+seen = 60 * 20 * 64
+print(f"exercise 1: correct; {count_sequences(10, 10):,} sequences, "
+      f"at most {seen / count_sequences(10, 10):.4%} of them seen")
+example = torch.tensor([[3, 4, 5, 2], [7, 2, 2, 2], [12, 11, 10, 9]])
+assert reversed_symbols(example).tolist() == [[5, 4, 3, 2], [7, 2, 2, 2], [9, 10, 11, 12]]
+assert torch.equal(reversed_symbols(reversed_symbols(test_src)), test_src)
+print("exercise 2: correct")

@@ -259,3 +259,41 @@ assert share.max() > 0.5
 #
 # Part II is complete: we can build batches, train, schedule, regularise and decode. Part III
 # turns to a real task, German-to-English translation.
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. **Sorting by counting.** There are only ten digits, so a sorted sequence is fixed by how
+#    often each digit occurs. Write `sorted_by_counting(src, V, pad=2)` with `torch.bincount`
+#    and no sort; the check compares it with `sorted_symbols` on the 1,000 test sequences.
+#    Is counting a plausible description of what the model learned?
+# 2. **Repeated digits.** When a digit occurs twice, two output positions must find the same
+#    digit in the source. How can the decoder tell that it has written the first copy already,
+#    when the source looks the same both times?
+#
+# ```{dropdown} Answers
+# 1. As a description of what the output depends on, yes: to write each digit the right number
+#    of times and `</s>` at the right place, the model must in effect know how many of each
+#    digit the source holds. It says little about how the weights compute it; the maps above
+#    show the second layer looking up the next digit in the source by its content.
+# 2. From its own output: the decoder's self-attention sees the digits written so far, and
+#    can compare how many copies of the digit it has written with how many the encoder's
+#    memory holds.
+# ```
+
+# %% tags=["hide-cell"]
+# Exercise 1: our solution (hidden in the book). Replace the body with yours.
+def sorted_by_counting(src: torch.Tensor, V: int, *, pad: int = 2) -> torch.Tensor:
+    """Each row's symbols in increasing order, from how often each occurs; padding at the end."""
+    rows = []
+    for row in src:
+        counts = torch.bincount(row[row != pad], minlength=V)  # (V,)
+        symbols = torch.repeat_interleave(torch.arange(V), counts)  # in increasing order
+        rows.append(torch.cat([symbols, torch.full((src.size(1) - len(symbols),), pad)]))
+    return torch.stack(rows)
+
+
+# %%
+# Check exercise 1
+assert torch.equal(sorted_by_counting(test_src, V), sorted_symbols(test_src))
+print("exercise 1: correct")
