@@ -577,7 +577,7 @@ copy_maps = attention_maps(model, copy_sample.src, decoder_input, src_tokens=sym
 copy_records = []
 for number, m in enumerate(copy_maps, start=1):
     copy_records += attention_records(m, min_weight=0.01, sequence=number)
-print(f"{len(copy_records):,} cells of {len(copy_maps)} sequences, 2 layers, 4 heads, 3 kinds")
+print("decoder-to-source maps (N, h, n_tgt, n_src):", [tuple(m.cross.shape) for m in copy_maps])
 
 # %%
 # NBVAL_IGNORE_OUTPUT: the chart embeds trained weights, whose last digits vary with the CPU.

@@ -217,7 +217,7 @@ sort_maps = attention_maps(
 sort_records = []
 for number, m in enumerate(sort_maps, start=1):
     sort_records += attention_records(m, min_weight=0.01, sequence=number)
-print(f"{len(sort_records):,} cells of {len(sort_maps)} sequences, 2 layers, 4 heads, 3 kinds")
+print("decoder-to-source maps (N, h, n_tgt, n_src):", [tuple(m.cross.shape) for m in sort_maps])
 
 # %%
 # NBVAL_IGNORE_OUTPUT: the chart embeds trained weights, whose last digits vary with the CPU.

@@ -589,9 +589,9 @@ assert all(loss < 1.8 for loss in norm_runs["pre-norm, no warm-up"])
 # What breaks is the post-norm model without warm-up, under both seeds: its loss stays at
 # about 2.40, $\ln 11$, the loss of a model that has learned nothing about the input and
 # guesses uniformly among the ten digits and `</s>`. Its first full-size steps throw it into a
-# state it does not leave in 250 steps. With the warm-up, the same model learns (in our run
-# 0.55 and 0.41). The pre-norm model learns in both cases: warm-up still helps it (about 0.4
-# with it, about 1.0 without in our run), but without warm-up it slows down rather than
+# state it does not leave in 250 steps. With the warm-up, the same model learns (0.53 and 0.45
+# in our run). The pre-norm model learns in both cases: warm-up still helps it (0.28 and 0.36
+# with it, 0.82 and 0.93 without, in our run), but without warm-up it slows down rather than
 # breaking. This is the difference that the gradients at initialization in chapter 5 predict,
 # on a model of only two layers per stack; it would be larger in a deeper one.
 
