@@ -1,12 +1,14 @@
 """The book's structure: the table of contents, the chapters' setup cells, the generated module."""
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import nbformat
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -118,3 +120,44 @@ def test_module_imports_quietly_without_heavy_libraries():
     )
     assert result.stdout.strip() == "[]", "importing the module printed or loaded heavy modules"
     assert result.stderr == ""
+
+
+def part_chapters(*parts: str) -> list[Path]:
+    """The chapters of the named parts of _toc.yml ("Part I", ...), in order."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    return [
+        ROOT / f"{chapter['file']}.ipynb"
+        for part in toc["parts"]
+        if part["caption"].split(":")[0] in parts
+        for chapter in part["chapters"]
+    ]
+
+
+EXERCISE_ITEM = re.compile(r"^\d+\. \*\*", re.MULTILINE)  # "1. **Title.** ..."
+SKIPS = ("NBVAL_SKIP", "NBVAL_RAISES_EXCEPTION")
+
+
+@pytest.mark.parametrize("path", part_chapters("Part I", "Part II"), ids=lambda p: p.stem)
+def test_part_one_and_two_chapters_end_with_exercises_whose_checks_nbval_runs(path):
+    nb = nbformat.read(path, as_version=4)
+    sections = [
+        (i, line.strip())
+        for i, cell in enumerate(nb.cells)
+        if cell.cell_type == "markdown"
+        for line in cell.source.splitlines()
+        if line.startswith("## ")
+    ]
+    assert sections and sections[-1][1] == "## Exercises", "the last section is not Exercises"
+    cells = nb.cells[sections[-1][0]:]
+    text = "\n".join(c.source for c in cells if c.cell_type == "markdown")
+    assert 2 <= len(EXERCISE_ITEM.findall(text)) <= 4, "want 2 to 4 exercises, '1. **Title.**'"
+    code = [c for c in cells if c.cell_type == "code"]
+    solutions = [c for c in code if "hide-cell" in tags(c)]
+    checks = [c for c in code if "hide-cell" not in tags(c) and "assert " in c.source]
+    assert solutions, "no hidden solution cell (tagged hide-cell)"
+    assert checks, "no cell that checks an answer with assert"
+    for cell in code:
+        assert not any(skip in cell.source for skip in SKIPS), "nbval would not run a check"
+        assert not {"skip-execution", "raises-exception"} & set(tags(cell))
+        assert cell.execution_count is not None, "an exercise cell was not executed"
+        assert [o for o in cell.outputs if o.output_type == "error"] == []

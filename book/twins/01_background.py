@@ -172,3 +172,42 @@ alt.Chart(alt.Data(values=rows)).mark_line(point=True).encode(
 # You now have the problem the Transformer solves and the shape of its answer: keep the
 # encoder-decoder split, replace recurrence by attention everywhere. The next chapter builds the
 # skeleton that holds it, the encoder and decoder stacks.
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. **The reach of a dilated stack.** The dilated stack above doubles its dilation at every
+#    layer: 1, 2, 4, .... Write `dilated_reach(layers, k)`, the largest distance that `layers`
+#    such layers of width `k` span, as a closed formula rather than a loop. The check below
+#    compares it with `dilated_convolution_layers`: the stack that spans your distance must need
+#    exactly `layers` layers, and one position further must need one more. Our solution is in
+#    the hidden cell; replace its body with yours and run the check.
+# 2. **Parallel in training, serial at inference.** A recurrent encoder must process a sentence
+#    one position after another, even during training. Which part of the Transformer is still
+#    sequential when it *translates*, and why does that part not slow down training?
+# 3. **Where the shortcut came from.** Attention in the RNN encoder-decoder already gave the
+#    decoder a path of length one to every source word. What did it not shorten?
+#
+# ```{dropdown} Answers to 2 and 3
+# 2. The decoder at inference time: each output token is fed back in to choose the next one,
+#    so $m$ output tokens take $m$ calls. In training the whole target is known (teacher
+#    forcing, chapter 7), and one masked call computes all $m$ positions at once.
+# 3. The paths *within* the source and *within* the target: the encoder and the decoder were
+#    still recurrent, so two source words $d$ apart were still $d$ steps apart.
+# ```
+
+# %% tags=["hide-cell"]
+# Exercise 1: our solution (hidden in the book). Replace the body with yours.
+def dilated_reach(layers: int, k: int = 3) -> int:
+    """Distance spanned by `layers` layers of width k with dilations 1, 2, 4, ..."""
+    return (k - 1) * (2**layers - 1)
+
+
+# %%
+# Check exercise 1
+for k in (2, 3, 5):
+    for layers in range(1, 12):
+        reach = dilated_reach(layers, k)
+        assert dilated_convolution_layers(reach, k) == layers, (layers, k)
+        assert dilated_convolution_layers(reach + 1, k) == layers + 1, (layers, k)
+print("exercise 1: correct")

@@ -218,7 +218,8 @@ print("and variance 1:", torch.allclose(y.var(-1, unbiased=False), torch.ones(2,
 # In pre-norm the residual path from the embeddings to the top of the stack is never
 # normalized, just added to; {cite:t}`xiong2020layer` show that this keeps the gradients at the
 # start of training well-scaled, so pre-norm models need less care with the learning-rate
-# warm-up, whereas post-norm models can diverge without it. Because nothing normalizes the
+# warm-up, whereas post-norm models can diverge without it (chapter 18 trains both, with and
+# without warm-up, and shows it happen). Because nothing normalizes the
 # residual stream in pre-norm, each stack then ends with one final layer norm; in post-norm the
 # last block's output is already normalized and the extra norm would be redundant.
 #
@@ -442,3 +443,55 @@ alt.Chart(cells).mark_rect().encode(
 # residual `SublayerConnection` in pre-norm or post-norm form, our own `LayerNorm`, and the
 # causal `subsequent_mask`. Each layer is still waiting for its two essential parts. The next
 # chapter builds the first and most important: attention.
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. **A norm without the mean.** Many models trained after the Transformer replace layer norm
+#    by *RMS norm* {cite}`zhang2019root`, which does not subtract the mean:
+#    $\mathrm{RMSNorm}(x) = g \odot x / \sqrt{\overline{x^2} + \epsilon}$. Write
+#    `rms_norm(x, weight, eps)` over the last dimension. The check asks that, with unit weights,
+#    each position comes out with a root mean square of 1, that scaling the input changes
+#    nothing, and that on inputs whose mean is zero it agrees with our `LayerNorm`.
+# 2. **Looking back only a little.** Write `window_mask(size, k)`: like `subsequent_mask`, but
+#    query $i$ may attend only to the $k$ most recent positions, $i - k < j \le i$. With
+#    $k$ = `size` it must equal `subsequent_mask(size)`.
+# 3. **Why pre-norm needs a final norm.** In a post-norm stack every layer's output has been
+#    through a layer norm; in a pre-norm stack it has not. What does the scale of the residual
+#    stream do as pre-norm layers are added, and what does the final `LayerNorm` fix?
+#
+# ```{dropdown} Answer to 3
+# Each pre-norm layer *adds* its sublayer's output to the stream and nothing rescales it, so
+# the stream tends to grow with depth, and the last layer's output has no fixed scale. The
+# final `LayerNorm` gives the decoder's output, and so the generator's input, mean 0 and
+# variance 1 per position, as a post-norm stack gives by construction.
+# ```
+
+# %% tags=["hide-cell"]
+# Exercises 1 and 2: our solutions (hidden in the book). Replace the bodies with yours.
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Scale each position's features to unit root mean square, then by weight."""
+    return weight * x / torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
+
+
+def window_mask(size: int, k: int) -> torch.Tensor:
+    """(1, size, size): True where query i may attend key j, i - k < j <= i."""
+    i = torch.arange(size).unsqueeze(1)  # (size, 1)
+    j = torch.arange(size).unsqueeze(0)  # (1, size)
+    return ((j <= i) & (j > i - k)).unsqueeze(0)
+
+
+# %%
+# Check exercises 1 and 2
+torch.manual_seed(0)
+x, ones = torch.randn(3, 7, 16) * 2 + 1, torch.ones(16)
+rms = rms_norm(x, ones).pow(2).mean(dim=-1).sqrt()  # (3, 7)
+torch.testing.assert_close(rms, torch.ones(3, 7))
+torch.testing.assert_close(rms_norm(5 * x, ones), rms_norm(x, ones))
+centered = x - x.mean(dim=-1, keepdim=True)
+torch.testing.assert_close(rms_norm(centered, ones), LayerNorm(16)(centered))
+print("exercise 1: correct")
+assert torch.equal(window_mask(6, 6), subsequent_mask(6))
+assert window_mask(4, 2).int().tolist() == [[[1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 1, 0],
+                                             [0, 0, 1, 1]]]
+print("exercise 2: correct")

@@ -130,6 +130,66 @@ print("weights of query 2:", [round(w, 3) for w in weights[0, 0, 2].tolist()])
 # Query 2 may look at keys 0, 1 and 2 only; its weights on the other three are exactly zero.
 
 # %% [markdown]
+# ### A worked example: three tokens, $d_k = 2$
+#
+# The formula is easier to trust once every number in it has been seen. Take three tokens whose
+# queries, keys and values have only two components, chosen by hand so that the arithmetic is
+# short. Each row of $Q$, $K$ and $V$ belongs to one token; we use float64 so that the printed
+# digits are the same on every machine.
+
+# %%
+Q = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], dtype=torch.float64)  # (3, d_k = 2)
+K = torch.tensor([[2.0, 0.0], [0.0, 2.0], [1.0, 1.0]], dtype=torch.float64)  # (3, d_k)
+V = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], dtype=torch.float64)  # (3, d_v = 2)
+
+
+def show(name: str, matrix: torch.Tensor) -> None:
+    """Print a small matrix, one row per line, with four decimals."""
+    print(name)
+    for row in matrix.tolist():
+        print("   ", "  ".join(f"{x:7.4f}" for x in row))
+
+
+dots = Q @ K.T  # (3, 3): row i compares query i with every key
+show("1) Q K^T", dots)
+scores = dots / math.sqrt(2)
+show("2) divided by sqrt(d_k) = 1.4142", scores)
+exps = scores.exp()
+show("3) exp of each score", exps)
+print("   row sums:", "  ".join(f"{x:.4f}" for x in exps.sum(dim=-1).tolist()))
+weights_by_hand = exps / exps.sum(dim=-1, keepdim=True)
+show("4) softmax = exp / row sum: the attention weights", weights_by_hand)
+out_by_hand = weights_by_hand @ V
+show("5) weights @ V: the output, one row per token", out_by_hand)
+
+# %% [markdown]
+# Query 0, $(1, 0)$, agrees most with key 0, $(2, 0)$, so token 0 takes the largest share of
+# its output, 0.5760, from value 0; it gets 0.2840 from token 2 and 0.1400 from token 1, whose
+# key $(0, 2)$ is orthogonal to it. Query 2, $(1, 1)$, scores every key the same, 2, and so
+# averages the three values equally: $(2/3, 2/3)$. The numbers are those that `attention`
+# computes, and the first weight is the one a pencil gives,
+# $e^{\sqrt 2} / (e^{\sqrt 2} + e^{0} + e^{1/\sqrt 2})$:
+
+# %%
+out, weights = attention(Q, K, V)
+assert torch.equal(dots, torch.tensor([[2.0, 0.0, 1.0], [0.0, 2.0, 1.0], [2.0, 2.0, 2.0]],
+                                      dtype=torch.float64))
+assert torch.allclose(weights, weights_by_hand) and torch.allclose(out, out_by_hand)
+pencil = math.exp(math.sqrt(2)) / (math.exp(math.sqrt(2)) + 1 + math.exp(1 / math.sqrt(2)))
+assert math.isclose(weights[0, 0].item(), pencil)
+assert torch.allclose(out[2], torch.tensor([2 / 3, 2 / 3], dtype=torch.float64))
+print(f"attention() agrees with every step; weight of key 0 for query 0: {pencil:.4f}")
+
+# %% [markdown]
+# With the causal mask of chapter 2, token 0 may see only itself: its single weight is 1, and
+# its output is exactly its own value, $(1, 0)$.
+
+# %%
+out, weights = attention(Q, K, V, mask=subsequent_mask(3)[0])
+show("weights with the causal mask", weights)
+assert torch.equal(out[0], V[0])
+
+# %% [markdown]
 # ## Why divide by $\sqrt{d_k}$
 #
 # Suppose the components of a query $q$ and a key $k$ are independent, with mean 0 and
@@ -369,3 +429,55 @@ alt.Chart(heat).mark_rect().encode(
 # also know why the scores are divided by $\sqrt{d_k}$. The next chapter builds what sits
 # around attention in every layer: the position-wise feed-forward network, the embeddings, and
 # the positional encodings that tell the model where each token is.
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. **A query that may see nothing.** Suppose a mask hides all four keys of a query. Before
+#    running anything, what weights does `attention` give that query? Write them as the tensor
+#    `answer_1`; the check computes them. (Why are they not NaN?)
+# 2. **A temperature.** Write `attention_with_temperature(query, key, value, temperature)`,
+#    which divides the scores by $T\sqrt{d_k}$ instead of $\sqrt{d_k}$. With $T = 1$ it must
+#    equal `attention`; as $T \to 0$ each query should take the value of its best key alone; as
+#    $T \to \infty$ it should average all values equally. The check tries all three.
+# 3. **More heads, same size.** Write `mha_parameters(d_model)`, the number of parameters of
+#    `MultiHeadedAttention(h, d_model)`. The check tries it for 1, 2, 4, 8 and 16 heads: does
+#    your answer depend on $h$?
+#
+# The hidden cell holds our solutions; replace them with yours and run the check after it.
+
+# %% tags=["hide-cell"]
+# Exercises 1 to 3: our solutions (hidden in the book). Replace them with yours.
+answer_1 = torch.full((4,), 0.25)  # every score is the same lowest number: a uniform softmax
+
+
+def attention_with_temperature(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """Scaled dot-product attention with scores divided by temperature * sqrt(d_k)."""
+    scores = query @ key.transpose(-2, -1) / (temperature * math.sqrt(query.size(-1)))
+    return scores.softmax(dim=-1) @ value
+
+
+def mha_parameters(d_model: int) -> int:
+    """Four d_model x d_model projections with their biases, whatever the number of heads."""
+    return 4 * (d_model * d_model + d_model)
+
+
+# %%
+# Check exercises 1 to 3
+torch.manual_seed(0)
+q, k, v = torch.randn(1, 4, 8), torch.randn(1, 4, 8), torch.randn(1, 4, 8)
+_, weights = attention(q, k, v, mask=torch.zeros(1, 1, 4, dtype=torch.bool))
+torch.testing.assert_close(weights[0, 0], answer_1)
+print("exercise 1: correct")
+torch.testing.assert_close(attention_with_temperature(q, k, v, 1.0), attention(q, k, v)[0])
+best = (q @ k.transpose(-2, -1)).argmax(dim=-1)  # (1, 4): each query's best key
+torch.testing.assert_close(attention_with_temperature(q, k, v, 1e-4), v[0, best[0]][None])
+torch.testing.assert_close(attention_with_temperature(q, k, v, 1e6),
+                           v.mean(dim=1, keepdim=True).expand(1, 4, 8))
+print("exercise 2: correct")
+for h in (1, 2, 4, 8, 16):
+    module = MultiHeadedAttention(h, 64)
+    assert mha_parameters(64) == sum(p.numel() for p in module.parameters()), h
+print("exercise 3: correct")

@@ -346,3 +346,53 @@ print("a longer sinusoidal table begins with the shorter one:", same_start)
 # `LearnedPositionalEmbedding` as the learned alternative. Together with `MultiHeadedAttention`
 # from the last chapter, they fill the skeleton of chapter 2. The next chapter assembles the
 # full model, counts its parameters against the paper's, and runs it.
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. **The formula, one entry at a time.** Write `sinusoid(pos, i, d_model)`, the entry of the
+#    positional encoding at position `pos` and dimension `i`, straight from the paper's two
+#    formulas (even $i$ a sine, odd $i$ a cosine) with plain `math`. The check compares it
+#    with the table `PositionalEncoding` builds.
+# 2. **Where the parameters are.** Write `ffn_parameters(d_model, d_ff)`, the number of
+#    parameters of a `PositionwiseFeedForward`. For the base model, how many is that per layer,
+#    and what multiple of one `MultiHeadedAttention` (4 $d_\text{model}^2$ + 4 $d_\text{model}$)?
+# 3. **A shift is a rotation.** For one pair of dimensions $(2i, 2i+1)$, the encoding of
+#    position $p + k$ is that of position $p$ rotated by the angle $k\,\omega_i$. Why does that
+#    let attention, which compares vectors by dot products, pick out "the token $k$ back"
+#    whatever $p$ is?
+#
+# ```{dropdown} Answers to 2 and 3
+# 2. $2\,d_\text{model} d_\text{ff} + d_\text{ff} + d_\text{model}$: 2,099,712 for the base
+#    model, about twice the 1,050,624 of one multi-head attention.
+# 3. A rotation preserves dot products: the part of the score that the positions contribute,
+#    $PE_{p+k} \cdot R\,PE_p$ for a fixed rotation $R$, depends on $k$ alone. A query projection
+#    can learn that rotation once, and it works at every position.
+# ```
+
+# %% tags=["hide-cell"]
+# Exercises 1 and 2: our solutions (hidden in the book). Replace the bodies with yours.
+import math
+
+
+def sinusoid(pos: int, i: int, d_model: int) -> float:
+    """PE(pos, 2j) = sin(pos / 10000^(2j / d_model)); PE(pos, 2j + 1) = cos(the same angle)."""
+    angle = pos / 10000 ** ((i - i % 2) / d_model)
+    return math.sin(angle) if i % 2 == 0 else math.cos(angle)
+
+
+def ffn_parameters(d_model: int, d_ff: int) -> int:
+    """W1 (d_model x d_ff) and b1, then W2 (d_ff x d_model) and b2."""
+    return 2 * d_model * d_ff + d_ff + d_model
+
+
+# %%
+# Check exercises 1 and 2
+table = PositionalEncoding(d_model=16, dropout=0.0, max_len=50).pe[0]  # (50, 16)
+mine = torch.tensor([[sinusoid(pos, i, 16) for i in range(16)] for pos in range(50)])
+torch.testing.assert_close(mine, table, atol=1e-5, rtol=0)
+print("exercise 1: correct")
+for d_model, d_ff in ((512, 2048), (64, 128), (10, 7)):
+    module = PositionwiseFeedForward(d_model, d_ff)
+    assert ffn_parameters(d_model, d_ff) == sum(p.numel() for p in module.parameters())
+print(f"exercise 2: correct; base model: {ffn_parameters(512, 2048):,} per layer")

@@ -250,7 +250,86 @@ print("position 3 changed:", not torch.allclose(out[0, 3], out_changed[0, 3]))
 
 # %% [markdown]
 # Position 3's output changes because token 3 itself changed; positions 0 to 2 do not see it.
+
+# %% [markdown]
+# ## One sentence through the model, shape by shape
 #
+# Every tensor in the model has one of a handful of shapes, and following a single sentence
+# through the whole stack shows which. We take the first source sentence above, cut to 6
+# tokens, and its target of 5, so that no two sizes coincide: $n_{src} = 6$, $n_{tgt} = 5$,
+# $h = 8$ heads of $d_k = 64$, $d_\text{model} = 512$, $d_\text{ff} = 2048$ and a vocabulary of
+# 11. A forward hook on each module we name records the shape of what it returns, in the order
+# the modules run; the attention modules also report the shape of their weights.
+
+# %%
+one_src, one_tgt = src[:1, :6], tgt[:1]  # (1, n_src = 6) and (1, n_tgt = 5)
+one_src_mask = torch.ones(1, 1, 6, dtype=torch.bool)  # (1, 1, n_src): no padding
+one_tgt_mask = subsequent_mask(5)  # (1, n_tgt, n_tgt)
+enc, dec = model.encoder.layers[0], model.decoder.layers[0]
+watched = {
+    "source embedding (x sqrt(d_model))": model.src_embed[0],
+    "+ positional encoding": model.src_embed[1],
+    "encoder 1: self-attention W^Q": enc.self_attn.linears[0],
+    "encoder 1: self-attention": enc.self_attn,
+    "encoder 1: feed-forward, inner": enc.feed_forward.w_1,
+    "encoder 1: feed-forward": enc.feed_forward,
+    "memory (2 layers, final norm)": model.encoder,
+    "target embedding + positions": model.tgt_embed,
+    "decoder 1: self-attention": dec.self_attn,
+    "decoder 1: attention to memory": dec.src_attn,
+    "decoder 1: feed-forward": dec.feed_forward,
+    "decoder output": model.decoder,
+    "generator: log-probabilities": model.generator,
+}
+shapes = []
+
+
+def record(label: str):
+    """A forward hook that notes the shape of a module's output (and of attention weights)."""
+    def hook(module: nn.Module, inputs, output: torch.Tensor) -> None:
+        shapes.append((label, tuple(output.shape)))
+        if isinstance(module, MultiHeadedAttention):
+            shapes.append((f"{label}: weights", tuple(module.attn.shape)))
+    return hook
+
+
+handles = [module.register_forward_hook(record(label)) for label, module in watched.items()]
+with torch.no_grad():
+    model.generator(model(one_src, one_tgt, one_src_mask, one_tgt_mask))
+for handle in handles:
+    handle.remove()
+for label, shape in shapes:  # in the order the modules ran; layer 2 repeats layer 1
+    print(f"{label:>42}  {shape}")
+assert dict(shapes) == {
+    "source embedding (x sqrt(d_model))": (1, 6, 512),
+    "+ positional encoding": (1, 6, 512),
+    "encoder 1: self-attention W^Q": (1, 6, 512),
+    "encoder 1: self-attention: weights": (1, 8, 6, 6),
+    "encoder 1: self-attention": (1, 6, 512),
+    "encoder 1: feed-forward, inner": (1, 6, 2048),
+    "encoder 1: feed-forward": (1, 6, 512),
+    "memory (2 layers, final norm)": (1, 6, 512),
+    "target embedding + positions": (1, 5, 512),
+    "decoder 1: self-attention: weights": (1, 8, 5, 5),
+    "decoder 1: self-attention": (1, 5, 512),
+    "decoder 1: attention to memory: weights": (1, 8, 5, 6),
+    "decoder 1: attention to memory": (1, 5, 512),
+    "decoder 1: feed-forward": (1, 5, 512),
+    "decoder output": (1, 5, 512),
+    "generator: log-probabilities": (1, 5, 11),
+}
+
+# %% [markdown]
+# Between the projection $W^Q$ and the weights sits the one reshaping that multi-head attention
+# needs: the (1, 6, 512) queries are viewed as (1, 6, 8, 64) and transposed to (1, 8, 6, 64),
+# one (6, 64) matrix per head, and after attention the heads are put back side by side into
+# (1, 6, 512) for $W^O$. Everything else keeps the shape (batch, positions, $d_\text{model}$):
+# that is what lets the layers stack and the residual connections add. Only two shapes depend
+# on both sequences: the decoder's attention to the memory is $n_{tgt} \times n_{src}$ per
+# head, (5, 6), and the generator's output has one row of 11 log-probabilities per target
+# position.
+
+# %% [markdown]
 # ## Pre-norm and post-norm, at initialization
 #
 # Chapter 2 said that where the layer norm sits changes how the untrained model's gradients
@@ -295,7 +374,9 @@ alt.Chart(alt.Data(values=rows)).mark_line(point=True).encode(
 # (chapter 10): at full learning rate, the large gradients near the output would make steps
 # too big for the top layers. In the pre-norm model the gradients stay within a factor of
 # about 2.5 of each other, decreasing slowly with depth, and {cite:t}`xiong2020layer` train
-# such models without warm-up.
+# such models without warm-up. Gradients at initialization are only a prediction; chapter 18
+# trains both models on the sort task, with and without warm-up, and the post-norm model
+# without warm-up is the one that fails to learn.
 #
 # ## Greedy decoding
 #
@@ -371,3 +452,43 @@ print(greedy_decode(model, src, src_mask, max_len=10, start_symbol=1))
 # have yet is a reason to believe in the design; the next chapter compares self-attention with
 # recurrent and convolutional layers, as the paper's section 4 does, before Part II trains the
 # model.
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. **The count, by formula.** Write `tied_parameters(vocab, N, d_model, d_ff)`, the number of
+#    parameters of `make_model(vocab, vocab, N, d_model, d_ff, share_embeddings=True)` (the
+#    default pre-norm model), from the parts: one shared table, $N$ encoder layers (attention,
+#    feed-forward, two layer norms), $N$ decoder layers (two attentions, feed-forward, three
+#    norms), the final norm of each stack, and the generator's bias. The check builds models on
+#    the meta device and compares.
+# 2. **Where greedy goes wrong.** Greedy decoding keeps only the most probable next token.
+#    Construct two steps of next-token probabilities for which the most probable two-token
+#    output is not the one greedy decoding returns. What does chapter 15 do about it?
+#
+# ```{dropdown} Answer to 2
+# Let the first step give "a" 0.6 and "b" 0.4; after "a" the best next token has probability
+# 0.5, after "b" 0.9. Greedy takes "a" and ends with $0.6 \times 0.5 = 0.30$; "b" then its best
+# token has $0.4 \times 0.9 = 0.36$. Beam search (chapter 15) keeps the $k$ best prefixes at
+# each step instead of one, and finds the second output with $k \ge 2$.
+# ```
+
+# %% tags=["hide-cell"]
+# Exercise 1: our solution (hidden in the book). Replace the body with yours.
+def tied_parameters(vocab: int, N: int, d_model: int, d_ff: int) -> int:
+    """Parameters of the pre-norm model with one shared embedding table."""
+    attention = 4 * (d_model * d_model + d_model)  # W^Q, W^K, W^V, W^O with biases
+    feed_forward = 2 * d_model * d_ff + d_ff + d_model
+    norm = 2 * d_model  # gain and bias
+    encoder = N * (attention + feed_forward + 2 * norm) + norm
+    decoder = N * (2 * attention + feed_forward + 3 * norm) + norm
+    return vocab * d_model + encoder + decoder + vocab  # table, stacks, generator bias
+
+
+# %%
+# Check exercise 1
+for vocab, N, d_model, d_ff, h in ((37_000, 6, 512, 2048, 8), (11, 2, 32, 64, 4)):
+    with torch.device("meta"):
+        built = make_model(vocab, vocab, N, d_model, d_ff, h, share_embeddings=True)
+    assert tied_parameters(vocab, N, d_model, d_ff) == count_parameters(built), (vocab, N)
+print("exercise 1: correct")

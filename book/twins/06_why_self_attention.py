@@ -287,3 +287,55 @@ alt.Chart(alt.Data(values=timings)).mark_line(point=True).encode(
 # You now have the paper's case for self-attention, in formulas and in milliseconds. This ends
 # Part I: the model is complete. Part II trains it, starting with how batches and masks are
 # prepared.
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. **Where attention becomes the dearer layer.** With this chapter's `self_attention_flops`
+#    (both parts) and `lstm_flops`, find by algebra the shortest length $n$ at which a
+#    self-attention layer costs more FLOPs than an LSTM layer of the same width $d$. Write it
+#    as `crossover_length(d)`; the check counts it out for three widths.
+# 2. **Restricted self-attention.** The paper's Table 1 lists a self-attention that looks only
+#    at the $r$ nearest positions on each side, with a path of length $O(n/r)$. Write the
+#    layer, `Restricted(r)` (one `MultiHeadedAttention` head with a band mask, $|i - j| \le r$),
+#    and `restricted_path(n, r)`, the number of layers after which position $n - 1$ depends
+#    on position 0. The check lets `layers_to_connect` count them.
+#
+# The hidden cell holds our solutions.
+
+# %% tags=["hide-cell"]
+# Exercises 1 and 2: our solutions (hidden in the book). Replace them with yours.
+def crossover_length(d: int) -> int:
+    """8 n d^2 + 4 n^2 d > 16 n d^2 exactly when n > 2 d."""
+    return 2 * d + 1
+
+
+class Restricted(nn.Module):
+    """One head of self-attention that sees only positions at most r away."""
+
+    def __init__(self, r: int) -> None:
+        super().__init__()
+        self.attn = MultiHeadedAttention(h=1, d_model=width, dropout=0.0)
+        self.r = r
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        i = torch.arange(x.size(1))
+        band = (i[:, None] - i[None, :]).abs() <= self.r  # (n, n)
+        return self.attn(x, x, x, mask=band.unsqueeze(0))
+
+
+def restricted_path(n: int, r: int) -> int:
+    """Each layer reaches r positions further: ceil((n - 1) / r) layers."""
+    return -(-(n - 1) // r)
+
+
+# %%
+# Check exercises 1 and 2
+for d in (8, 64, 512):
+    costs_more = [sum(self_attention_flops(n, d)) > lstm_flops(n, d) for n in range(1, 4 * d)]
+    assert costs_more.index(True) + 1 == crossover_length(d), d
+print("exercise 1: correct")
+torch.manual_seed(0)
+for n, r in ((16, 1), (33, 4), (40, 8)):
+    assert layers_to_connect(lambda depth, r=r: Restricted(r), n) == restricted_path(n, r)
+print("exercise 2: correct")

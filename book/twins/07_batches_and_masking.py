@@ -242,3 +242,49 @@ print(sorted({str(t.device.type) for t in vars(moved).values() if isinstance(t, 
 # the decoder's inputs and labels, a padding mask for the source, a padding-and-future mask for
 # the target, and the number of tokens to average the loss over. The next chapter writes the
 # loop that feeds batches through the model, computes that loss and updates the parameters.
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. **The masks by hand.** For the target row `[0, 5, 1, 2, 2]` (`<s>`, one token, `</s>`, two
+#    pads) and `pad = 2`, write down without running anything the decoder input, the labels,
+#    `tgt_mask` (as a nested list of 0 and 1) and `ntokens` that `Batch` makes. The check
+#    compares.
+# 2. **Is the padding part of `tgt_mask` needed?** Padding stands at the end of each target
+#    row, and the causal mask already hides every later position. Does leaving the padding out
+#    of `tgt_mask` change the attention output at any *real* target position? Set `answer_2` to
+#    `True` or `False`; the check runs `attention` both ways. When would the answer change?
+#
+# ```{dropdown} Answer to the last question
+# When the padding is not at the end: a batch padded on the left (as some decoders of later
+# models are, to line up the last tokens) puts pads *before* real tokens, where the causal mask
+# lets real queries see them.
+# ```
+
+# %% tags=["hide-cell"]
+# Exercises 1 and 2: our answers (hidden in the book). Replace them with yours.
+answer_1 = {
+    "tgt": [[0, 5, 1, 2]],
+    "tgt_y": [[5, 1, 2, 2]],
+    "tgt_mask": [[[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 0]]],
+    "ntokens": 2,
+}
+answer_2 = False  # real queries come before every pad, and the causal mask hides what follows
+
+# %%
+# Check exercises 1 and 2
+exercise = Batch(torch.tensor([[3, 4]]), torch.tensor([[0, 5, 1, 2, 2]]), pad=2)
+assert exercise.tgt.tolist() == answer_1["tgt"]
+assert exercise.tgt_y.tolist() == answer_1["tgt_y"]
+assert exercise.tgt_mask.int().tolist() == answer_1["tgt_mask"]
+assert exercise.ntokens == answer_1["ntokens"]
+print("exercise 1: correct")
+torch.manual_seed(0)
+tgt_rows = torch.tensor([[0, 5, 6, 7, 1], [0, 8, 1, 2, 2]])  # (2, n): the second is padded
+x = torch.randn(2, 5, 8)
+real = (tgt_rows != 2).unsqueeze(-1)  # (2, n, 1): the positions whose outputs are used
+both, _ = attention(x, x, x, mask=Batch.make_std_mask(tgt_rows, 2))
+causal_only, _ = attention(x, x, x, mask=subsequent_mask(5))
+changed = bool(((both - causal_only).abs() * real).max() > 1e-6)
+assert changed == answer_2
+print("exercise 2: correct")

@@ -386,6 +386,7 @@ alt.Chart(alt.Data(values=history)).mark_line(point=True).encode(
     tooltip=["epoch:Q", "loss:Q"],
 ).properties(width=420, height=220, title="Memorising 64 random sentence pairs")
 
+
 # %% [markdown]
 # The counters add up: 60 epochs of 8 micro-batches are 480 backward passes and 240 optimizer
 # steps. The loss falls from about $\ln 12 \approx 2.5$ nats, a uniform guess over the 12 token
@@ -401,3 +402,36 @@ alt.Chart(alt.Data(values=history)).mark_line(point=True).encode(
 # to a token budget instead of a sentence count; chapter 10 supplies the paper's learning-rate
 # schedule and optimizer settings, and chapter 11 its regularization. Chapters 12 and 13 put all
 # of it to work on two small tasks.
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. **Optimizer steps in an epoch.** An epoch of `n_batches` micro-batches with
+#    `accum_iter` of them per update: how many optimizer steps does `run_epoch` take? Write
+#    `optimizer_steps(n_batches, accum_iter)`; the check compares it with the groups that
+#    `accumulation_groups` forms.
+# 2. **Dividing by tokens.** A batch of 10 sentences of 5 tokens and one of 10 sentences of
+#    50 tokens go into one accumulated step. If each micro-batch's loss were averaged over its
+#    own tokens and the two averages then added, how much weight would one token of the short
+#    batch get, compared with one token of the long batch? What does `run_epoch` do instead?
+#
+# ```{dropdown} Answer to 2
+# Ten times as much: the short batch's 50 tokens share the same weight as the long batch's
+# 500. `run_epoch` sums the loss over every token of the accumulated group and divides once by
+# the group's total token count, so each token counts the same, as if the group were one batch.
+# ```
+
+# %% tags=["hide-cell"]
+# Exercise 1: our solution (hidden in the book). Replace the body with yours.
+def optimizer_steps(n_batches: int, accum_iter: int) -> int:
+    """One step per full group of accum_iter batches, and one for a shorter last group."""
+    return -(-n_batches // accum_iter)
+
+
+# %%
+# Check exercise 1
+for n_batches in range(0, 30):
+    for accum_iter in (1, 2, 3, 7, 40):
+        groups = list(accumulation_groups(range(n_batches), accum_iter))
+        assert optimizer_steps(n_batches, accum_iter) == len(groups), (n_batches, accum_iter)
+print("exercise 1: correct")

@@ -799,3 +799,47 @@ for num_replicas in [2, 3]:
 #
 # Chapter 14 trains a Transformer on exactly these batches. First, the next chapter turns to
 # the other half of the paper's training recipe: the optimizer and its learning-rate schedule.
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. **Padding, counted by hand.** Three sentence pairs have source lengths 3, 5 and 8 and
+#    target lengths 4, 4 and 9. What share of the padded tensors is padding when all three go
+#    into one batch, and when the batches are `[0, 1]` and `[2]`? Write both as exact fractions
+#    (`fractions.Fraction`) in `answer_1`; the check compares them with `padding_fraction`.
+# 2. **A vocabulary by hand.** What does
+#    `Vocab.build([["a", "b", "a"], ["a", "b", "c"]]).encode(["b", "c", "a"])` return? Work it
+#    out from the rules (specials first, then tokens seen at least twice, most frequent first,
+#    `<unk>` for the rest) and write it in `answer_2`.
+# 3. **Why the training split only?** Chapter 9 builds the vocabularies from the training
+#    sentences alone. What would go wrong, in the numbers we report, if the test sentences
+#    helped choose the vocabulary?
+#
+# ```{dropdown} Answer to 3
+# The test set would no longer be unseen: words that occur only in it would get their own ids
+# instead of `<unk>`, so the model would be scored on a vocabulary chosen with knowledge of the
+# test, and the BLEU score would flatter it compared with a real new sentence.
+# ```
+
+# %% tags=["hide-cell"]
+# Exercises 1 and 2: our answers (hidden in the book). Replace them with yours.
+from fractions import Fraction
+
+answer_1 = (
+    1 - Fraction(3 + 5 + 8 + 4 + 4 + 9, 3 * 8 + 3 * 9),  # one batch: 3 rows of 8 and of 9
+    1 - Fraction(3 + 5 + 8 + 4 + 4 + 9, 2 * 5 + 2 * 4 + 8 + 9),  # batches [0, 1] and [2]
+)
+answer_2 = [5, 3, 4]  # ids 0-3 are the specials; "a" (3 times) gets 4, "b" 5; "c" is <unk>
+
+# %%
+# Check exercises 1 and 2
+import math
+
+src_lengths, tgt_lengths = [3, 5, 8], [4, 4, 9]
+one = padding_fraction([[0, 1, 2]], src_lengths, tgt_lengths)
+two = padding_fraction([[0, 1], [2]], src_lengths, tgt_lengths)
+assert math.isclose(one, answer_1[0]) and math.isclose(two, answer_1[1])
+print(f"exercise 1: correct ({answer_1[0]} and {answer_1[1]})")
+toy = Vocab.build([["a", "b", "a"], ["a", "b", "c"]])
+assert toy.encode(["b", "c", "a"]) == answer_2
+print("exercise 2: correct")

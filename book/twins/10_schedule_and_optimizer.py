@@ -209,6 +209,8 @@ for name, config in configs.items():
 # full-size updates then can throw a Transformer into a region it does not recover from.
 # {cite:t}`xiong2020layer` trace this to where the layer norms sit, and show that the layer
 # arrangement this book uses (norm before each sub-layer, chapter 2) depends on warmup less.
+# Chapter 18 puts this to the test on the sort task: without warm-up, the paper's post-norm
+# model learns nothing in 250 steps, while the pre-norm model still learns, only more slowly.
 # The factor $d_{\text{model}}^{-0.5}$ makes wider models take smaller steps.
 #
 # The function below adds a `factor` to scale the whole curve, as the classic implementation
@@ -307,3 +309,49 @@ assert used[4] == rate(4, model_size=512, factor=1.0, warmup=4000)
 # You now have the paper's optimizer and its learning-rate schedule, and a sense of the compute
 # behind its results: about $10^{18}$ FLOPs for the base model, a third of what its GPUs could
 # deliver. The next chapter adds the last ingredients of training, dropout and label smoothing.
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. **Choosing the warmup for a peak.** Write `warmup_for_peak(peak, d_model, factor)`: the
+#    warmup that makes the schedule's largest learning rate equal to `peak`. The check runs
+#    `rate` over the steps and compares its maximum with the peak you asked for.
+# 2. **Down to a tenth.** With the paper's settings ($d_\text{model} = 512$, factor 1, warmup
+#    4,000), at which step has the learning rate fallen to a tenth of its peak? Write it in
+#    `answer_2`, from the formula, not by search.
+# 3. **Why warm up at all?** Adam divides each update by a running estimate of the gradient's
+#    size. Why can its first updates be too large, and why would a post-norm model (chapter 2)
+#    suffer more from that than a pre-norm one?
+#
+# ```{dropdown} Answer to 3
+# In the first steps Adam's second-moment estimate rests on a handful of gradients, so the
+# normalized update can be large in directions where the gradient happened to be small. In a
+# post-norm model the gradients of the last layers are large at initialization
+# {cite}`xiong2020layer`, so large early updates there can throw training off; a small, rising
+# learning rate gives the estimates time to settle. Pre-norm keeps the gradients better spread
+# and tolerates a short warmup or none.
+# ```
+
+# %% tags=["hide-cell"]
+# Exercises 1 and 2: our answers (hidden in the book). Replace them with yours.
+def warmup_for_peak(peak: float, d_model: int, factor: float) -> float:
+    """The peak, at step = warmup, is factor * d_model^-0.5 * warmup^-0.5: solve for warmup."""
+    return (factor / (peak * d_model**0.5)) ** 2
+
+
+answer_2 = 400_000  # after the peak the rate falls as step^-0.5: a tenth at 100 x 4,000 steps
+
+# %%
+# Check exercises 1 and 2
+import math
+
+for peak, d_model, factor in ((7e-4, 512, 1.0), (1e-3, 256, 2.0), (5e-3, 64, 0.5)):
+    warmup = warmup_for_peak(peak, d_model, factor)
+    top = max(rate(s, model_size=d_model, factor=factor, warmup=warmup)
+              for s in range(1, int(3 * warmup)))
+    # the best whole step can miss a fractional warmup by a little: within 1%
+    assert math.isclose(top, peak, rel_tol=1e-2), (peak, d_model, factor, warmup)
+print("exercise 1: correct")
+paper = {"model_size": 512, "factor": 1.0, "warmup": 4000}
+assert math.isclose(rate(answer_2, **paper), rate(4000, **paper) / 10)
+print("exercise 2: correct")

@@ -296,3 +296,44 @@ assert torch.isclose(ours, theirs - rows * entropy, atol=1e-5)
 # You now have the paper's regularisers: dropout in the model, and label smoothing in the loss.
 # Everything the training recipe of section 5 needs is in place; the next chapter puts it to
 # work on a first task small enough for a CPU, copying a sequence.
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. **What dropout leaves.** In training mode, what values does `nn.Dropout(p=0.25)` turn a
+#    tensor of ones into, and what is their mean, in expectation? Write the set of values in
+#    `answer_1` and the expected mean in `mean_1`.
+# 2. **A smoothed target by hand.** For a vocabulary of 6 tokens, `padding_idx=0` and
+#    smoothing 0.2, write the two rows of target distributions that `LabelSmoothing` makes for
+#    the targets `[2, 0]`, as a nested list in `answer_2`. The check compares them with
+#    `smoothed_targets`.
+# 3. **Worse perplexity, better BLEU.** Why can a model trained with label smoothing be less
+#    certain of the right word (higher perplexity) and still translate better?
+#
+# ```{dropdown} Answer to 3
+# Perplexity rewards putting almost all probability on the reference word; BLEU only needs the
+# right word to come out on top when decoding. Smoothing keeps the model from pushing
+# probabilities to the extremes, which keeps its scores of *other* candidates informative: beam
+# search compares whole sentences by those scores, and an over-confident model ranks the
+# alternatives poorly.
+# ```
+
+# %% tags=["hide-cell"]
+# Exercises 1 and 2: our answers (hidden in the book). Replace them with yours.
+answer_1 = {0.0, 4 / 3}  # dropped, or kept and scaled by 1 / (1 - p)
+mean_1 = 1.0  # the scaling keeps the expected value unchanged
+answer_2 = [
+    [0.0, 0.05, 0.8, 0.05, 0.05, 0.05],  # 0.2 spread over the 4 tokens that are neither
+    [0.0, 0.0, 0.0, 0.0, 0.0, 0.0],  # a padding target gets no distribution at all
+]
+
+# %%
+# Check exercises 1 and 2
+torch.manual_seed(0)
+dropped = nn.Dropout(p=0.25).train()(torch.ones(100_000))
+assert {round(x, 6) for x in dropped.unique().tolist()} == {round(x, 6) for x in answer_1}
+assert abs(dropped.mean().item() - mean_1) < 0.01
+print("exercise 1: correct")
+targets = LabelSmoothing(6, padding_idx=0, smoothing=0.2).smoothed_targets(torch.tensor([2, 0]))
+torch.testing.assert_close(targets, torch.tensor(answer_2))
+print("exercise 2: correct")

@@ -27,6 +27,9 @@ from the_annotated_transformer import (
     LabelSmoothing,
     SimpleLossCompute,
     TrainState,
+    attention_chart,
+    attention_maps,
+    attention_records,
     drop_sequences,
     enable_book_charts,
     exact_matches,
@@ -198,6 +201,55 @@ for src_row, out_row in zip(test_batch.src[:6].tolist(), ys.tolist(), strict=Tru
     print(" ".join(digits[t] for t in src_row if t != 2), " -> ", " ".join(shown))
 
 # %% [markdown]
+# ## What the sort model attends to
+#
+# Chapter 12's `attention_maps` captures every layer's and head's attention in one
+# teacher-forced pass; here on two test sequences. The row labelled `<s>` is where the model
+# chooses the smallest digit, and the row of each output digit chooses the next one.
+
+# %%
+sort_sample = seq2seq_batch(test_src[:2], sorted_symbols(test_src[:2]))
+decoder_input = sort_sample.tgt.masked_fill(sort_sample.tgt == 1, 2)  # (2, n_tgt), no </s>
+sort_maps = attention_maps(
+    model, sort_sample.src, decoder_input,
+    src_tokens=[[digits[t] for t in row if t != 2] for row in sort_sample.src.tolist()],
+    tgt_tokens=[["<s>", *(digits[t] for t in row if t > 2)] for row in decoder_input.tolist()],
+)
+sort_records = []
+for number, m in enumerate(sort_maps, start=1):
+    sort_records += attention_records(m, min_weight=0.01, sequence=number)
+print("decoder-to-source maps (N, h, n_tgt, n_src):", [tuple(m.cross.shape) for m in sort_maps])
+
+# %%
+# NBVAL_IGNORE_OUTPUT: the chart embeds trained weights, whose last digits vary with the CPU.
+attention_chart(sort_records, controls=("sequence", "kind", "layer", "head"),
+                initial={"kind": "cross"}, width=260, height=260)
+
+# %% [markdown]
+# To write its next digit, the decoder has to find it in the source, wherever it stands. Over
+# all 1,000 test sequences, the share of queries whose strongest key in the decoder-to-source
+# attention holds exactly the digit that comes next in the sorted output, for each layer and
+# head, and the share that a query would score by picking a source position at random:
+
+# %%
+# NBVAL_IGNORE_OUTPUT: shares of trained weights; their last digit can vary with the CPU.
+decoder_input = test_batch.tgt.masked_fill(test_batch.tgt == 1, 2)  # (1000, n_tgt), no </s>
+test_maps = attention_maps(model, test_batch.src, decoder_input)
+hits = torch.zeros(2, 4)  # (N, h): queries whose strongest key holds the digit to write next
+queries, chance = 0, 0.0
+for m, src_row, labels in zip(test_maps, test_batch.src, test_batch.tgt_y, strict=True):
+    n = len(m.src_tokens)
+    strongest = m.cross[:, :, :n].argmax(dim=-1)  # (N, h, n): query i -> its strongest key
+    hits += (src_row[strongest] == labels[:n]).sum(dim=-1)
+    chance += (src_row[:n] == labels[:n, None]).float().mean(dim=-1).sum().item()
+    queries += n
+share = hits / queries
+for layer, row in enumerate(share.tolist(), start=1):
+    print(f"layer {layer}:", "  ".join(f"head {head} {x:.2f}" for head, x in enumerate(row, 1)))
+print(f"at random: {chance / queries:.2f}")
+assert share.max() > 0.5
+
+# %% [markdown]
 # ## What we have
 #
 # The same pipeline that learned to copy learns to sort, from nothing but examples, and sorts
@@ -208,3 +260,41 @@ for src_row, out_row in zip(test_batch.src[:6].tolist(), ys.tolist(), strict=Tru
 #
 # Part II is complete: we can build batches, train, schedule, regularise and decode. Part III
 # turns to a real task, German-to-English translation.
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. **Sorting by counting.** There are only ten digits, so a sorted sequence is fixed by how
+#    often each digit occurs. Write `sorted_by_counting(src, V, pad=2)` with `torch.bincount`
+#    and no sort; the check compares it with `sorted_symbols` on the 1,000 test sequences.
+#    Is counting a plausible description of what the model learned?
+# 2. **Repeated digits.** When a digit occurs twice, two output positions must find the same
+#    digit in the source. How can the decoder tell that it has written the first copy already,
+#    when the source looks the same both times?
+#
+# ```{dropdown} Answers
+# 1. As a description of what the output depends on, yes: to write each digit the right number
+#    of times and `</s>` at the right place, the model must in effect know how many of each
+#    digit the source holds. It says little about how the weights compute it; the maps above
+#    show the second layer looking up the next digit in the source by its content.
+# 2. From its own output: the decoder's self-attention sees the digits written so far, and
+#    can compare how many copies of the digit it has written with how many the encoder's
+#    memory holds.
+# ```
+
+# %% tags=["hide-cell"]
+# Exercise 1: our solution (hidden in the book). Replace the body with yours.
+def sorted_by_counting(src: torch.Tensor, V: int, *, pad: int = 2) -> torch.Tensor:
+    """Each row's symbols in increasing order, from how often each occurs; padding at the end."""
+    rows = []
+    for row in src:
+        counts = torch.bincount(row[row != pad], minlength=V)  # (V,)
+        symbols = torch.repeat_interleave(torch.arange(V), counts)  # in increasing order
+        rows.append(torch.cat([symbols, torch.full((src.size(1) - len(symbols),), pad)]))
+    return torch.stack(rows)
+
+
+# %%
+# Check exercise 1
+assert torch.equal(sorted_by_counting(test_src, V), sorted_symbols(test_src))
+print("exercise 1: correct")
