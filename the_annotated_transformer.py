@@ -15,36 +15,36 @@
 
 # %%
 import json
-import sys
 import uuid
 
+VEGA_LITE_MIME = "application/vnd.vegalite.v5+json"
+VEGA_LITE_V5_SCHEMA = "https://vega.github.io/schema/vega-lite/v5.json"
 
-def book_chart_html(spec: dict, **metadata) -> dict[str, str]:
-    """HTML for one chart: a container and a call to the vegaEmbed that the book page loads."""
+
+def book_chart_bundle(spec: dict, **metadata) -> dict[str, dict | str]:
+    """The stored form of a chart: a Vega-Lite spec that notebook front ends draw themselves."""
+    title = spec.get("title", "untitled")
+    text = title.get("text", "untitled") if isinstance(title, dict) else title
+    return {
+        VEGA_LITE_MIME: {**spec, "$schema": VEGA_LITE_V5_SCHEMA},
+        "text/plain": f"<altair chart: {text}>",
+    }
+
+
+def book_chart_html(spec: dict) -> str:
+    """The built book's form of a chart: a container and a call to the page's own vegaEmbed."""
     chart_id = f"vega-chart-{uuid.uuid4().hex}"
     spec_json = json.dumps(spec, sort_keys=True).replace("</", "<\\/")  # never end the script
-    script = (
-        "(function () {\n"
-        f'  var el = document.getElementById("{chart_id}");\n'
-        '  if (typeof vegaEmbed === "undefined") {\n'
-        '    el.textContent = "This chart is drawn by the built book; in Jupyter, run '
-        "alt.renderers.enable('default') and re-run the cell.\";\n"
-        "    return;\n"
-        "  }\n"
-        f'  vegaEmbed(el, {spec_json}, {{"actions": false}});\n'
-        "})();"
-    )
-    container = f'<div id="{chart_id}" class="book-chart"></div>'
-    return {"text/html": f"{container}\n<script>\n{script}\n</script>"}
+    options = '{"actions": false}'
+    script = f'vegaEmbed(document.getElementById("{chart_id}"), {spec_json}, {options});'
+    return f'<div id="{chart_id}" class="book-chart"></div>\n<script>\n{script}\n</script>'
 
 
 def enable_book_charts() -> None:
-    """Render altair charts with the book's local Vega files (Colab keeps altair's renderer)."""
+    """Store every altair chart as the bundle above, in Jupyter, VS Code and Colab alike."""
     import altair as alt
 
-    if "google.colab" in sys.modules:
-        return
-    alt.renderers.register("book", book_chart_html)
+    alt.renderers.register("book", book_chart_bundle)
     alt.renderers.enable("book")
 
 
