@@ -1,6 +1,7 @@
 # The Annotated Transformer, as a book.
 #   make book    build the HTML book into _build/html (the default)
-#   make test    run every test: unit tests, every chapter (nbval), sync check, build, browser
+#   make test    run every test: unit tests, every chapter (nbval), sync check, build, browser,
+#                a chapter in JupyterLab
 #   make sync    regenerate the_annotated_transformer.py and the chapters' text twins
 #   make lint    ruff
 #   make clean   remove what the build made (keeps .venv; `make distclean` removes it too)
@@ -32,11 +33,12 @@ book: $(STAMP)
 	$(PY) tools/build_book.py
 
 test: lint
-	$(PY) -m pytest tests --ignore=tests/test_browser.py
+	$(PY) -m pytest tests --ignore=tests/test_browser.py --ignore=tests/test_jupyterlab.py
 	$(NBVAL) book
 	$(PY) tools/build_book.py
 	bash tools/ensure_chromium.sh
 	$(PY) -m pytest tests/test_browser.py
+	OMP_NUM_THREADS=1 $(PY) -m pytest tests/test_jupyterlab.py
 
 sync: $(STAMP)
 	$(PY) tools/sync.py
