@@ -15,6 +15,7 @@
 
 # %%
 import json
+import sys
 import uuid
 
 VEGA_LITE_MIME = "application/vnd.vegalite.v5+json"
@@ -41,9 +42,11 @@ def book_chart_html(spec: dict) -> str:
 
 
 def enable_book_charts() -> None:
-    """Store every altair chart as the bundle above, in Jupyter, VS Code and Colab alike."""
+    """Show altair charts as the bundle above (Colab keeps altair's renderer, which it draws)."""
     import altair as alt
 
+    if "google.colab" in sys.modules:
+        return
     alt.renderers.register("book", book_chart_bundle)
     alt.renderers.enable("book")
 

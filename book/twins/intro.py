@@ -87,19 +87,21 @@ if "google.colab" in sys.modules:
 # ## Charts that draw everywhere
 #
 # The book draws its charts with altair, which describes a chart as a Vega-Lite specification
-# and leaves the drawing to JavaScript. Each chart is stored in its chapter as the bundle that
-# notebook front ends draw themselves: JupyterLab, VS Code and Colab read the mime type
-# `application/vnd.vegalite.v5+json`, with no network and no trust needed, whereas an HTML output
-# with a script stays blank in a notebook that the reader has not trusted, and JupyterLab prefers
-# HTML to a chart whenever a bundle holds both. Altair 6 writes Vega-Lite 6, which JupyterLab 4
-# does not know; the book's charts use only what version 5 reads, so the bundle names version 5
-# (a test opens a chapter in JupyterLab and checks that its charts draw). The built book turns
-# the same bundle into HTML that calls the Vega, Vega-Lite and vega-embed it serves itself, so
-# its pages draw offline too (`tools/book_charts.py` does that when the book is built). This is
+# and leaves the drawing to JavaScript. Each chart is stored in its chapter as the mime bundle
+# that notebook front ends draw themselves: JupyterLab and VS Code draw
+# `application/vnd.vegalite.v5+json` with no network and no trust needed. An HTML output with a
+# script would stay blank in a notebook the reader has not trusted, and JupyterLab shows the HTML
+# whenever a bundle holds both, so the bundle holds no HTML. Altair 6 writes Vega-Lite 6, which
+# JupyterLab 4 does not know; the book's charts use only what version 5 reads, so the bundle
+# names version 5 (a test opens a chapter in JupyterLab and waits for its charts). The built book
+# turns the same bundle into a call to the Vega, Vega-Lite and vega-embed that it serves itself,
+# so its pages draw offline too (`tools/book_charts.py`, when the book is built). Colab runs the
+# scripts of HTML outputs, so there altair keeps its own renderer. This is
 # the first export cell of the book:
 
 # %% tags=["export"]
 import json
+import sys
 import uuid
 
 VEGA_LITE_MIME = "application/vnd.vegalite.v5+json"
@@ -126,9 +128,11 @@ def book_chart_html(spec: dict) -> str:
 
 
 def enable_book_charts() -> None:
-    """Store every altair chart as the bundle above, in Jupyter, VS Code and Colab alike."""
+    """Show altair charts as the bundle above (Colab keeps altair's renderer, which it draws)."""
     import altair as alt
 
+    if "google.colab" in sys.modules:
+        return
     alt.renderers.register("book", book_chart_bundle)
     alt.renderers.enable("book")
 
