@@ -14,6 +14,9 @@ from sync import chapters, toc_files  # noqa: E402
 
 from the_annotated_transformer import VEGA_LITE_MIME, VEGA_LITE_V5_SCHEMA  # noqa: E402
 
+# Columns of code that fit a code cell of the built page without scrolling (book/static/book.css;
+# tests/test_browser.py checks that no code cell of the built book scrolls).
+CODE_WIDTH = 100
 HEAVY = ["altair", "pandas", "spacy", "sacrebleu", "sentencepiece", "pynvml", "matplotlib"]
 
 
@@ -96,6 +99,19 @@ def test_every_chart_is_stored_as_a_vega_lite_bundle_that_notebooks_draw(path):
     for bundle in (o["data"] for o in outputs if VEGA_LITE_MIME in o["data"]):
         assert set(bundle) == {VEGA_LITE_MIME, "text/plain"}
         assert bundle[VEGA_LITE_MIME]["$schema"] == VEGA_LITE_V5_SCHEMA
+
+
+@pytest.mark.parametrize("path", chapters(), ids=lambda p: p.stem)
+def test_no_code_line_is_wider_than_a_code_cell_of_the_page(path):
+    nb = nbformat.read(path, as_version=4)
+    wide = [
+        f"cell {i}: {line[:50]}..."
+        for i, cell in enumerate(nb.cells)
+        if cell.cell_type == "code"
+        for line in cell.source.splitlines()
+        if len(line) > CODE_WIDTH
+    ]
+    assert wide == [], f"lines over {CODE_WIDTH} columns"
 
 
 def test_each_name_is_defined_in_exactly_one_chapter():
