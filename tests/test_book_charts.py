@@ -78,3 +78,19 @@ def test_book_extension_renders_vega_lite_outputs_as_the_book_html(as_text):
 
 def test_book_extension_leaves_other_outputs_to_myst_nb():
     assert VegaLiteRenderer.handle_mime(None, Data("text/html", "<p>hi</p>"), False) is None
+
+
+def test_weights_heatmap_has_one_rounded_cell_per_query_and_key():
+    import torch
+
+    from the_annotated_transformer import weights_heatmap
+
+    weights = torch.tensor([[1.0, 0.0, 0.0], [0.12345, 0.5, 0.37655]])
+    spec = weights_heatmap(weights, title="t").to_dict()
+    cells = spec["data"]["values"] if "values" in spec.get("data", {}) else next(
+        iter(spec["datasets"].values())
+    )
+    assert len(cells) == 6
+    assert {"query": 1, "key": 0, "weight": 0.123} in cells
+    with pytest.raises(ValueError, match=r"weights must be \(n_q, n_k\), got shape \(1, 2, 3\)"):
+        weights_heatmap(weights.unsqueeze(0), title="t")
