@@ -169,7 +169,7 @@ for d_k in [1, 4, 16, 64, 256, 1024]:
 scaling = pd.DataFrame(rows)
 print(scaling.to_string(index=False))
 
-# %% tags=["export"]
+# %% tags=["export", "hide-input"]
 from typing import Any
 
 
@@ -347,7 +347,7 @@ except ValueError as error:
 # one padded by two tokens: the weights of head 0 for the second sentence show the causal
 # triangle, with the padded key columns also at zero.
 
-# %% tags=["export"]
+# %% tags=["export", "hide-input"]
 def weights_heatmap(weights: torch.Tensor, *, title: str) -> Any:
     """One map of attention weights (n_q, n_k): a cell per query and key, darker for more."""
     import altair as alt
