@@ -1,7 +1,8 @@
 # The Annotated Transformer, as a book.
 #   make book    build the HTML book into _build/html (the default)
-#   make test    run every test: lint, unit tests, every chapter (nbval), sync check, build,
-#                browser, and a fresh venv with only the first layer running `make translate`
+#   make test    run every test: lint, unit tests, every chapter (nbval, also as other machines
+#                run it), sync check, build, browser, a chapter in JupyterLab, and a fresh venv
+#                with only the first layer running `make translate`
 #   make sync    regenerate the_annotated_transformer.py and the chapters' text twins
 #   make lint    ruff, and actionlint on .github/workflows
 #   make lock    rewrite constraints.txt from .venv (after a passing `make test`)
@@ -45,11 +46,12 @@ book: $(BOOK_LAYER)
 	$(PY) tools/build_book.py
 
 test: lint
-	$(PY) -m pytest tests --ignore=tests/test_browser.py
+	$(PY) -m pytest tests --ignore=tests/test_browser.py --ignore=tests/test_jupyterlab.py
 	$(NBVAL) book
 	$(PY) tools/build_book.py
 	bash tools/ensure_chromium.sh
 	$(PY) -m pytest tests/test_browser.py
+	OMP_NUM_THREADS=1 $(PY) -m pytest tests/test_jupyterlab.py
 	$(MAKE) --no-print-directory test-cli-layer
 
 # A fresh venv with only the first layer, and no npm or Jupyter Book on PATH, translates.

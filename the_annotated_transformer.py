@@ -18,33 +18,36 @@ import json
 import sys
 import uuid
 
+VEGA_LITE_MIME = "application/vnd.vegalite.v5+json"
+VEGA_LITE_V5_SCHEMA = "https://vega.github.io/schema/vega-lite/v5.json"
 
-def book_chart_html(spec: dict, **metadata) -> dict[str, str]:
-    """HTML for one chart: a container and a call to the vegaEmbed that the book page loads."""
+
+def book_chart_bundle(spec: dict, **metadata) -> dict[str, dict | str]:
+    """The stored form of a chart: a Vega-Lite spec that notebook front ends draw themselves."""
+    title = spec.get("title", "untitled")
+    text = title.get("text", "untitled") if isinstance(title, dict) else title
+    return {
+        VEGA_LITE_MIME: {**spec, "$schema": VEGA_LITE_V5_SCHEMA},
+        "text/plain": f"<altair chart: {text}>",
+    }
+
+
+def book_chart_html(spec: dict) -> str:
+    """The built book's form of a chart: a container and a call to the page's own vegaEmbed."""
     chart_id = f"vega-chart-{uuid.uuid4().hex}"
     spec_json = json.dumps(spec, sort_keys=True).replace("</", "<\\/")  # never end the script
-    script = (
-        "(function () {\n"
-        f'  var el = document.getElementById("{chart_id}");\n'
-        '  if (typeof vegaEmbed === "undefined") {\n'
-        '    el.textContent = "This chart is drawn by the built book; in Jupyter, run '
-        "alt.renderers.enable('default') and re-run the cell.\";\n"
-        "    return;\n"
-        "  }\n"
-        f'  vegaEmbed(el, {spec_json}, {{"actions": false}});\n'
-        "})();"
-    )
-    container = f'<div id="{chart_id}" class="book-chart"></div>'
-    return {"text/html": f"{container}\n<script>\n{script}\n</script>"}
+    options = '{"actions": false}'
+    script = f'vegaEmbed(document.getElementById("{chart_id}"), {spec_json}, {options});'
+    return f'<div id="{chart_id}" class="book-chart"></div>\n<script>\n{script}\n</script>'
 
 
 def enable_book_charts() -> None:
-    """Render altair charts with the book's local Vega files (Colab keeps altair's renderer)."""
+    """Show altair charts as the bundle above (Colab keeps altair's renderer, which it draws)."""
     import altair as alt
 
     if "google.colab" in sys.modules:
         return
-    alt.renderers.register("book", book_chart_html)
+    alt.renderers.register("book", book_chart_bundle)
     alt.renderers.enable("book")
 
 
@@ -298,6 +301,37 @@ def attention(
 
 
 # %%
+from typing import Any
+
+
+def scaling_chart(scaling: Any, *, n_keys: int) -> Any:
+    """Spread of the scores, largest weight and entropy against d_k, with and without scaling.
+
+    `scaling` is a pandas DataFrame with the columns that the cell above computes.
+    """
+    import altair as alt
+
+    common = alt.Chart(scaling).encode(
+        x=alt.X(
+            "d_k:Q", scale=alt.Scale(type="log", base=2), axis=alt.Axis(values=[1, 8, 64, 512])
+        ),
+        color=alt.Color("scores:N", title=None, legend=alt.Legend(orient="bottom")),
+        tooltip=["d_k", "scores", "std of scores", "mean max weight", "mean entropy (nats)"],
+    )
+    lines = common.mark_line(point=True).properties(width=150, height=160)
+    spread = lines.encode(y=alt.Y("std of scores:Q", scale=alt.Scale(type="log")))
+    peak = lines.encode(y=alt.Y("mean max weight:Q", scale=alt.Scale(domain=[0, 1])))
+    entropy = lines.encode(
+        y=alt.Y("mean entropy (nats):Q", scale=alt.Scale(domain=[0, math.log(n_keys)]))
+    )
+    return (
+        spread.properties(title="spread of the scores")
+        | peak.properties(title="largest softmax weight")
+        | entropy.properties(title="entropy of the weights")
+    )
+
+
+# %%
 class MultiHeadedAttention(nn.Module):
     """h attention heads in parallel on learned projections; keeps the last weights in .attn."""
 
@@ -334,6 +368,31 @@ class MultiHeadedAttention(nn.Module):
         x = x.transpose(1, 2).contiguous().view(batch, -1, self.h * self.d_k)
         # 4) the output projection W^O
         return self.linears[-1](x)
+
+
+# %%
+def weights_heatmap(weights: torch.Tensor, *, title: str) -> Any:
+    """One map of attention weights (n_q, n_k): a cell per query and key, darker for more."""
+    import altair as alt
+
+    if weights.dim() != 2:
+        raise ValueError(f"weights must be (n_q, n_k), got shape {tuple(weights.shape)}")
+    cells = [
+        {"query": i, "key": j, "weight": round(w, 3)}
+        for i, row in enumerate(weights.tolist())
+        for j, w in enumerate(row)
+    ]
+    return (
+        alt.Chart(alt.Data(values=cells))
+        .mark_rect()
+        .encode(
+            x="key:O",
+            y="query:O",
+            color=alt.Color("weight:Q", scale=alt.Scale(scheme="blues")),
+            tooltip=["query:O", "key:O", "weight:Q"],
+        )
+        .properties(width=220, height=220, title=title)
+    )
 
 
 # %% [markdown]

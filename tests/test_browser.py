@@ -124,3 +124,26 @@ def test_page_renders_offline_with_charts_and_math(server, browser, page_path):
     context.close()
     assert outside == [], f"requests that left the machine: {outside}"
     assert errors == [], f"console errors: {errors}"
+
+
+# The narrowest window in which the theme shows its content column at full width.
+FULL_WIDTH_VIEWPORT = {"width": 1440, "height": 900}
+
+
+def test_no_code_cell_scrolls_sideways_at_the_books_full_width(server, browser):
+    page = browser.new_page(viewport=FULL_WIDTH_VIEWPORT)
+    page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(server)
+               else route.abort())
+    scrolling, cells = [], 0
+    for page_path in built_pages():
+        page.goto(f"{server}/{page_path}", wait_until="load")
+        widths = page.evaluate(
+            """() => [...document.querySelectorAll('div.cell_input pre')]
+                   .filter(pre => pre.offsetParent !== null)
+                   .map(pre => [pre.scrollWidth, pre.clientWidth])"""
+        )
+        cells += len(widths)
+        scrolling += [f"{page_path}: {s} > {c} px" for s, c in widths if s > c]
+    page.close()
+    assert cells > 100, f"only {cells} visible code cells in the whole book"
+    assert scrolling == [], "code cells that scroll sideways"

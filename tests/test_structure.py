@@ -14,6 +14,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 from sync import chapters, toc_files  # noqa: E402
 
+from the_annotated_transformer import VEGA_LITE_MIME, VEGA_LITE_V5_SCHEMA  # noqa: E402
+
+# Columns of code that fit a code cell of the built page without scrolling (book/static/book.css;
+# tests/test_browser.py checks that no code cell of the built book scrolls).
+CODE_WIDTH = 100
 HEAVY = ["altair", "pandas", "spacy", "sacrebleu", "sentencepiece", "pynvml", "matplotlib"]
 
 
@@ -83,6 +88,32 @@ def test_chapter_is_executed_with_outputs_stored(path):
         assert any(c.outputs for c in runnable), "no outputs stored: run tools/run_chapter.py"
     errors = [o for c in runnable for o in c.outputs if o.output_type == "error"]
     assert errors == []
+
+
+@pytest.mark.parametrize("path", chapters(), ids=lambda p: p.stem)
+def test_every_chart_is_stored_as_a_vega_lite_bundle_that_notebooks_draw(path):
+    """JupyterLab, VS Code and Colab draw this bundle; a scripted HTML output stays blank in a
+    notebook the reader has not trusted, and JupyterLab shows HTML first when a bundle has both."""
+    nb = nbformat.read(path, as_version=4)
+    outputs = [o for c in nb.cells for o in c.get("outputs", []) if "data" in o]
+    scripted = [o for o in outputs if "<script" in o["data"].get("text/html", "")]
+    assert scripted == [], "an output stores HTML with a script: re-run the chapter"
+    for bundle in (o["data"] for o in outputs if VEGA_LITE_MIME in o["data"]):
+        assert set(bundle) == {VEGA_LITE_MIME, "text/plain"}
+        assert bundle[VEGA_LITE_MIME]["$schema"] == VEGA_LITE_V5_SCHEMA
+
+
+@pytest.mark.parametrize("path", chapters(), ids=lambda p: p.stem)
+def test_no_code_line_is_wider_than_a_code_cell_of_the_page(path):
+    nb = nbformat.read(path, as_version=4)
+    wide = [
+        f"cell {i}: {line[:50]}..."
+        for i, cell in enumerate(nb.cells)
+        if cell.cell_type == "code"
+        for line in cell.source.splitlines()
+        if len(line) > CODE_WIDTH
+    ]
+    assert wide == [], f"lines over {CODE_WIDTH} columns"
 
 
 def test_each_name_is_defined_in_exactly_one_chapter():

@@ -137,6 +137,7 @@ alt.Chart(alt.Data(values=rows)).mark_line(point=True).encode(
     tooltip=["model:N", "distance:Q", "steps:Q"],
 ).properties(width=480, height=280, title="How far apart can two words be?")
 
+
 # %% [markdown]
 # On these log-log axes the recurrent line climbs with slope one, the ConvS2S-like stack runs
 # parallel to it at half the height, the dilated stack grows by one layer each time the distance

@@ -435,6 +435,7 @@ alt.Chart(cells).mark_rect().encode(
     tooltip=["query position i", "key position j", "may attend"],
 ).properties(width=320, height=320, title="subsequent_mask(20)")
 
+
 # %% [markdown]
 # ## What we have, and what comes next
 #

@@ -205,7 +205,6 @@ assert torch.equal(out[0], V[0])
 # $\ln 10 \approx 2.30$ nats, for uniform weights over 10 keys), with and without the scaling.
 
 # %%
-import altair as alt
 import pandas as pd
 
 torch.manual_seed(0)
@@ -231,25 +230,39 @@ for d_k in [1, 4, 16, 64, 256, 1024]:
 scaling = pd.DataFrame(rows)
 print(scaling.to_string(index=False))
 
+# %% tags=["export", "hide-input"]
+from typing import Any
+
+
+def scaling_chart(scaling: Any, *, n_keys: int) -> Any:
+    """Spread of the scores, largest weight and entropy against d_k, with and without scaling.
+
+    `scaling` is a pandas DataFrame with the columns that the cell above computes.
+    """
+    import altair as alt
+
+    common = alt.Chart(scaling).encode(
+        x=alt.X(
+            "d_k:Q", scale=alt.Scale(type="log", base=2), axis=alt.Axis(values=[1, 8, 64, 512])
+        ),
+        color=alt.Color("scores:N", title=None, legend=alt.Legend(orient="bottom")),
+        tooltip=["d_k", "scores", "std of scores", "mean max weight", "mean entropy (nats)"],
+    )
+    lines = common.mark_line(point=True).properties(width=150, height=160)
+    spread = lines.encode(y=alt.Y("std of scores:Q", scale=alt.Scale(type="log")))
+    peak = lines.encode(y=alt.Y("mean max weight:Q", scale=alt.Scale(domain=[0, 1])))
+    entropy = lines.encode(
+        y=alt.Y("mean entropy (nats):Q", scale=alt.Scale(domain=[0, math.log(n_keys)]))
+    )
+    return (
+        spread.properties(title="spread of the scores")
+        | peak.properties(title="largest softmax weight")
+        | entropy.properties(title="entropy of the weights")
+    )
+
+
 # %%
-common = alt.Chart(scaling).encode(
-    x=alt.X(
-        "d_k:Q", scale=alt.Scale(type="log", base=2), axis=alt.Axis(values=[1, 8, 64, 512])
-    ),
-    color=alt.Color("scores:N", title=None, legend=alt.Legend(orient="bottom")),
-    tooltip=["d_k", "scores", "std of scores", "mean max weight", "mean entropy (nats)"],
-)
-lines = common.mark_line(point=True).properties(width=150, height=160)
-spread_chart = lines.encode(
-    y=alt.Y("std of scores:Q", scale=alt.Scale(type="log"))
-).properties(title="spread of the scores")
-peak_chart = lines.encode(
-    y=alt.Y("mean max weight:Q", scale=alt.Scale(domain=[0, 1]))
-).properties(title="largest softmax weight")
-entropy_chart = lines.encode(
-    y=alt.Y("mean entropy (nats):Q", scale=alt.Scale(domain=[0, math.log(n_keys)]))
-).properties(title="entropy of the weights")
-spread_chart | peak_chart | entropy_chart
+scaling_chart(scaling, n_keys=n_keys)
 
 # %% [markdown]
 # Unscaled, the spread of the scores doubles each time $d_k$ quadruples, from 1.0 at
@@ -395,6 +408,31 @@ except ValueError as error:
 # one padded by two tokens: the weights of head 0 for the second sentence show the causal
 # triangle, with the padded key columns also at zero.
 
+# %% tags=["export", "hide-input"]
+def weights_heatmap(weights: torch.Tensor, *, title: str) -> Any:
+    """One map of attention weights (n_q, n_k): a cell per query and key, darker for more."""
+    import altair as alt
+
+    if weights.dim() != 2:
+        raise ValueError(f"weights must be (n_q, n_k), got shape {tuple(weights.shape)}")
+    cells = [
+        {"query": i, "key": j, "weight": round(w, 3)}
+        for i, row in enumerate(weights.tolist())
+        for j, w in enumerate(row)
+    ]
+    return (
+        alt.Chart(alt.Data(values=cells))
+        .mark_rect()
+        .encode(
+            x="key:O",
+            y="query:O",
+            color=alt.Color("weight:Q", scale=alt.Scale(scheme="blues")),
+            tooltip=["query:O", "key:O", "weight:Q"],
+        )
+        .properties(width=220, height=220, title=title)
+    )
+
+
 # %%
 torch.manual_seed(0)
 self_attn = MultiHeadedAttention(h=4, d_model=32, dropout=0.0).eval()
@@ -404,17 +442,7 @@ tgt_mask = tgt_pad & subsequent_mask(6)  # (2, 6, 6)
 with torch.no_grad():
     self_attn(tgt, tgt, tgt, mask=tgt_mask)
 weights = self_attn.attn[1, 0]  # sentence 2, head 0: (n_q, n_k)
-heat = pd.DataFrame(
-    [
-        {"query": i, "key": j, "weight": round(weights[i, j].item(), 3)}
-        for i in range(6)
-        for j in range(6)
-    ]
-)
-alt.Chart(heat).mark_rect().encode(
-    x="key:O", y="query:O", color=alt.Color("weight:Q", scale=alt.Scale(scheme="blues")),
-    tooltip=["query", "key", "weight"],
-).properties(width=220, height=220, title="decoder self-attention, padded sentence, head 0")
+weights_heatmap(weights, title="decoder self-attention, padded sentence, head 0")
 
 # %% [markdown]
 # The two last rows belong to padding queries. They may look at the same keys as position 3;

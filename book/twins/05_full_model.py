@@ -439,6 +439,7 @@ torch.manual_seed(0)
 model = make_model(src_vocab=11, tgt_vocab=11, N=2).eval()
 print(greedy_decode(model, src, src_mask, max_len=10, start_symbol=1))
 
+
 # %% [markdown]
 # The output is noise: the model has not been trained, so it tends to repeat whichever
 # tokens its random weights happen to favour. Part II trains it; chapter 12 teaches the same

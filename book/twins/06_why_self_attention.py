@@ -259,6 +259,7 @@ alt.Chart(alt.Data(values=timings)).mark_line(point=True).encode(
     tooltip=["layer:N", "n:Q", alt.Tooltip("ms:Q", format=".2f")],
 ).properties(width=480, height=280, title="One layer, forward pass, one CPU thread")
 
+
 # %% [markdown]
 # In the run stored with this page (the table above), the convolution, one large matrix
 # product per call, was the fastest layer at every length, and its time grew no faster than $n$

@@ -302,6 +302,7 @@ print("rates of the first five updates:", [f"{lr:.3e}" for lr in used])
 assert used[0] == used[1] == rate(1, model_size=512, factor=1.0, warmup=4000)
 assert used[4] == rate(4, model_size=512, factor=1.0, warmup=4000)
 
+
 # %% [markdown]
 # In a training loop, `scheduler.step()` follows every `optimizer.step()`, once
 # per batch, not once per epoch: the schedule counts updates.

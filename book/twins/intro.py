@@ -85,45 +85,56 @@ if "google.colab" in sys.modules:
 # code that runs.
 
 # %% [markdown]
-# ## Charts that draw offline
+# ## Charts that draw everywhere
 #
 # The book draws its charts with altair, which describes a chart as a Vega-Lite specification
-# and leaves the drawing to JavaScript in the browser. Altair's own renderers fetch that
-# JavaScript from a CDN; this book serves Vega, Vega-Lite and vega-embed itself, so a chart
-# needs only a container and a call to `vegaEmbed`. This is the first export cell of the book:
+# and leaves the drawing to JavaScript. Each chart is stored in its chapter as the mime bundle
+# that notebook front ends draw themselves: JupyterLab and VS Code draw
+# `application/vnd.vegalite.v5+json` with no network and no trust needed. An HTML output with a
+# script would stay blank in a notebook the reader has not trusted, and JupyterLab shows the HTML
+# whenever a bundle holds both, so the bundle holds no HTML. Altair 6 writes Vega-Lite 6, which
+# JupyterLab 4 does not know; the book's charts use only what version 5 reads, so the bundle
+# names version 5 (a test opens a chapter in JupyterLab and waits for its charts). The built book
+# turns the same bundle into a call to the Vega, Vega-Lite and vega-embed that it serves itself,
+# so its pages draw offline too (`tools/book_charts.py`, when the book is built). Colab runs the
+# scripts of HTML outputs, so there altair keeps its own renderer. This is
+# the first export cell of the book:
 
 # %% tags=["export"]
 import json
 import sys
 import uuid
 
+VEGA_LITE_MIME = "application/vnd.vegalite.v5+json"
+VEGA_LITE_V5_SCHEMA = "https://vega.github.io/schema/vega-lite/v5.json"
 
-def book_chart_html(spec: dict, **metadata) -> dict[str, str]:
-    """HTML for one chart: a container and a call to the vegaEmbed that the book page loads."""
+
+def book_chart_bundle(spec: dict, **metadata) -> dict[str, dict | str]:
+    """The stored form of a chart: a Vega-Lite spec that notebook front ends draw themselves."""
+    title = spec.get("title", "untitled")
+    text = title.get("text", "untitled") if isinstance(title, dict) else title
+    return {
+        VEGA_LITE_MIME: {**spec, "$schema": VEGA_LITE_V5_SCHEMA},
+        "text/plain": f"<altair chart: {text}>",
+    }
+
+
+def book_chart_html(spec: dict) -> str:
+    """The built book's form of a chart: a container and a call to the page's own vegaEmbed."""
     chart_id = f"vega-chart-{uuid.uuid4().hex}"
     spec_json = json.dumps(spec, sort_keys=True).replace("</", "<\\/")  # never end the script
-    script = (
-        "(function () {\n"
-        f'  var el = document.getElementById("{chart_id}");\n'
-        '  if (typeof vegaEmbed === "undefined") {\n'
-        '    el.textContent = "This chart is drawn by the built book; in Jupyter, run '
-        "alt.renderers.enable('default') and re-run the cell.\";\n"
-        "    return;\n"
-        "  }\n"
-        f'  vegaEmbed(el, {spec_json}, {{"actions": false}});\n'
-        "})();"
-    )
-    container = f'<div id="{chart_id}" class="book-chart"></div>'
-    return {"text/html": f"{container}\n<script>\n{script}\n</script>"}
+    options = '{"actions": false}'
+    script = f'vegaEmbed(document.getElementById("{chart_id}"), {spec_json}, {options});'
+    return f'<div id="{chart_id}" class="book-chart"></div>\n<script>\n{script}\n</script>'
 
 
 def enable_book_charts() -> None:
-    """Render altair charts with the book's local Vega files (Colab keeps altair's renderer)."""
+    """Show altair charts as the bundle above (Colab keeps altair's renderer, which it draws)."""
     import altair as alt
 
     if "google.colab" in sys.modules:
         return
-    alt.renderers.register("book", book_chart_html)
+    alt.renderers.register("book", book_chart_bundle)
     alt.renderers.enable("book")
 
 
