@@ -89,21 +89,28 @@ print("src:\n", example.src)
 print("tgt_y (labels):\n", example.tgt_y)
 
 # %% [markdown]
-# ## A test set that training never sees
+# ## Held-out sets that training never sees
 #
-# The test set is 1,000 sequences of 4 to 10 digits, drawn with their own seed; the training
-# batches drop every sequence that is in it. Shorter sequences are left out of the test set
-# because there are too few of them to hold any out without removing them from training
-# altogether: there are only ten sequences of length one. (Sorting depends only on which
-# digits occur, not on their order, so a test sequence's digits may well have appeared in
-# training in another order; what the model has never seen is the sequence itself.)
+# Two sets of 1,000 sequences of 4 to 10 digits are held out, each drawn with its own seed, and
+# the training batches drop every sequence that is in either. The *validation* set decides when
+# training stops; the *test* set is measured once, at the end, so that the accuracy we report
+# was not selected by looking at it. Shorter sequences are left out of both sets because there
+# are too few of them to hold any out without removing them from training altogether: there are
+# only ten sequences of length one. (Sorting depends only on which digits occur, not on their
+# order, so a held-out sequence's digits may well have appeared in training in another order;
+# what the model has never seen is the sequence itself.)
 
 # %%
-test_generator = torch.Generator().manual_seed(1)
-test_src = random_sequences(1000, V, min_len=4, max_len=10, generator=test_generator)
+test_src = random_sequences(1000, V, min_len=4, max_len=10,
+                            generator=torch.Generator().manual_seed(1))
 test_batch = seq2seq_batch(test_src, sorted_symbols(test_src))
-held_out = sequence_set(test_src)
-print(f"held out: {len(held_out)} distinct sequences")
+valid_src = random_sequences(1000, V, min_len=4, max_len=10,
+                             generator=torch.Generator().manual_seed(2))
+valid_src = drop_sequences(valid_src, sequence_set(test_src))  # no sequence in both sets
+valid_batch = seq2seq_batch(valid_src, sorted_symbols(valid_src))
+held_out = sequence_set(test_src) | sequence_set(valid_src)
+print(f"held out: {len(held_out)} distinct sequences, "
+      f"{len(valid_src)} for validation and {len(test_src)} for the test")
 
 # %% [markdown]
 # ## Model and training
@@ -111,12 +118,16 @@ print(f"held out: {len(held_out)} distinct sequences")
 # The set-up is that of chapter 12: the same small model ($N = 2$, $d_{model} = 64$,
 # $d_{ff} = 128$, $h = 4$), no dropout and no label smoothing, Adam with the paper's settings
 # and the warmup schedule of chapter 10 at half the paper's factor. An epoch is 20 batches of
-# 64 sequences; after every fifth we measure exact-match accuracy on the test set, a sequence
-# counting only if every digit and the final `</s>` are right. We stop when it reaches 99 %,
-# or after 40 epochs. The matrices of so small a model are too small to share among CPU
-# threads with profit, so this chapter computes on one.
+# 64 sequences; after every fifth we measure exact-match accuracy on the validation set, a
+# sequence counting only if every digit and the final `</s>` are right. We stop when it reaches
+# 99 %, or after 60 epochs, and then measure the test set. The matrices of so small a model are
+# too small to share among CPU threads with profit, so this chapter computes on one. As in
+# chapter 12, the printed losses and accuracies depend on the last bits of floating-point
+# arithmetic, which differ between machines, so the regression tests check this cell's result
+# with the bounds in the cell after it rather than by its printout.
 
 # %%
+# NBVAL_IGNORE_OUTPUT: losses and accuracies differ in their last digits between machines
 import time
 
 torch.set_num_threads(1)  # tiny matrices: a second thread costs more than it saves
@@ -132,32 +143,41 @@ train_data = torch.Generator().manual_seed(0)
 state = TrainState()
 history = []
 start = time.perf_counter()
-for epoch in range(1, 41):
+for epoch in range(1, 61):
     batches = sort_batches(V, 64, 20, generator=train_data, exclude=held_out)
     loss, state = run_epoch(
         batches, model, loss_compute, optimizer, scheduler, train_state=state, log_every=None
     )
     if epoch % 5:
         continue
-    accuracy = exact_matches(model, test_batch) / len(test_src)
+    accuracy = exact_matches(model, valid_batch) / len(valid_src)
     history.append({"epoch": epoch, "loss": round(loss, 4), "accuracy": round(accuracy, 3)})
-    print(f"epoch {epoch:2d} | loss per token {loss:.4f} | exact-match accuracy {accuracy:.1%}")
+    print(f"epoch {epoch:2d} | loss per token {loss:.4f} | validation accuracy {accuracy:.1%}")
     if accuracy >= 0.99:
         break
 elapsed = time.perf_counter() - start
-print(f"exact-match accuracy on 1,000 held-out sequences: {accuracy:.1%}")
+test_accuracy = exact_matches(model, test_batch) / len(test_src)
 print(f"{state.accum_step} optimizer steps, {state.samples:,} training sequences, "
       f"took {elapsed:.1f} s")
-assert accuracy >= 0.8
+print(f"exact-match accuracy on the 1,000 untouched test sequences: {test_accuracy:.1%}")
+
+# %% [markdown]
+# What the regression tests compare: the test accuracy is high, whether or not the validation
+# set reached 99 % within the 60 epochs.
 
 # %%
+assert test_accuracy >= 0.9, f"only {test_accuracy:.1%} of the test sequences sorted exactly"
+print("at least 90 % of the 1,000 test sequences sorted exactly")
+
+# %%
+# NBVAL_IGNORE_OUTPUT: a chart of this machine's training run (see the training cell)
 import altair as alt
 
 alt.Chart(alt.Data(values=history)).mark_line(point=True).encode(
     x=alt.X("epoch:Q", title="epoch (20 steps)"),
     y=alt.Y("accuracy:Q", title="exact-match accuracy", axis=alt.Axis(format="%")),
     tooltip=["epoch:Q", "loss:Q", alt.Tooltip("accuracy:Q", format=".1%")],
-).properties(width=420, height=220, title="Held-out sequences sorted exactly")
+).properties(width=420, height=220, title="Validation sequences sorted exactly")
 
 # %% [markdown]
 # ## Where it errs
@@ -167,6 +187,7 @@ alt.Chart(alt.Data(values=history)).mark_line(point=True).encode(
 # among the shorter ones, and every test sequence of 8 to 10 digits came out right.
 
 # %%
+# NBVAL_IGNORE_OUTPUT: which few sequences a trained model misses differs between machines
 lengths = (test_src != 2).sum(dim=1)
 by_length = []
 for n in range(4, 11):
@@ -185,10 +206,12 @@ alt.Chart(alt.Data(values=by_length)).mark_bar().encode(
 ).properties(width=320, height=200, title="Accuracy by length")
 
 # %% [markdown]
-# A few test sequences and their greedy decodings, in digits:
+# A few test sequences and their greedy decodings, in digits. The cell asserts that all six are
+# sorted exactly, so what it prints is the same on every machine:
 
 # %%
 digits = {0: "<s>", 1: "</s>", 2: "_"} | {i: str(i - 3) for i in range(3, V)}
+assert exact_matches(model, seq2seq_batch(test_src[:6], sorted_symbols(test_src[:6]))) == 6
 model.eval()
 ys = greedy_decode(model, test_batch.src[:6], test_batch.src_mask[:6], 12, 0, end_symbol=1)
 for src_row, out_row in zip(test_batch.src[:6].tolist(), ys.tolist(), strict=True):
