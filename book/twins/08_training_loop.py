@@ -208,13 +208,14 @@ def run_epoch(
 # it, so counts leaked between runs. Each micro-batch's loss was divided by its own token count
 # and never by the group's, so micro-batches weighed equally regardless of length, and the
 # accumulated gradient was about $k$ times too large; under SGD that is a step $k$ times too
-# large (the cell after next measures it), but Adam divides each update by a running estimate
-# of the gradient's own scale, so a constant factor mostly cancels there. Two defects do not
-# cancel, and the cell below replays the classic loop's bookkeeping to show them: the scheduler
-# stepped after every micro-batch, so with accumulation the learning rate ran $k$ times too fast
-# through its warmup; and it stepped the optimizer when `i % accum_iter == 0`, so the first
-# update came from the very first micro-batch alone, and a final partial group's gradients were
-# left in `.grad` for the next epoch.
+# large (measured below, after the check of our accumulation), but Adam divides each update by
+# a running estimate of the gradient's own scale, so a constant factor mostly cancels there.
+# Two defects do not cancel, and the cell below replays the classic loop's bookkeeping to show
+# them. The scheduler stepped after every micro-batch, so with accumulation the learning rate
+# ran $k$ times too fast through its warmup: ten scheduler steps for three optimizer steps
+# below. And it stepped the optimizer when `i % accum_iter == 0`, so the first update came from
+# the very first micro-batch alone, and a final partial group's gradients were left in `.grad`
+# for the next epoch.
 # ```
 
 # %%

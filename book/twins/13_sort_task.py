@@ -119,8 +119,11 @@ print(f"held out: {len(held_out)} distinct sequences, "
 # $d_{ff} = 128$, $h = 4$), no dropout and no label smoothing, Adam with the paper's settings
 # and the warmup schedule of chapter 10 at half the paper's factor. An epoch is 20 batches of
 # 64 sequences; after every fifth we measure exact-match accuracy on the validation set, a
-# sequence counting only if every digit and the final `</s>` are right. We stop when it reaches
-# 99 %, or after 60 epochs, and then measure the test set. The matrices of so small a model are
+# sequence counting only if every digit and the final `</s>` are right, and keep a copy of the
+# weights whenever it is the best so far. We stop when it reaches 99 %, or after 40 epochs, go
+# back to the best weights, and only then measure the test set. (The accuracy does not rise
+# steadily: with the learning rate still fairly high, it can drop by a few points from one
+# measurement to the next, which is why we keep the best weights rather than the last.) The matrices of so small a model are
 # too small to share among CPU threads with profit, so this chapter computes on one. As in
 # chapter 12, the printed losses and accuracies depend on the last bits of floating-point
 # arithmetic, which differ between machines, so the regression tests check this cell's result
@@ -143,7 +146,8 @@ train_data = torch.Generator().manual_seed(0)
 state = TrainState()
 history = []
 start = time.perf_counter()
-for epoch in range(1, 61):
+best_accuracy, best_epoch, best_weights = -1.0, 0, None
+for epoch in range(1, 41):
     batches = sort_batches(V, 64, 20, generator=train_data, exclude=held_out)
     loss, state = run_epoch(
         batches, model, loss_compute, optimizer, scheduler, train_state=state, log_every=None
@@ -153,21 +157,27 @@ for epoch in range(1, 61):
     accuracy = exact_matches(model, valid_batch) / len(valid_src)
     history.append({"epoch": epoch, "loss": round(loss, 4), "accuracy": round(accuracy, 3)})
     print(f"epoch {epoch:2d} | loss per token {loss:.4f} | validation accuracy {accuracy:.1%}")
+    if accuracy > best_accuracy:
+        best_accuracy, best_epoch = accuracy, epoch
+        best_weights = {name: w.clone() for name, w in model.state_dict().items()}
     if accuracy >= 0.99:
         break
 elapsed = time.perf_counter() - start
+model.load_state_dict(best_weights)  # the weights that did best on the validation set
 test_accuracy = exact_matches(model, test_batch) / len(test_src)
 print(f"{state.accum_step} optimizer steps, {state.samples:,} training sequences, "
       f"took {elapsed:.1f} s")
+print(f"best validation accuracy {best_accuracy:.1%}, after epoch {best_epoch}")
 print(f"exact-match accuracy on the 1,000 untouched test sequences: {test_accuracy:.1%}")
 
 # %% [markdown]
-# What the regression tests compare: the test accuracy is high, whether or not the validation
-# set reached 99 % within the 60 epochs.
+# What the regression tests compare: the chosen weights do well on both held-out sets, whether
+# or not the validation set reached 99 % within the 40 epochs.
 
 # %%
+assert best_accuracy >= 0.9, f"best validation accuracy only {best_accuracy:.1%}"
 assert test_accuracy >= 0.9, f"only {test_accuracy:.1%} of the test sequences sorted exactly"
-print("at least 90 % of the 1,000 test sequences sorted exactly")
+print("at least 90 % of the validation and of the 1,000 test sequences sorted exactly")
 
 # %%
 # NBVAL_IGNORE_OUTPUT: a chart of this machine's training run (see the training cell)
@@ -183,8 +193,10 @@ alt.Chart(alt.Data(values=history)).mark_line(point=True).encode(
 # ## Where it errs
 #
 # Accuracy by length shows where the remaining errors are. One might expect them in the
-# longest sequences, which offer the most places to go wrong; in our run the few misses were
-# among the shorter ones, and every test sequence of 8 to 10 digits came out right.
+# longest sequences, which offer the most places to go wrong; in our run the shorter ones were
+# missed more often: about 94 % of the test sequences of 4 to 6 digits came out right, against
+# about 98 % of those of 8 to 10. Which few sequences a model misses changes with the last bits
+# of its training, so the regression tests do not compare this cell's output.
 
 # %%
 # NBVAL_IGNORE_OUTPUT: which few sequences a trained model misses differs between machines
@@ -223,8 +235,9 @@ for src_row, out_row in zip(test_batch.src[:6].tolist(), ys.tolist(), strict=Tru
 # ## What we have
 #
 # The same pipeline that learned to copy learns to sort, from nothing but examples, and sorts
-# sequences it has never seen: 995 of 1,000 exactly after 800 optimizer steps, about 40 seconds
-# on one core of our 2-core CPU. The model is not told that the digits are ordered, or what
+# sequences it has never seen: in our run, 96 % of the 1,000 test sequences exactly, with the
+# weights that did best on the validation set (97.9 %, after 600 of 800 optimizer steps), in
+# about 40 seconds of training on one core of our 2-core CPU when nothing else runs on it. The model is not told that the digits are ordered, or what
 # sorting is; it has to discover from data which digit comes first and how many times each
 # one occurs, and attention lets every output position weigh every input digit to do it.
 #
