@@ -123,11 +123,12 @@ print(f"held out: {len(held_out)} distinct sequences, "
 # weights whenever it is the best so far. We stop when it reaches 99 %, or after 40 epochs, go
 # back to the best weights, and only then measure the test set. (The accuracy does not rise
 # steadily: with the learning rate still fairly high, it can drop by a few points from one
-# measurement to the next, which is why we keep the best weights rather than the last.) The matrices of so small a model are
-# too small to share among CPU threads with profit, so this chapter computes on one. As in
-# chapter 12, the printed losses and accuracies depend on the last bits of floating-point
-# arithmetic, which differ between machines, so the regression tests check this cell's result
-# with the bounds in the cell after it rather than by its printout.
+# measurement to the next, which is why we keep the best weights rather than the last.) The
+# matrices of so small a model are too small to share among CPU threads with profit, so this
+# chapter computes on one. As in chapter 12, the printed losses and accuracies depend on the
+# last bits of floating-point arithmetic, which differ between machines, so the regression
+# tests check this cell's result with the bounds in the cell after it rather than by its
+# printout.
 
 # %%
 # NBVAL_IGNORE_OUTPUT: losses and accuracies differ in their last digits between machines
