@@ -53,8 +53,8 @@ enable_book_charts()
 # product. The paper (§3.2.1) reports that the two do about as well for small $d_k$, but that
 # for larger $d_k$ additive attention beats dot products *without* scaling
 # {cite}`britz2017massive`. The paper suspects why: large dot products push the softmax into
-# regions where its gradients are tiny. The factor $1/\sqrt{d_k}$ is the cure, and the experiment below
-# shows the problem it cures.
+# regions where its gradients are tiny. The factor $1/\sqrt{d_k}$ is the cure, and the
+# experiment below shows the problem it cures.
 #
 # A mask removes the pairs that may not attend (padding, or the future in the decoder): their
 # scores are set to the most negative number the dtype can hold, so the softmax gives them a

@@ -188,8 +188,8 @@ torch.set_num_threads(threads)
 # $n - 1$ layers. (Chapter 1 counted about half as many, $d/(k-1)$: it asked when one window
 # first covers two positions $d$ apart, which happens at the output halfway between them. Here
 # the output at position $n - 1$ itself must see position 0, so the whole distance has to be
-# crossed from one side; both counts grow linearly, as Table 1's $O(n/k)$ for contiguous kernels
-# says.) With dilations $1, 2, 4, \dots$ the reach doubles with each layer and
+# crossed from one side; both counts grow linearly, as the paper's $O(n/k)$ for contiguous
+# kernels (§4) says.) With dilations $1, 2, 4, \dots$ the reach doubles with each layer and
 # $\lceil \log_2 n \rceil$ layers do; one self-attention layer suffices at any length. One LSTM
 # layer connects the two positions as well, but its path runs through $n - 1$ applications of
 # the recurrent cell, one after another: autograd counts layers, and the LSTM's length is hidden
@@ -270,8 +270,8 @@ alt.Chart(alt.Data(values=timings)).mark_line(point=True).encode(
 # grow evenly, though: from $n = 128$ to 256 it rose about fourfold, more than the operation
 # count would suggest, and from 256 to 1024 by less than threefold. The operation count does
 # not explain such a step, and on another machine, or in another run, it may fall elsewhere or
-# not appear at all. The LSTM's time about doubled with every doubling of $n$ from 64 on, from a higher
-# start: its $n$ small steps run one after another. At sentence lengths, $n \le 128$,
+# not appear at all. The LSTM's time about doubled with every doubling of $n$ from 64 on, from
+# a higher start: its $n$ small steps run one after another. At sentence lengths, $n \le 128$,
 # self-attention was about two to three times faster than the LSTM. Beyond that the
 # $n \times n$ score matrices took over: from $n = 512$ to 1024 self-attention's time rose more
 # than fourfold, as a quadratic term does, and at 1024 it took about twice as long as the LSTM.

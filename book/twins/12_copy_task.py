@@ -244,7 +244,8 @@ print(f"exact copies before training: {exact_matches(model, valid_batch)}/{len(v
 # cell's printout; the cell after it checks the result with bounds.
 
 # %%
-# NBVAL_IGNORE_OUTPUT: training losses and counts differ in their last digits between machines
+# NBVAL_IGNORE_OUTPUT
+# (training losses and counts differ in their last digits between machines)
 import time
 
 torch.set_num_threads(1)  # tiny matrices: a second thread costs more than it saves
@@ -299,7 +300,8 @@ print("at least 98 of 100 validation and 95 of 100 test sequences copied exactly
 # the regression tests do not compare it.
 
 # %%
-# NBVAL_IGNORE_OUTPUT: a chart of this machine's training run (see the cell above)
+# NBVAL_IGNORE_OUTPUT
+# (a chart of this machine's training run, as in the cell above)
 import altair as alt
 
 base = alt.Chart(alt.Data(values=history)).encode(x=alt.X("epoch:Q", title="epoch (20 steps)"))
@@ -321,15 +323,17 @@ alt.hconcat(
 # ## Looking at the copies
 #
 # Greedy decoding on the first five test sequences. Each output row starts with `<s>` (0); a
-# row that has finished is filled with `</s>` (1) while the longest one finishes. The cell
-# asserts that the five are exact copies, so what it prints is the same on every machine.
+# row that has finished is filled with `</s>` (1) while the longest one finishes. In our run all
+# five are exact copies; another machine's model may miss one of them (its test count above
+# says how many it misses in all), so the regression tests do not compare this cell's output.
 
 # %%
+# NBVAL_IGNORE_OUTPUT
+# (the decodings of this machine's trained model; another machine's may miss a sequence)
 digits = {0: "<s>", 1: "</s>", 2: "_"} | {i: str(i - 3) for i in range(3, V)}
 sample = seq2seq_batch(test_src[:5], test_src[:5])
 model.eval()
 ys = greedy_decode(model, sample.src, sample.src_mask, sample.tgt_y.size(1) + 1, 0, end_symbol=1)
-assert exact_matches(model, sample) == 5, "a shown test sequence is not copied exactly"
 print(ys)
 for src_row, out_row in zip(sample.src.tolist(), ys.tolist(), strict=True):
     print(" ".join(digits[t] for t in src_row), " -> ", " ".join(digits[t] for t in out_row))

@@ -131,7 +131,8 @@ print(f"held out: {len(held_out)} distinct sequences, "
 # printout.
 
 # %%
-# NBVAL_IGNORE_OUTPUT: losses and accuracies differ in their last digits between machines
+# NBVAL_IGNORE_OUTPUT
+# (training losses and accuracies differ in their last digits between machines)
 import time
 
 torch.set_num_threads(1)  # tiny matrices: a second thread costs more than it saves
@@ -181,7 +182,8 @@ assert test_accuracy >= 0.9, f"only {test_accuracy:.1%} of the test sequences so
 print("at least 90 % of the validation and of the 1,000 test sequences sorted exactly")
 
 # %%
-# NBVAL_IGNORE_OUTPUT: a chart of this machine's training run (see the training cell)
+# NBVAL_IGNORE_OUTPUT
+# (a chart of this machine's training run, as in the training cell)
 import altair as alt
 
 alt.Chart(alt.Data(values=history)).mark_line(point=True).encode(
@@ -200,7 +202,8 @@ alt.Chart(alt.Data(values=history)).mark_line(point=True).encode(
 # of its training, so the regression tests do not compare this cell's output.
 
 # %%
-# NBVAL_IGNORE_OUTPUT: which few sequences a trained model misses differs between machines
+# NBVAL_IGNORE_OUTPUT
+# (which few sequences a trained model misses differs between machines)
 lengths = (test_src != 2).sum(dim=1)
 by_length = []
 for n in range(4, 11):
@@ -219,12 +222,13 @@ alt.Chart(alt.Data(values=by_length)).mark_bar().encode(
 ).properties(width=320, height=200, title="Accuracy by length")
 
 # %% [markdown]
-# A few test sequences and their greedy decodings, in digits. The cell asserts that all six are
-# sorted exactly, so what it prints is the same on every machine:
+# A few test sequences and their greedy decodings, in digits (as with the table above, another
+# machine's model may get a different one of them wrong, so nbval does not compare them):
 
 # %%
+# NBVAL_IGNORE_OUTPUT
+# (the decodings of this machine's trained model; another machine's may miss a sequence)
 digits = {0: "<s>", 1: "</s>", 2: "_"} | {i: str(i - 3) for i in range(3, V)}
-assert exact_matches(model, seq2seq_batch(test_src[:6], sorted_symbols(test_src[:6]))) == 6
 model.eval()
 ys = greedy_decode(model, test_batch.src[:6], test_batch.src_mask[:6], 12, 0, end_symbol=1)
 for src_row, out_row in zip(test_batch.src[:6].tolist(), ys.tolist(), strict=True):
