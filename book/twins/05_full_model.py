@@ -196,9 +196,9 @@ for name, config in configs.items():
 # The two ranges do not overlap, so no single vocabulary reproduces both of the paper's numbers
 # with this architecture. The paper does not say what else went into its counts; what we know is
 # that ours follow the architecture it describes and differ from its figures by about 3% (base)
-# and 0.6% (big), in opposite directions. Tying
-# matters: without it the base model would carry 38 million parameters more, 60% more in all,
-# almost all of them in three copies of the same kind of table.
+# and 0.6% (big), in opposite directions. Tying matters: without it the base model would carry
+# 38 million parameters more, 60% more in all, almost all of them in three copies of the same
+# kind of table.
 #
 # Where do the base model's parameters sit? Per layer, attention has $4\,d_\text{model}^2$
 # weights, the feed-forward network $2\,d_\text{model}\,d_\text{ff} = 8\,d_\text{model}^2$.
