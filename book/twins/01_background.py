@@ -56,8 +56,9 @@ enable_book_charts()
 #   every step is a chance to blur or lose it, and the gradient that teaches the dependency has
 #   to travel the same $d$ steps back.
 #
-# Work on factorised layers and conditional computation {cite}`shazeer2017outrageously` had made
-# each step cheaper, but the sequence of steps remained.
+# Factorization tricks for LSTM layers {cite}`kuchaiev2017factorization` and conditional
+# computation {cite}`shazeer2017outrageously` had made each step cheaper, but the sequence of
+# steps remained.
 #
 # ## Attention: a shortcut for the decoder
 #
@@ -85,8 +86,12 @@ enable_book_charts()
 #
 # The cell below counts, for each kind of model, how many steps (recurrent updates or stacked
 # layers) connect two positions $d$ apart, with kernel width $k = 3$ for both convolutional
-# models. These are idealised counts for one direction of reading, not measurements; chapter 6
-# puts numbers on the same comparison.
+# models. These are idealised counts, not measurements, and they ask when a single window first
+# covers both positions: each layer of width $k$ widens a window by $k-1$ positions. Chapter 6
+# asks a stricter question with the same kernel, whether the output at one position depends on
+# the input at the other. A centred window widens by only $(k-1)/2$ positions on each side per
+# layer, so it takes twice as many layers, $n - 1$ for $k = 3$ across a sequence of $n$; either
+# way the count grows linearly with the distance.
 
 # %%
 import math
@@ -167,8 +172,9 @@ alt.Chart(alt.Data(values=rows)).mark_line(point=True).encode(
 # {cite:t}`vaswani2017attention` took the step nobody had taken: a transduction model whose
 # encoder and decoder compute their representations with self-attention alone, and no recurrence
 # or convolution at all. Order, which recurrence gave for free, comes back through positional
-# encodings added to the inputs (chapter 4). The result trained in a fraction of the time of the
-# models before it and translated better (the chart in the introduction).
+# encodings added to the inputs (chapter 4). The result translated better than the models before
+# it, and the base model did so at a fraction of their training cost (the paper's Table 2,
+# charted in the introduction).
 #
 # You now have the problem the Transformer solves and the shape of its answer: keep the
 # encoder-decoder split, replace recurrence by attention everywhere. The next chapter builds the

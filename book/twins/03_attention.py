@@ -50,9 +50,12 @@ enable_book_charts()
 #
 # Two matrix products make attention fast on hardware built for them. Dot products are not the
 # only way to score a query against a key: additive attention {cite}`bahdanau2015neural` feeds
-# both through a small network, and does about as well, but cannot be written as one matrix
-# product. The price of the dot product is the factor $1/\sqrt{d_k}$, which the experiment
-# below explains.
+# both through a small network with one hidden layer, which cannot be written as one matrix
+# product. The paper (§3.2.1) reports that the two do about as well for small $d_k$, but that
+# for larger $d_k$ additive attention beats dot products *without* scaling
+# {cite}`britz2017massive`. The paper suspects why: large dot products push the softmax into
+# regions where its gradients are tiny. The factor $1/\sqrt{d_k}$ is the cure, and the
+# experiment below shows the problem it cures.
 #
 # A mask removes the pairs that may not attend (padding, or the future in the decoder): their
 # scores are set to the most negative number the dtype can hold, so the softmax gives them a
@@ -109,7 +112,8 @@ def attention(
 # whose most negative value is $-65504$, so under mixed-precision training PyTorch refuses the
 # fill ("value cannot be converted to type c10::Half without overflow").
 # `torch.finfo(scores.dtype).min` is the most negative finite number of whatever dtype the
-# scores have, and a fully masked row still gets finite (uniform) weights instead of NaN.
+# scores have. Either fill keeps a fully masked row finite: all its scores are the same number,
+# so the softmax gives it uniform weights; only a fill of $-\infty$ would give NaN there.
 # ```
 #
 # Our implementation should agree with PyTorch's fused

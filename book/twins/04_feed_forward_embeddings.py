@@ -35,8 +35,9 @@ enable_book_charts()
 # "Position-wise" means that the same weights are applied at every position, like a
 # convolution with a kernel of width 1, and that positions do not interact here. In the base
 # model $d_\text{model} = 512$ and the inner width is $d_\text{ff} = 2048$. Two thirds of the
-# parameters of an encoder layer sit in this network, and it is where much of what the model
-# knows is stored. The dropout between the two layers is the classic implementation's choice;
+# parameters of an encoder layer sit in this network, and later analyses of trained language
+# models suggest that much of what they memorise is stored there {cite}`geva2021transformer`.
+# The dropout between the two layers is the classic implementation's choice;
 # the paper only mentions dropout on sublayer outputs.
 
 # %% tags=["export"]

@@ -186,7 +186,11 @@ torch.set_num_threads(threads)
 
 # %% [markdown]
 # A stack of ordinary width-3 convolutions, each reaching one position to either side, needs
-# $n - 1$ layers; with dilations $1, 2, 4, \dots$ the reach doubles with each layer and
+# $n - 1$ layers. (Chapter 1 counted about half as many, $d/(k-1)$: it asked when one window
+# first covers two positions $d$ apart, which happens at the output halfway between them. Here
+# the output at position $n - 1$ itself must see position 0, so the whole distance has to be
+# crossed from one side; both counts grow linearly, as the paper's $O(n/k)$ for contiguous
+# kernels (§4) says.) With dilations $1, 2, 4, \dots$ the reach doubles with each layer and
 # $\lceil \log_2 n \rceil$ layers do; one self-attention layer suffices at any length. One LSTM
 # layer connects the two positions as well, but its path runs through $n - 1$ applications of
 # the recurrent cell, one after another: autograd counts layers, and the LSTM's length is hidden
@@ -261,18 +265,20 @@ alt.Chart(alt.Data(values=timings)).mark_line(point=True).encode(
 
 
 # %% [markdown]
-# In the run stored with this page (the table above), the convolution, one large matrix
-# product per call, was the fastest layer at every length, and its time grew no faster than $n$
-# (7.6 ms at $n = 256$, 11.5 ms at 512, 20.9 ms at 1024). The LSTM's time doubled
-# with every doubling of $n$ from 64 on, from a higher start: its $n$ small steps run one after
-# another.
-# At sentence lengths, $n \le 128$, self-attention was about two to three times faster than the LSTM
-# (0.86 ms against 1.65 ms at $n = 16$, 4.37 ms against 12.57 ms at 128). Beyond that the
-# $n \times n$ score matrices took over: from $n = 512$ to 1024 self-attention's time rose
-# 4.5-fold, close to the 4-fold of a quadratic term, and at 1024 it took 224 ms against the
-# LSTM's 100 ms. The two met at $n = 512$ (49.5 ms against 49.7 ms), which is where the operation
-# counts put the crossover: with $d = 256$, self-attention's $8nd^2 + 4n^2d$ equals the LSTM's
-# $16nd^2$ at $n = 2d = 512$.
+# Timings vary from run to run, so we describe the run stored with this page (the table above)
+# in round numbers; the shape of the curves, not their digits, is the point. The convolution,
+# one large matrix product per call, was the fastest layer at every length, and over the whole
+# range its time grew more slowly than $n$: about 40 times for 64 times the length. It did not
+# grow evenly, though: from $n = 128$ to 256 it rose about fourfold, more than the operation
+# count would suggest, and from 256 to 1024 by less than threefold. The operation count does
+# not explain such a step, and on another machine, or in another run, it may fall elsewhere or
+# not appear at all. The LSTM's time about doubled with every doubling of $n$ from 64 on, from
+# a higher start: its $n$ small steps run one after another. At sentence lengths, $n \le 128$,
+# self-attention was about two to three times faster than the LSTM. Beyond that the
+# $n \times n$ score matrices took over: from $n = 512$ to 1024 self-attention's time rose more
+# than fourfold, as a quadratic term does, and at 1024 it took about twice as long as the LSTM.
+# The two were about equal at $n = 512$, which is where the operation counts put the crossover:
+# with $d = 256$, self-attention's $8nd^2 + 4n^2d$ equals the LSTM's $16nd^2$ at $n = 2d = 512$.
 #
 # These are CPU timings on one thread. A GPU speeds up the parallel work of attention and
 # convolution far more than the LSTM's steps, which stay sequential, so on the hardware the paper

@@ -254,17 +254,36 @@ def run_epoch(
 # keeps it off so that the stored outputs stay the same from run to run.
 #
 # ```{note}
-# The classic Annotated Transformer's `run_epoch` differed in four ways that matter. Its default
+# The classic Annotated Transformer's `run_epoch` differed in four ways. Its default
 # `train_state=TrainState()` was one object created once and shared by every call that omitted
 # it, so counts leaked between runs. Each micro-batch's loss was divided by its own token count
-# and never by the group's, so accumulating $k$ micro-batches gave $k$ times the gradient with
-# micro-batches weighed equally regardless of length. The scheduler stepped after every
-# micro-batch, so with accumulation the learning rate ran $k$ times too fast through its
-# warmup. And it stepped the optimizer when `i % accum_iter == 0`, that is after the very first
-# micro-batch alone, leaving the gradients of a final partial group in `.grad` for the next
-# epoch.
+# and never by the group's, so micro-batches weighed equally regardless of length, and the
+# accumulated gradient was about $k$ times too large; under SGD that is a step $k$ times too
+# large (measured below, after the check of our accumulation), but Adam divides each update by
+# a running estimate of the gradient's own scale, so a constant factor mostly cancels there.
+# Two defects do not cancel, and the cell below replays the classic loop's bookkeeping to show
+# them. The scheduler stepped after every micro-batch, so with accumulation the learning rate
+# ran $k$ times too fast through its warmup: ten scheduler steps for three optimizer steps
+# below. And it stepped the optimizer when `i % accum_iter == 0`, so the first update came from
+# the very first micro-batch alone, and a final partial group's gradients were left in `.grad`
+# for the next epoch.
 # ```
-#
+
+# %%
+k, n = 4, 10  # accum_iter, micro-batches in an epoch
+classic_steps, pending, classic_schedule = [], [], 0
+for i in range(n):  # the classic loop's control flow, without the model
+    pending.append(i)  # loss.backward(): micro-batch i's gradient joins .grad
+    if i % k == 0:  # optimizer.step() and zero_grad()
+        classic_steps.append(pending)
+        pending = []
+    classic_schedule += 1  # scheduler.step(), after every micro-batch
+ours = list(accumulation_groups(range(n), k))  # run_epoch's groups; one scheduler step each
+print(f"classic: optimizer steps on micro-batches {classic_steps}, left in .grad: {pending}, "
+      f"{classic_schedule} scheduler steps")
+print(f"ours:    optimizer steps on micro-batches {ours}, {len(ours)} scheduler steps")
+
+# %% [markdown]
 # ## Checking the accumulation
 #
 # Take four micro-batches of four sentences each, with different amounts of padding, so that
@@ -333,10 +352,11 @@ print("big batch vs 4 accumulated micro-batches, largest difference below 1e-6:"
 assert difference < 1e-6
 
 # %% [markdown]
-# The two updates agree to float rounding (the largest difference we measured was about
-# $3 \times 10^{-8}$). For contrast, here is the classic recipe, each micro-batch divided by its
-# own token count, on the same data: it takes a different step, and one about $k = 4$ times
-# too large.
+# The two updates agree to float rounding: the cell asserts that no parameter differs by
+# $10^{-6}$ or more, against a step that moves the parameters by a few hundredths. For contrast,
+# here is the classic recipe, each micro-batch divided by its own token count, on the same data
+# and with the same SGD: it takes a different step, and one about $k = 4$ times too large (with
+# Adam the size would mostly cancel, as the note above says; the direction would still be off).
 
 # %%
 classic = copy.deepcopy(base)

@@ -93,21 +93,28 @@ print("src:\n", example.src)
 print("tgt_y (labels):\n", example.tgt_y)
 
 # %% [markdown]
-# ## A test set that training never sees
+# ## Held-out sets that training never sees
 #
-# The test set is 1,000 sequences of 4 to 10 digits, drawn with their own seed; the training
-# batches drop every sequence that is in it. Shorter sequences are left out of the test set
-# because there are too few of them to hold any out without removing them from training
-# altogether: there are only ten sequences of length one. (Sorting depends only on which
-# digits occur, not on their order, so a test sequence's digits may well have appeared in
-# training in another order; what the model has never seen is the sequence itself.)
+# Two sets of 1,000 sequences of 4 to 10 digits are held out, each drawn with its own seed, and
+# the training batches drop every sequence that is in either. The *validation* set decides when
+# training stops; the *test* set is measured once, at the end, so that the accuracy we report
+# was not selected by looking at it. Shorter sequences are left out of both sets because there
+# are too few of them to hold any out without removing them from training altogether: there are
+# only ten sequences of length one. (Sorting depends only on which digits occur, not on their
+# order, so a held-out sequence's digits may well have appeared in training in another order;
+# what the model has never seen is the sequence itself.)
 
 # %%
-test_generator = torch.Generator().manual_seed(1)
-test_src = random_sequences(1000, V, min_len=4, max_len=10, generator=test_generator)
+test_src = random_sequences(1000, V, min_len=4, max_len=10,
+                            generator=torch.Generator().manual_seed(1))
 test_batch = seq2seq_batch(test_src, sorted_symbols(test_src))
-held_out = sequence_set(test_src)
-print(f"held out: {len(held_out)} distinct sequences")
+valid_src = random_sequences(1000, V, min_len=4, max_len=10,
+                             generator=torch.Generator().manual_seed(2))
+valid_src = drop_sequences(valid_src, sequence_set(test_src))  # no sequence in both sets
+valid_batch = seq2seq_batch(valid_src, sorted_symbols(valid_src))
+held_out = sequence_set(test_src) | sequence_set(valid_src)
+print(f"held out: {len(held_out)} distinct sequences, "
+      f"{len(valid_src)} for validation and {len(test_src)} for the test")
 
 # %% [markdown]
 # ## Model and training
@@ -115,12 +122,21 @@ print(f"held out: {len(held_out)} distinct sequences")
 # The set-up is that of chapter 12: the same small model ($N = 2$, $d_{model} = 64$,
 # $d_{ff} = 128$, $h = 4$), no dropout and no label smoothing, Adam with the paper's settings
 # and the warmup schedule of chapter 10 at half the paper's factor. An epoch is 20 batches of
-# 64 sequences; after every fifth we measure exact-match accuracy on the test set, a sequence
-# counting only if every digit and the final `</s>` are right. We stop when it reaches 99 %,
-# or after 40 epochs. The matrices of so small a model are too small to share among CPU
-# threads with profit, so this chapter computes on one.
+# 64 sequences; after every fifth we measure exact-match accuracy on the validation set, a
+# sequence counting only if every digit and the final `</s>` are right, and keep a copy of the
+# weights whenever it is the best so far. We stop when it reaches 99 %, or after 40 epochs, go
+# back to the best weights, and only then measure the test set. (The accuracy does not rise
+# steadily: with the learning rate still fairly high, it can drop by a few points from one
+# measurement to the next, which is why we keep the best weights rather than the last.) The
+# matrices of so small a model are too small to share among CPU threads with profit, so this
+# chapter computes on one. As in chapter 12, the printed losses and accuracies depend on the
+# last bits of floating-point arithmetic, which differ between machines, so the regression
+# tests check this cell's result with the bounds in the cell after it rather than by its
+# printout.
 
 # %%
+# NBVAL_IGNORE_OUTPUT
+# (training losses and accuracies differ in their last digits between machines)
 import time
 
 torch.set_num_threads(1)  # tiny matrices: a second thread costs more than it saves
@@ -136,6 +152,7 @@ train_data = torch.Generator().manual_seed(0)
 state = TrainState()
 history = []
 start = time.perf_counter()
+best_accuracy, best_epoch, best_weights = -1.0, 0, None
 for epoch in range(1, 41):
     batches = sort_batches(V, 64, 20, generator=train_data, exclude=held_out)
     loss, state = run_epoch(
@@ -143,34 +160,54 @@ for epoch in range(1, 41):
     )
     if epoch % 5:
         continue
-    accuracy = exact_matches(model, test_batch) / len(test_src)
+    accuracy = exact_matches(model, valid_batch) / len(valid_src)
     history.append({"epoch": epoch, "loss": round(loss, 4), "accuracy": round(accuracy, 3)})
-    print(f"epoch {epoch:2d} | loss per token {loss:.4f} | exact-match accuracy {accuracy:.1%}")
+    print(f"epoch {epoch:2d} | loss per token {loss:.4f} | validation accuracy {accuracy:.1%}")
+    if accuracy > best_accuracy:
+        best_accuracy, best_epoch = accuracy, epoch
+        best_weights = {name: w.clone() for name, w in model.state_dict().items()}
     if accuracy >= 0.99:
         break
 elapsed = time.perf_counter() - start
-print(f"exact-match accuracy on 1,000 held-out sequences: {accuracy:.1%}")
+model.load_state_dict(best_weights)  # the weights that did best on the validation set
+test_accuracy = exact_matches(model, test_batch) / len(test_src)
 print(f"{state.accum_step} optimizer steps, {state.samples:,} training sequences, "
       f"took {elapsed:.1f} s")
-assert accuracy >= 0.8
+print(f"best validation accuracy {best_accuracy:.1%}, after epoch {best_epoch}")
+print(f"exact-match accuracy on the 1,000 untouched test sequences: {test_accuracy:.1%}")
+
+# %% [markdown]
+# What the regression tests compare: the chosen weights do well on both held-out sets, whether
+# or not the validation set reached 99 % within the 40 epochs.
 
 # %%
+assert best_accuracy >= 0.9, f"best validation accuracy only {best_accuracy:.1%}"
+assert test_accuracy >= 0.9, f"only {test_accuracy:.1%} of the test sequences sorted exactly"
+print("at least 90 % of the validation and of the 1,000 test sequences sorted exactly")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (a chart of this machine's training run, as in the training cell)
 import altair as alt
 
 alt.Chart(alt.Data(values=history)).mark_line(point=True).encode(
     x=alt.X("epoch:Q", title="epoch (20 steps)"),
     y=alt.Y("accuracy:Q", title="exact-match accuracy", axis=alt.Axis(format="%")),
     tooltip=["epoch:Q", "loss:Q", alt.Tooltip("accuracy:Q", format=".1%")],
-).properties(width=420, height=220, title="Held-out sequences sorted exactly")
+).properties(width=420, height=220, title="Validation sequences sorted exactly")
 
 # %% [markdown]
 # ## Where it errs
 #
 # Accuracy by length shows where the remaining errors are. One might expect them in the
-# longest sequences, which offer the most places to go wrong; in our run the few misses were
-# among the shorter ones, and every test sequence of 8 to 10 digits came out right.
+# longest sequences, which offer the most places to go wrong; in our run the shorter ones were
+# missed more often: about 94 % of the test sequences of 4 to 6 digits came out right, against
+# about 98 % of those of 8 to 10. Which few sequences a model misses changes with the last bits
+# of its training, so the regression tests do not compare this cell's output.
 
 # %%
+# NBVAL_IGNORE_OUTPUT
+# (which few sequences a trained model misses differs between machines)
 lengths = (test_src != 2).sum(dim=1)
 by_length = []
 for n in range(4, 11):
@@ -189,9 +226,12 @@ alt.Chart(alt.Data(values=by_length)).mark_bar().encode(
 ).properties(width=320, height=200, title="Accuracy by length")
 
 # %% [markdown]
-# A few test sequences and their greedy decodings, in digits:
+# A few test sequences and their greedy decodings, in digits (as with the table above, another
+# machine's model may get a different one of them wrong, so nbval does not compare them):
 
 # %%
+# NBVAL_IGNORE_OUTPUT
+# (the decodings of this machine's trained model; another machine's may miss a sequence)
 digits = {0: "<s>", 1: "</s>", 2: "_"} | {i: str(i - 3) for i in range(3, V)}
 model.eval()
 ys = greedy_decode(model, test_batch.src[:6], test_batch.src_mask[:6], 12, 0, end_symbol=1)
@@ -253,8 +293,9 @@ assert share.max() > 0.5
 # ## What we have
 #
 # The same pipeline that learned to copy learns to sort, from nothing but examples, and sorts
-# sequences it has never seen: 995 of 1,000 exactly after 800 optimizer steps, about 40 seconds
-# on one core of our 2-core CPU. The model is not told that the digits are ordered, or what
+# sequences it has never seen: in our run, 96 % of the 1,000 test sequences exactly, with the
+# weights that did best on the validation set (97.9 %, after 600 of 800 optimizer steps), in
+# about 40 seconds of training on one core of our 2-core CPU when nothing else runs on it. The model is not told that the digits are ordered, or what
 # sorting is; it has to discover from data which digit comes first and how many times each
 # one occurs, and attention lets every output position weigh every input digit to do it.
 #

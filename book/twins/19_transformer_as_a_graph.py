@@ -106,8 +106,11 @@ def draw(name: str, mask: torch.Tensor) -> alt.LayerChart:
 alt.hconcat(*(draw(name, mask) for name, mask in graphs.items()))
 
 # %% [markdown]
-# The padded source token (position 3) has no edge leaving it, in either graph that reads the
-# source: it is simply not there. In the dense version it is there, gets a score, and is then
+# The padded source token (position 3) is still a node, since every position of the padded
+# batch keeps its node so that node ids stay simple arithmetic (`b * n + i`), but no edge
+# leaves it, in either graph that reads the source: no query ever reads it, and no score is
+# computed for it as a key. (As a query it still receives edges in the encoder, as its row does
+# in the dense mask; its output is computed and never used.) In the dense version it gets a score like every other key, and is then
 # given the lowest score the number type can hold so that softmax sends its weight to zero.
 #
 # ## Attention as message passing
@@ -251,5 +254,5 @@ alt.Chart(alt.Data(values=edge_counts)).mark_line(point=True).encode(
 #
 # `mask_to_edges` and `graph_attention` rebuild attention from edges and scatters, and the
 # check above shows them equal to the dense `attention` for every kind of attention in the
-# Transformer. The sort task of chapter 13 came from the same graph tutorial; the next chapters
-# go further beyond the paper.
+# Transformer. The sort task of chapter 13 came from the same graph tutorial. The next chapter,
+# the last, stays beyond the paper and looks at what trained attention heads attend to.
