@@ -12,14 +12,14 @@ import json
 
 def pytest_configure(config) -> None:
     try:
-        from nbval.plugin import IPyNbFile
+        from nbval.plugin import IPyNbCell
     except ImportError:  # nbval is a test dependency; without it there is nothing to patch
         return
-    plain_sanitize = IPyNbFile.sanitize
+    plain_sanitize = IPyNbCell.sanitize
 
     def sanitize(self, value):
         if isinstance(value, dict | list):
             value = json.dumps(value, sort_keys=True)
         return plain_sanitize(self, value)
 
-    IPyNbFile.sanitize = sanitize
+    IPyNbCell.sanitize = sanitize

@@ -104,6 +104,21 @@ def test_every_chart_is_stored_as_a_vega_lite_bundle_that_notebooks_draw(path):
 
 
 @pytest.mark.parametrize("path", chapters(), ids=lambda p: p.stem)
+def test_nbval_markers_stand_alone_on_their_line_with_a_reason_below(path):
+    """nbval obeys `# NBVAL_IGNORE_OUTPUT` only when nothing else is on the line: a marker with
+    text after it is silently ignored. The reason goes on the next comment line."""
+    nb = nbformat.read(path, as_version=4)
+    for i, cell in enumerate(nb.cells):
+        lines = [line.strip() for line in cell.source.splitlines()]
+        for j, line in enumerate(lines):
+            if "NBVAL_" in line:
+                assert line in {"# NBVAL_IGNORE_OUTPUT", "# NBVAL_RAISES_EXCEPTION",
+                                "# NBVAL_SKIP"}, f"cell {i}: {line!r} is not a marker nbval obeys"
+                reason = lines[j + 1] if j + 1 < len(lines) else ""
+                assert reason.startswith("# "), f"cell {i}: say why below {line!r}"
+
+
+@pytest.mark.parametrize("path", chapters(), ids=lambda p: p.stem)
 def test_no_code_line_is_wider_than_a_code_cell_of_the_page(path):
     nb = nbformat.read(path, as_version=4)
     wide = [

@@ -7,9 +7,10 @@ laptop, Colab or a CI runner computes the same cells with other float kernels, s
 must pass nbval there too. Two runs go side by side, one thread each (2 processes x 1 thread,
 never more than the 2 cores this book is tested on):
 
-* `1 thread`: OMP_NUM_THREADS=1, this CPU's default kernels (other reduction orders);
-* `avx2`: OMP_NUM_THREADS=1 and ATEN_CPU_CAPABILITY=avx2, PyTorch's AVX2 kernels, which is
-  what a CPU without AVX-512 runs.
+* `1 thread`: OMP_NUM_THREADS=1, this CPU's own kernels (other reduction orders);
+* `other kernels`: OMP_NUM_THREADS=1 and ATEN_CPU_CAPABILITY one level below this CPU's:
+  `avx2` on a CPU with AVX-512 (what a CPU without AVX-512 runs), `default` (PyTorch's
+  portable kernels, no vector instructions) on a CPU whose best is AVX2.
 
 Each run's output is printed when it ends; the script fails when either run fails.
 """
@@ -23,10 +24,25 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-VARIANTS = {
-    "1 thread": {"OMP_NUM_THREADS": "1"},
-    "avx2": {"OMP_NUM_THREADS": "1", "ATEN_CPU_CAPABILITY": "avx2"},
-}
+# This CPU's best kernels (torch.backends.cpu.get_cpu_capability()) -> the set one level below.
+LOWER_CAPABILITY = {"AVX512": "avx2", "AVX512_BF16": "avx2", "AVX512_VNNI": "avx2"}
+
+
+def other_capability() -> str:
+    """The ATEN_CPU_CAPABILITY that gives this CPU other kernels than its own best ones."""
+    native = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    return LOWER_CAPABILITY.get(native, "default")
+
+
+def variants() -> dict[str, dict[str, str]]:
+    """The environments of the two runs."""
+    return {
+        "1 thread": {"OMP_NUM_THREADS": "1"},
+        "other kernels": {"OMP_NUM_THREADS": "1", "ATEN_CPU_CAPABILITY": other_capability()},
+    }
 
 
 def nbval_command(notebooks: list[str]) -> list[str]:
@@ -41,8 +57,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("notebooks", nargs="*", default=["book"])
     args = parser.parse_args()
-    runs = {}
-    for name, env in VARIANTS.items():
+    runs, envs = {}, variants()
+    for name, env in envs.items():
         log = tempfile.TemporaryFile("w+", encoding="utf-8")  # read back when it ends
         runs[name] = (
             subprocess.Popen(
@@ -56,7 +72,7 @@ def main() -> int:
     for name, (process, log, start) in runs.items():
         code = process.wait()
         log.seek(0)
-        print(f"===== nbval, {name} ({VARIANTS[name]}): exit {code}, "
+        print(f"===== nbval, {name} ({envs[name]}): exit {code}, "
               f"{time.perf_counter() - start:.0f} s", flush=True)
         print(log.read(), flush=True)
         log.close()

@@ -280,8 +280,8 @@ theirs = F.cross_entropy(
 )
 entropy = -(1 - smoothing) * math.log(1 - smoothing) - smoothing * math.log(smoothing / (vocab - 2))
 rows = (target != padding_idx).sum().item()
-print(f"LabelSmoothing {ours.item():.6f}; cross_entropy {theirs.item():.6f} "
-      f"- {rows} x entropy {entropy:.6f} = {theirs.item() - rows * entropy:.6f}")
+print(f"LabelSmoothing {ours.item():.5f}; cross_entropy {theirs.item():.5f} "
+      f"- {rows} x entropy {entropy:.5f} = {theirs.item() - rows * entropy:.5f}")
 assert torch.isclose(ours, theirs - rows * entropy, atol=1e-5)
 
 # %% [markdown]

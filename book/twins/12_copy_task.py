@@ -621,7 +621,8 @@ for number, m in enumerate(copy_maps, start=1):
 print("decoder-to-source maps (N, h, n_tgt, n_src):", [tuple(m.cross.shape) for m in copy_maps])
 
 # %%
-# NBVAL_IGNORE_OUTPUT: the chart embeds trained weights, whose last digits vary with the CPU.
+# NBVAL_IGNORE_OUTPUT
+# (the chart embeds trained weights, whose last digits vary with the CPU.)
 attention_chart(copy_records, controls=("sequence", "kind", "layer", "head"),
                 initial={"kind": "cross"}, width=260, height=260)
 
@@ -631,7 +632,8 @@ attention_chart(copy_records, controls=("sequence", "kind", "layer", "head"),
 # exactly that position, for each layer and head of the decoder-to-source attention:
 
 # %%
-# NBVAL_IGNORE_OUTPUT: shares of trained weights; their last digit can vary with the CPU.
+# NBVAL_IGNORE_OUTPUT
+# (shares of trained weights; their last digit can vary with the CPU.)
 decoder_input = test_batch.tgt.masked_fill(test_batch.tgt == 1, 2)  # (100, n_tgt), no </s>
 test_maps = attention_maps(model, test_batch.src, decoder_input)
 hits = torch.zeros(2, 4)  # (N, h): queries whose strongest key is the symbol they copy

@@ -261,7 +261,8 @@ for number, m in enumerate(sort_maps, start=1):
 print("decoder-to-source maps (N, h, n_tgt, n_src):", [tuple(m.cross.shape) for m in sort_maps])
 
 # %%
-# NBVAL_IGNORE_OUTPUT: the chart embeds trained weights, whose last digits vary with the CPU.
+# NBVAL_IGNORE_OUTPUT
+# (the chart embeds trained weights, whose last digits vary with the CPU.)
 attention_chart(sort_records, controls=("sequence", "kind", "layer", "head"),
                 initial={"kind": "cross"}, width=260, height=260)
 
@@ -272,7 +273,8 @@ attention_chart(sort_records, controls=("sequence", "kind", "layer", "head"),
 # head, and the share that a query would score by picking a source position at random:
 
 # %%
-# NBVAL_IGNORE_OUTPUT: shares of trained weights; their last digit can vary with the CPU.
+# NBVAL_IGNORE_OUTPUT
+# (shares of trained weights; their last digit can vary with the CPU.)
 decoder_input = test_batch.tgt.masked_fill(test_batch.tgt == 1, 2)  # (1000, n_tgt), no </s>
 test_maps = attention_maps(model, test_batch.src, decoder_input)
 hits = torch.zeros(2, 4)  # (N, h): queries whose strongest key holds the digit to write next
