@@ -28,7 +28,13 @@ NBVAL := OMP_NUM_THREADS=2 $(PY) -m pytest --nbval --nbval-current-env \
 CONFIG ?= cpu
 DEVICES ?= 1
 
-.PHONY: book test test-cli-layer sync lint lock clean distclean setup train translate
+# The chapters whose numbers come from training or from float sums, run again as other machines
+# run them (one thread; another CPU's kernels): tools/nbval_portable.py.
+PORTABLE := $(addprefix book/,05_full_model.ipynb 08_training_loop.ipynb \
+	11_regularization.ipynb 12_copy_task.ipynb 13_sort_task.ipynb 14_multi30k_training.ipynb \
+	16_checkpoint_averaging.ipynb 18_model_variations.ipynb 20_attention_visualization.ipynb)
+
+.PHONY: book test test-portable test-cli-layer sync lint lock clean distclean setup train translate
 
 # Set-up messages go to stderr, so that `make translate` writes nothing but translations.
 $(CLI_LAYER): pyproject.toml constraints.txt tools/setup_env.sh
@@ -48,11 +54,16 @@ book: $(BOOK_LAYER)
 test: lint
 	$(PY) -m pytest tests --ignore=tests/test_browser.py --ignore=tests/test_jupyterlab.py
 	$(NBVAL) book
+	$(MAKE) --no-print-directory test-portable
 	$(PY) tools/build_book.py
 	bash tools/ensure_chromium.sh
 	$(PY) -m pytest tests/test_browser.py
 	OMP_NUM_THREADS=1 $(PY) -m pytest tests/test_jupyterlab.py
 	$(MAKE) --no-print-directory test-cli-layer
+
+# nbval with one thread, and with the kernels of a CPU one level below this one's (2 x 1 thread).
+test-portable: $(TEST_LAYER)
+	$(PY) tools/nbval_portable.py $(PORTABLE)
 
 # A fresh venv with only the first layer, and no npm or Jupyter Book on PATH, translates.
 test-cli-layer:

@@ -3,12 +3,12 @@
 The stored chart outputs are Vega-Lite bundles (see `book_chart_bundle` in the intro), which
 JupyterLab draws with its own Vega even in a notebook the reader has not trusted. The test starts
 JupyterLab on a free local port (a known token, no browser, every request off the machine
-blocked), opens one chapter in Debian's Chromium, waits for the charts, and stops the server.
+blocked), opens one chapter in the Chromium or Chrome that tools/find_browser.py finds, waits
+for the charts, and stops the server.
 """
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -21,6 +21,9 @@ import nbformat
 import pytest
 
 from the_annotated_transformer import VEGA_LITE_MIME
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from find_browser import BrowserNotFound, find_browser  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTER = "book/20_attention_visualization.ipynb"
@@ -101,9 +104,10 @@ def jupyterlab(tmp_path_factory):
 def browser():
     from playwright.sync_api import sync_playwright
 
-    executable = shutil.which("chromium")
-    if executable is None:
-        pytest.fail("Chromium is missing: run tools/ensure_chromium.sh")
+    try:
+        executable = find_browser()
+    except BrowserNotFound as err:
+        pytest.fail(f"{err} (or run tools/ensure_chromium.sh)")
     with sync_playwright() as playwright:
         chromium = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
         yield chromium
