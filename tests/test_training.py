@@ -476,3 +476,25 @@ def test_batch_tokens_picks_the_accumulation_nearest_the_papers_batch():
     assert accum_for_batch(25_000, 1500, 2) == 8
     with pytest.raises(ValueError, match="--batch-tokens must be a positive integer, got 0"):
         accum_for_batch(0, 4096, 1)
+
+
+def run_train_script(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "tools" / "train.py"), *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_train_script_on_a_finished_run_says_so_and_trains_nothing(tmp_path):
+    torch.save({"epoch": 12, "model": {}}, tmp_path / "last.pt")  # what the script reads
+    for extra in ([], ["--resume"]):
+        result = run_train_script("--config", "cpu", "--checkpoint-dir", str(tmp_path), *extra)
+        assert result.returncode == 0, result.stderr
+        assert "has finished" in result.stderr and "after epoch 12 of 12" in result.stderr
+        assert "Traceback" not in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]  # nothing written
+
+
+def test_train_script_resume_with_nothing_to_resume_is_one_line_and_an_error(tmp_path):
+    result = run_train_script("--config", "cpu", "--checkpoint-dir", str(tmp_path), "--resume")
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("train.py: error: cannot resume")

@@ -15,8 +15,15 @@ vocabularies beside it, and best.pt holds the weights with the best validation B
 import argparse
 import os
 import sys
+from pathlib import Path
 
-from the_annotated_transformer import train_distributed, train_worker, training_config
+from the_annotated_transformer import (
+    TrainConfig,
+    load_checkpoint,
+    train_distributed,
+    train_worker,
+    training_config,
+)
 
 
 def accum_for_batch(batch_tokens: int, max_tokens: int, world_size: int) -> int:
@@ -24,6 +31,20 @@ def accum_for_batch(batch_tokens: int, max_tokens: int, world_size: int) -> int:
     if batch_tokens < 1:
         raise ValueError(f"--batch-tokens must be a positive integer, got {batch_tokens}")
     return max(1, round(batch_tokens / (max_tokens * world_size)))
+
+
+def finished_run(config: TrainConfig) -> str | None:
+    """What to tell a user whose checkpoint folder holds a run that has done all its epochs."""
+    path = Path(config.checkpoint_dir) / "last.pt"
+    if not path.is_file():
+        return None
+    done = load_checkpoint(path)["epoch"]
+    if done < config.epochs:
+        return None
+    return (f"the run in {config.checkpoint_dir} has finished: {path} is after epoch {done} of "
+            f"{config.epochs}, so there is nothing to train. To train longer, resume with more "
+            "epochs (--resume --epochs N, or make train RESUME=1 EPOCHS=N); to start again, "
+            "--overwrite; to use the model, tools/translate.py --checkpoint " + str(path))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -74,10 +95,17 @@ def main(argv: list[str] | None = None) -> None:
               f"{config.max_tokens} = {world_size * config.accum_iter * config.max_tokens:,} "
               "padded tokens per optimizer step", file=sys.stderr)
     options = {"resume": args.resume, "overwrite": args.overwrite, "threads": args.threads}
-    if torchrun:
-        train_worker(config=config, **options)
-    else:
-        train_distributed(config, args.devices, **options)
+    try:
+        message = None if args.overwrite else finished_run(config)
+        if message is not None:
+            print(f"train.py: {message}", file=sys.stderr)
+            return
+        if torchrun:
+            train_worker(config=config, **options)
+        else:
+            train_distributed(config, args.devices, **options)
+    except (FileExistsError, FileNotFoundError, ValueError) as err:  # a wrong folder or config
+        sys.exit(f"train.py: error: {err}")
 
 
 if __name__ == "__main__":
