@@ -265,20 +265,20 @@ alt.Chart(alt.Data(values=timings)).mark_line(point=True).encode(
 
 
 # %% [markdown]
-# Timings vary from run to run, so we describe the run stored with this page (the table above)
-# in round numbers; the shape of the curves, not their digits, is the point. The convolution,
-# one large matrix product per call, was the fastest layer at every length, and over the whole
-# range its time grew more slowly than $n$: about 40 times for 64 times the length. It did not
-# grow evenly, though: from $n = 128$ to 256 it rose about fourfold, more than the operation
-# count would suggest, and from 256 to 1024 by less than threefold. The operation count does
-# not explain such a step, and on another machine, or in another run, it may fall elsewhere or
-# not appear at all. The LSTM's time about doubled with every doubling of $n$ from 64 on, from
-# a higher start: its $n$ small steps run one after another. At sentence lengths, $n \le 128$,
-# self-attention was about two to three times faster than the LSTM. Beyond that the
-# $n \times n$ score matrices took over: from $n = 512$ to 1024 self-attention's time rose more
-# than fourfold, as a quadratic term does, and at 1024 it took about twice as long as the LSTM.
-# The two were about equal at $n = 512$, which is where the operation counts put the crossover:
-# with $d = 256$, self-attention's $8nd^2 + 4n^2d$ equals the LSTM's $16nd^2$ at $n = 2d = 512$.
+# Timings vary from run to run: two runs on this book's machine, in different sessions, disagreed by up
+# to a factor of two at some lengths, and the table above is just the last of them. So we
+# describe only what held in every run, in round numbers; the shape of the curves, not their
+# digits, is the point. The convolution, one large matrix product per call, was the fastest
+# layer at every length, and its time grew more slowly than $n$: roughly 20 to 40 times for 64
+# times the length. The LSTM's time about doubled with every doubling of $n$ from 128 on, from a
+# higher start: its $n$ small steps run one after another. At the shortest lengths,
+# $n \le 64$, self-attention was about one and a half to three times faster than the LSTM.
+# Beyond that the $n \times n$ score matrices took over: from $n = 512$ to 1024
+# self-attention's time rose more than fourfold, as a quadratic term does, and at 1024 it took
+# two to four times as long as the LSTM. The two crossed somewhere between $n = 128$ and 512;
+# the operation counts put the crossover at $n = 2d = 512$, since with $d = 256$,
+# self-attention's $8nd^2 + 4n^2d$ equals the LSTM's $16nd^2$ there; counting operations
+# leaves out memory traffic and kernel overheads, which moved it earlier in some of our runs.
 #
 # These are CPU timings on one thread. A GPU speeds up the parallel work of attention and
 # convolution far more than the LSTM's steps, which stay sequential, so on the hardware the paper

@@ -712,15 +712,15 @@ for name, s in test_seconds.items():
 
 # %% [markdown]
 # The times vary from run to run, by a tenth or more on our shared machine, so we give ranges
-# that cover the two runs we recorded; the printout above is the one stored with this page. Greedy
+# that cover the three runs we recorded; the printout above is the one stored with this page. Greedy
 # decoding of the 100 validation sentences took a few seconds, and beam search with $k = 1$
 # only about two thirds as long, although it makes the same choices: `greedy_decode` keeps
 # running the decoder on every sentence of a batch until the last one has ended, while
 # `beam_search` drops finished hypotheses from its rows. Wider beams cost less than their width
 # suggests, because hypotheses finish and searches stop early: against greedy decoding, about
-# as long with $k = 2$ (0.9 to 1.05 times), 1.6 to 2 times as long with $k = 4$, and about 3 to
-# 4 times with $k = 8$. On the whole test set the paper's setting took about 1.8 times as long
-# as greedy decoding, and the chosen $k = 2$ about as long. At each beam size $\alpha = 0$
+# as long or up to a quarter longer with $k = 2$ (0.9 to 1.25 times), 1.6 to 2.1 times as long
+# with $k = 4$, and about 3 to 4 times with $k = 8$. On the whole test set the paper's setting
+# took about 1.8 to 1.9 times as long as greedy decoding, and the chosen $k = 2$ about as long. At each beam size $\alpha = 0$
 # tends to be the fastest, since its early stop is the tightest. Both decoders rerun the decoder
 # over the whole prefix at every step; a cache of the keys and values of earlier positions would
 # make both faster.
