@@ -8,7 +8,6 @@ that leaves the local test server is blocked and counted as a failure.
 import functools
 import http.server
 import re
-import sys
 import threading
 from pathlib import Path
 from urllib.parse import urlparse
@@ -16,19 +15,8 @@ from urllib.parse import urlparse
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-from find_browser import BrowserNotFound, find_browser  # noqa: E402
 
 HTML = ROOT / "_build" / "html"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-
 
 def built_pages() -> list[str]:
     """The book's own pages (one per _toc.yml entry), relative to _build/html."""
@@ -54,20 +42,6 @@ def server():
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, format, *args):  # noqa: A002 - the base class's name
         pass
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    try:
-        executable = find_browser()
-    except BrowserNotFound as err:
-        pytest.fail(f"{err} (or run tools/ensure_chromium.sh)")
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
 
 
 def test_no_built_page_references_an_external_script():

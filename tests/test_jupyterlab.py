@@ -22,20 +22,9 @@ import pytest
 
 from the_annotated_transformer import VEGA_LITE_MIME
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-from find_browser import BrowserNotFound, find_browser  # noqa: E402
-
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTER = "book/20_attention_visualization.ipynb"
 TOKEN = "annotated-transformer-test"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 # Every cell rendered at once (JupyterLab otherwise renders only the cells near the viewport).
 NOTEBOOK_SETTINGS = {"windowingMode": "none"}
 
@@ -98,20 +87,6 @@ def jupyterlab(tmp_path_factory):
             process.kill()
             process.wait()
         log.close()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    try:
-        executable = find_browser()
-    except BrowserNotFound as err:
-        pytest.fail(f"{err} (or run tools/ensure_chromium.sh)")
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
 
 
 def stored_charts(path: Path) -> int:
