@@ -32,7 +32,7 @@ DEVICES ?= 1
 # run them (one thread; another CPU's kernels): tools/nbval_portable.py.
 PORTABLE := $(addprefix book/,05_full_model.ipynb 08_training_loop.ipynb \
 	11_regularization.ipynb 12_copy_task.ipynb 13_sort_task.ipynb 14_multi30k_training.ipynb \
-	16_checkpoint_averaging.ipynb 18_model_variations.ipynb 20_attention_visualization.ipynb)
+	16_checkpoint_averaging.ipynb 18_model_variations.ipynb 22_attention_visualization.ipynb)
 
 .PHONY: book test test-portable test-cli-layer sync lint lock clean distclean setup train translate
 

@@ -3400,7 +3400,7 @@ def _xavier(module: nn.Module) -> nn.Module:
 
 
 # %% [markdown]
-# ## From book/19_transformer_as_a_graph.ipynb
+# ## From book/21_transformer_as_a_graph.ipynb
 
 
 # %%
@@ -3453,7 +3453,7 @@ def graph_attention(
 
 
 # %% [markdown]
-# ## From book/20_attention_visualization.ipynb
+# ## From book/22_attention_visualization.ipynb
 
 
 # %%

@@ -627,5 +627,5 @@ assert all(loss < 1.8 for loss in norm_runs["pre-norm, no warm-up"])
 # miniature tests the machinery and shows what a short, cheap experiment can and cannot tell.
 #
 # That ends Part III. Part IV goes beyond the paper, starting with a different way to look at
-# the model we have built: chapter 19 writes attention as message passing on a graph, whose
+# the model we have built: chapter 21 writes attention as message passing on a graph, whose
 # edges are the query-key pairs that a mask allows.
