@@ -545,15 +545,22 @@ def greedy_decode(
     max_len: int,
     start_symbol: int,
     end_symbol: int | None = None,
+    *,
+    use_cache: bool = False,
 ) -> torch.Tensor:
     """Most likely token at each step for a batch; (batch, <= max_len) ids from start_symbol.
 
     A sequence that has produced `end_symbol` is padded with `end_symbol` until all have ended.
+    use_cache=True gives the same ids with chapter 20's key/value cache, one step per token.
     """
     if src.dim() != 2:
         raise ValueError(f"src must have shape (batch, n_src), got {tuple(src.shape)}")
     if max_len < 1:
         raise ValueError(f"max_len must be at least 1 (the start symbol), got {max_len}")
+    if use_cache:
+        from the_annotated_transformer import cached_greedy_decode
+
+        return cached_greedy_decode(model, src, src_mask, max_len, start_symbol, end_symbol)
     batch = src.size(0)
     with torch.no_grad():
         memory = model.encode(src, src_mask)  # (batch, n_src, d_model), computed once
@@ -2934,13 +2941,15 @@ def beam_search(
     end_symbol: int,
     beam_size: int = 4,
     alpha: float = 0.6,
+    use_cache: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The best output per sentence by log P(Y | X) / lp(Y), searching beam_size at a time.
 
     Returns ids (batch, <= max_len), which begin with start_symbol and are padded with
     end_symbol after the end as greedy_decode's are, and their scores (batch,). max_len counts
     the start symbol and holds for every sentence (an int) or for each one (a (batch,) tensor);
-    an output cut short by its own max_len is padded like one that ended.
+    an output cut short by its own max_len is padded like one that ended. use_cache=True
+    gives the same output with chapter 20's key/value cache, one decoder step per token.
     """
     limits = _beam_limits(src, src_mask, max_len, beam_size, alpha)
     batch, k, device = src.size(0), beam_size, src.device
@@ -2948,6 +2957,11 @@ def beam_search(
     every = torch.arange(batch, device=device)
     with torch.no_grad():
         memory = model.encode(src, src_mask)  # (batch, n_src, d_model), once per sentence
+        if use_cache:  # chapter 20: the cache holds one row per live hypothesis
+            from the_annotated_transformer import DecoderCache, decode_step
+
+            cache = DecoderCache(model, memory, src_mask)  # a row per sentence, for now
+            parent = every.unsqueeze(-1).expand(batch, k)  # (batch, k): each slot's row
         ys = torch.full((batch, k, 1), start_symbol, dtype=torch.long, device=device)
         live = torch.full((batch, k), -math.inf, device=device)  # log P; -inf: not live
         live[:, 0] = 0.0  # one hypothesis to begin with: <s>
@@ -2963,9 +2977,13 @@ def beam_search(
             if rows[0].numel() == 0:
                 break
             # 1) decode the live hypotheses of all sentences as one batch of rows
-            out = model.decode(memory[rows[0]], src_mask[rows[0]], ys[rows],
-                               subsequent_mask(t).to(device))  # (n_live, t, d_model)
-            log_probs = model.generator(out[:, -1])  # (n_live, V)
+            if use_cache:  # only the last token, against the cached keys and values
+                cache.select(parent[rows])  # the rows of the live hypotheses, in order
+                log_probs = decode_step(model, cache, ys[rows][:, -1], t - 1)  # (n_live, V)
+            else:
+                out = model.decode(memory[rows[0]], src_mask[rows[0]], ys[rows],
+                                   subsequent_mask(t).to(device))  # (n_live, t, d_model)
+                log_probs = model.generator(out[:, -1])  # (n_live, V)
             V = log_probs.size(-1)
             # 2) every extension of every live hypothesis: log P(prefix) + log p(word | prefix)
             candidates = torch.full((batch, k, V), -math.inf, device=device)
@@ -2976,6 +2994,10 @@ def beam_search(
             kept = (torch.arange(k, device=device) < free) & (top > -math.inf)  # (batch, k)
             slot, word = index // V, index % V  # (batch, k) each
             ys = torch.cat([ys[every.unsqueeze(-1), slot], word.unsqueeze(-1)], dim=-1)
+            if use_cache:  # the cache row of the hypothesis that each slot extends
+                row_of = torch.zeros(batch, k, dtype=torch.long, device=device)
+                row_of[rows] = torch.arange(rows[0].numel(), device=device)
+                parent = row_of[every.unsqueeze(-1), slot]  # (batch, k)
             # 4) a kept candidate finishes with </s> or at its sentence's max_len
             at_limit = (t + 1 >= limits).unsqueeze(-1)  # (batch, 1)
             finished = kept & ((word == end_symbol) | at_limit)  # (batch, k)
@@ -3013,6 +3035,7 @@ def beam_translate_batch(
     bos_id: int = 0,
     eos_id: int = 1,
     pad_id: int = 2,
+    use_cache: bool = False,
 ) -> list[list[int]]:
     """Beam-search translations of id lists, each at most len(source) + extra_len tokens."""
     device = next(model.parameters()).device
@@ -3021,7 +3044,8 @@ def beam_translate_batch(
     limits = torch.tensor([len(ids) + extra_len + 1 for ids in src_ids], device=device)
     model.eval()
     out, _ = beam_search(model, src, src_mask, max_len=limits, start_symbol=bos_id,
-                         end_symbol=eos_id, beam_size=beam_size, alpha=alpha)
+                         end_symbol=eos_id, beam_size=beam_size, alpha=alpha,
+                         use_cache=use_cache)
     results = []
     for row in out[:, 1:].tolist():  # drop <s>
         results.append(row[: row.index(eos_id)] if eos_id in row else row)
@@ -3039,10 +3063,11 @@ def beam_translate(
     alpha: float = 0.6,
     extra_len: int = 50,
     batch_size: int = 32,
+    use_cache: bool = False,
 ) -> list[str]:
     """translate with beam search: one English line per German sentence, in input order."""
     decode = partial(beam_translate_batch, model, beam_size=beam_size, alpha=alpha,
-                     extra_len=extra_len)
+                     extra_len=extra_len, use_cache=use_cache)
     return translate(model, sentences, vocab_src, vocab_tgt, tokenizer, batch_size=batch_size,
                      decode_batch=decode)
 
@@ -3397,6 +3422,298 @@ def _xavier(module: nn.Module) -> nn.Module:
         if p.dim() > 1:
             nn.init.xavier_uniform_(p)
     return module
+
+
+# %% [markdown]
+# ## From book/20_making_it_fast.ipynb
+
+
+# %%
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def split_heads(attn: MultiHeadedAttention, x: torch.Tensor) -> torch.Tensor:
+    """(rows, n, d_model) -> (rows, h, n, d_k), as MultiHeadedAttention splits its inputs."""
+    return x.view(x.size(0), -1, attn.h, attn.d_k).transpose(1, 2)
+
+
+class DecoderCache:
+    """What the decoder keeps between steps, per layer: the keys and values of the target
+    tokens so far and of the memory, one row per sentence (or hypothesis) being decoded."""
+
+    def __init__(
+        self, model: EncoderDecoder, memory: torch.Tensor, src_mask: torch.Tensor | None
+    ) -> None:
+        self.layers = list(model.decoder.layers)
+        self.src_mask = None if src_mask is None else src_mask.unsqueeze(1)  # (rows, 1, 1, n)
+        self.self_k: list[torch.Tensor | None] = [None] * len(self.layers)  # (rows, h, t, d_k)
+        self.self_v: list[torch.Tensor | None] = [None] * len(self.layers)
+        # the memory's keys and values for attention to the source: projected once
+        self.cross_k = [split_heads(layer.src_attn, layer.src_attn.linears[1](memory))
+                        for layer in self.layers]  # (rows, h, n_src, d_k)
+        self.cross_v = [split_heads(layer.src_attn, layer.src_attn.linears[2](memory))
+                        for layer in self.layers]
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep the rows `index` (rows_kept,), in that order: drop the finished ones (greedy)
+        or follow each hypothesis to the one it extends (beam search)."""
+        for name in ("self_k", "self_v", "cross_k", "cross_v"):
+            setattr(self, name, [None if t is None else t[index] for t in getattr(self, name)])
+        if self.src_mask is not None:
+            self.src_mask = self.src_mask[index]
+
+
+# %%
+def attend_cached(
+    attn: MultiHeadedAttention,
+    x: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+) -> torch.Tensor:
+    """attn's output (rows, 1, d_model) for one new position x (rows, 1, d_model), whose
+    query meets keys and values (rows, h, n_k, d_k) that are already projected."""
+    query = split_heads(attn, attn.linears[0](x))  # (rows, h, 1, d_k)
+    if isinstance(attn, FastMultiHeadedAttention):
+        mask = None if mask is None else mask != 0
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask)
+    else:
+        out, _ = attention(query, key, value, mask=mask)  # (rows, h, 1, d_k)
+    return attn.linears[-1](out.transpose(1, 2).reshape(x.size(0), 1, attn.h * attn.d_k))
+
+
+def decode_step(
+    model: EncoderDecoder, cache: DecoderCache, tokens: torch.Tensor, position: int
+) -> torch.Tensor:
+    """Log-probabilities (rows, V) of the token after `tokens` (rows,), which stand at
+    `position`; their keys and values join the cache. For decoding: no dropout is applied."""
+    embed, positions = model.tgt_embed
+    x = embed(tokens.unsqueeze(1))  # (rows, 1, d_model)
+    if isinstance(positions, PositionalEncoding):
+        x = x + positions.pe[:, position : position + 1]
+    elif isinstance(positions, LearnedPositionalEmbedding):
+        x = x + positions.position.weight[position]
+    else:
+        raise ValueError("decode_step knows PositionalEncoding and LearnedPositionalEmbedding, "
+                         f"not {type(positions).__name__}")
+    for i, layer in enumerate(cache.layers):
+
+        def self_attend(y: torch.Tensor, i: int = i, attn: nn.Module = layer.self_attn):
+            # 1) the new token's key and value join those of the tokens before it
+            k, v = (split_heads(attn, linear(y)) for linear in attn.linears[1:3])
+            if cache.self_k[i] is not None:
+                k = torch.cat([cache.self_k[i], k], dim=2)  # (rows, h, t + 1, d_k)
+                v = torch.cat([cache.self_v[i], v], dim=2)
+            cache.self_k[i], cache.self_v[i] = k, v
+            return attend_cached(attn, y, k, v, None)  # every earlier token is visible
+
+        def cross_attend(y: torch.Tensor, i: int = i, attn: nn.Module = layer.src_attn):
+            # 2) attention to the memory, whose keys and values the cache holds
+            return attend_cached(attn, y, cache.cross_k[i], cache.cross_v[i], cache.src_mask)
+
+        x = layer.sublayer[0](x, self_attend)
+        x = layer.sublayer[1](x, cross_attend)
+        x = layer.sublayer[2](x, layer.feed_forward)  # (rows, 1, d_model)
+    return model.generator(model.decoder.norm(x)[:, -1])  # (rows, V)
+
+
+# %%
+def cached_greedy_decode(
+    model: EncoderDecoder,
+    src: torch.Tensor,
+    src_mask: torch.Tensor | None,
+    max_len: int,
+    start_symbol: int,
+    end_symbol: int | None = None,
+) -> torch.Tensor:
+    """greedy_decode's output, computed one new position per step with a DecoderCache."""
+    batch = src.size(0)
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)  # (batch, n_src, d_model)
+        cache = DecoderCache(model, memory, src_mask)
+        pad = start_symbol if end_symbol is None else end_symbol
+        ys = torch.full((batch, max_len), pad, dtype=torch.long, device=src.device)
+        ys[:, 0] = start_symbol
+        rows = torch.arange(batch, device=src.device)  # the sentence of each cache row
+        tokens, length = ys[:, 0], 1
+        for t in range(1, max_len):
+            tokens = decode_step(model, cache, tokens, t - 1).argmax(dim=-1)  # (rows,)
+            ys[rows, t] = tokens
+            length = t + 1
+            if end_symbol is None:
+                continue
+            going = tokens != end_symbol
+            if not bool(going.all()):  # drop the sentences that have just ended
+                keep = going.nonzero().squeeze(1)  # (rows_kept,)
+                if keep.numel() == 0:
+                    break
+                rows, tokens = rows[keep], tokens[keep]
+                cache.select(keep)
+    return ys[:, :length]
+
+
+# %%
+class FastMultiHeadedAttention(MultiHeadedAttention):
+    """MultiHeadedAttention through PyTorch's fused attention: the same weights and result.
+
+    The attention weights are not stored; reading `.attn` computes the last call's weights
+    (batch, h, n_q, n_k), before dropout, from the queries and keys that it keeps.
+    """
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """query (batch, n_q, d_model), key/value (batch, n_k, d_model) -> (batch, n_q, d_model)."""
+        if mask is not None:
+            mask = mask != 0  # boolean: True = may attend (a float mask would be added)
+            if mask.dim() == 3:
+                mask = mask.unsqueeze(1)  # (batch, 1, n_q or 1, n_k)
+        batch = query.size(0)
+        # 1) project and split into heads, as the readable module does
+        query, key, value = [
+            linear(x).view(batch, -1, self.h, self.d_k).transpose(1, 2)  # (batch, h, n, d_k)
+            for linear, x in zip(self.linears, (query, key, value), strict=False)
+        ]
+        self._last = (query.detach(), key.detach(), mask)  # for .attn, if it is read
+        # 2) softmax(Q K^T / sqrt(d_k)) V in one call, with attention dropout in training
+        p = self.dropout.p if self.training else 0.0
+        x = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=p)
+        # 3) merge the heads, 4) W^O
+        return self.linears[-1](x.transpose(1, 2).reshape(batch, -1, self.h * self.d_k))
+
+    @property
+    def attn(self) -> torch.Tensor | None:
+        """The last call's attention weights (batch, h, n_q, n_k), computed when read."""
+        last = getattr(self, "_last", None)
+        if last is None:
+            return None
+        query, key, mask = last
+        return attention(query, key, key, mask=mask)[1]  # the weights (the output is unused)
+
+    @attn.setter
+    def attn(self, value: torch.Tensor | None) -> None:
+        if value is not None:
+            raise ValueError("FastMultiHeadedAttention computes .attn itself; only None is allowed")
+        self._last = None
+
+
+class FastEmbeddings(Embeddings):
+    """Embeddings without the id-range check, whose min and max wait for the device."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Token ids (batch, n) -> vectors (batch, n, d_model); nn.Embedding rejects bad ids."""
+        return self.lut(x) * self.d_model**0.5
+
+
+FAST_CLASSES = {MultiHeadedAttention: FastMultiHeadedAttention, Embeddings: FastEmbeddings}
+
+
+def use_fast_path(model: nn.Module, enabled: bool = True) -> nn.Module:
+    """Switch the model's attention and embeddings to the fast classes (or back), in place.
+
+    Only each module's class changes: parameters, buffers and the state dict stay as they are,
+    so a checkpoint of either path loads into the other. Subclasses (chapter 18's
+    KeySizeAttention) are left alone. Returns the model.
+    """
+    for module in model.modules():
+        for readable, fast in FAST_CLASSES.items():
+            if type(module) is (readable if enabled else fast):
+                module.__class__ = fast if enabled else readable
+    return model
+
+
+# %%
+import math
+
+
+def label_smoothing_loss(
+    logits: torch.Tensor, target: torch.Tensor, *, padding_idx: int, smoothing: float
+) -> torch.Tensor:
+    """LabelSmoothing's summed KL divergence, from F.cross_entropy and two more columns.
+
+    logits (rows, V) are scores before the softmax (log-probabilities work too), target (rows,).
+    """
+    V = logits.size(-1)
+    fill = smoothing / (V - 2)  # LabelSmoothing's mass on each token but the target and pad
+    if fill * V > 1:
+        raise ValueError(f"smoothing={smoothing} is too large for a vocabulary of {V}: "
+                         f"F.cross_entropy's label_smoothing would be {fill * V:.3f} > 1")
+    keep = target != padding_idx  # (rows,) the rows that LabelSmoothing counts
+    # 1) cross-entropy with fill on every token, padding too, and 1 - fill * V more on the target
+    loss = F.cross_entropy(logits, target, ignore_index=padding_idx, label_smoothing=fill * V,
+                           reduction="sum")
+    # 2) take back the fill that padding got, and give it to the target
+    log_z = logits.logsumexp(dim=-1)  # (rows,)
+    log_p_target = logits.gather(1, target.unsqueeze(1)).squeeze(1) - log_z
+    log_p_pad = logits[:, padding_idx] - log_z
+    loss = loss + fill * torch.where(keep, log_p_pad - log_p_target, 0.0).sum()
+    # 3) the smoothed target's negative entropy, a constant: from cross-entropy to KL
+    confidence = 1.0 - smoothing
+    neg_entropy = sum(n * q * math.log(q) for q, n in ((confidence, 1), (fill, V - 2)) if q > 0)
+    return loss + neg_entropy * keep.sum()
+
+
+# %%
+import json
+import urllib.request
+from typing import Any
+
+
+def bench_results(name: str = "bench_cpu.json") -> dict[str, Any]:
+    """A `make bench` result file from book/data (from the book's repository outside a copy)."""
+    root = repository_root()
+    if root is not None and (root / "book" / "data" / name).is_file():
+        return json.loads((root / "book" / "data" / name).read_text())
+    url = f"{BOOK_REPOSITORY}/raw/{BOOK_REPOSITORY_REF}/book/data/{name}"
+    with urllib.request.urlopen(url, timeout=60) as response:
+        return json.loads(response.read())
+
+
+def bench_table(results: dict[str, Any]) -> Any:
+    """The rows as a pandas DataFrame: median, range, ratio to the first row of each group."""
+    import pandas as pd
+
+    rows = []
+    groups = [("training", "tokens_per_s", "target tokens/s", lambda r: (r["size"], r["model"])),
+              ("batching", "real_tokens_per_s", "real target tokens/s",
+               lambda r: (r["size"], r["batching"])),
+              ("decoding", "sentences_per_s", "sentences/s", lambda r: ("", r["decoder"]))]
+    for group, key, unit, name in groups:
+        first = {}
+        for row in results[group]:
+            size, label = name(row)
+            base = first.setdefault(size, row[key]["median"])
+            rows.append({"group": group, "size": size, "row": label, "unit": unit,
+                         "median": round(row[key]["median"], 1),
+                         "range": f"{row[key]['min']:.1f} to {row[key]['max']:.1f}",
+                         "ratio": round(row[key]["median"] / base, 2),
+                         "MFU %": round(100 * row["mfu"], 1) if "mfu" in row else None,
+                         "peak MB": round(row["peak_memory_mb"], 1)
+                         if "peak_memory_mb" in row else None})
+    return pd.DataFrame(rows)
+
+
+def bench_chart(results: dict[str, Any]) -> Any:
+    """Speed-ups over the first row of each group, one bar per row, with the hardware named."""
+    import altair as alt
+
+    table = bench_table(results)
+    table["what"] = (table["group"] + " " + table["size"]).str.strip()
+    hw = results["hardware"]
+    title = f"make bench: {hw['cpu']}, {hw['threads']} thread(s), torch {hw['torch']}"
+    return alt.Chart(alt.Data(values=table.to_dict("records"))).mark_bar().encode(
+        x=alt.X("ratio:Q", title="speed relative to the first row of its group"),
+        y=alt.Y("row:N", title=None, sort=None),
+        color=alt.Color("what:N", title=None, legend=alt.Legend(orient="bottom")),
+        row=alt.Row("what:N", title=None, sort=None),
+        tooltip=["what:N", "row:N", "median:Q", "range:N", "unit:N", "ratio:Q"],
+    ).resolve_scale(y="independent").properties(width=360, title=title)
 
 
 # %% [markdown]

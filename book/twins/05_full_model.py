@@ -410,7 +410,8 @@ alt.Chart(alt.Data(values=rows)).mark_line(point=True).encode(
 #
 # Decoding recomputes the decoder over the whole prefix at every step, so it costs
 # $O(n^2)$ decoder positions for $n$ tokens. Production implementations cache each layer's keys
-# and values to avoid that; at the sizes of this book, the simple version is fast enough.
+# and values to avoid that; chapter 20 does so (`greedy_decode(..., use_cache=True)`), and
+# the simple version here is the one to read.
 
 # %% tags=["export"]
 def greedy_decode(
@@ -420,15 +421,22 @@ def greedy_decode(
     max_len: int,
     start_symbol: int,
     end_symbol: int | None = None,
+    *,
+    use_cache: bool = False,
 ) -> torch.Tensor:
     """Most likely token at each step for a batch; (batch, <= max_len) ids from start_symbol.
 
     A sequence that has produced `end_symbol` is padded with `end_symbol` until all have ended.
+    use_cache=True gives the same ids with chapter 20's key/value cache, one step per token.
     """
     if src.dim() != 2:
         raise ValueError(f"src must have shape (batch, n_src), got {tuple(src.shape)}")
     if max_len < 1:
         raise ValueError(f"max_len must be at least 1 (the start symbol), got {max_len}")
+    if use_cache:
+        from the_annotated_transformer import cached_greedy_decode
+
+        return cached_greedy_decode(model, src, src_mask, max_len, start_symbol, end_symbol)
     batch = src.size(0)
     with torch.no_grad():
         memory = model.encode(src, src_mask)  # (batch, n_src, d_model), computed once

@@ -281,13 +281,15 @@ def beam_search(
     end_symbol: int,
     beam_size: int = 4,
     alpha: float = 0.6,
+    use_cache: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The best output per sentence by log P(Y | X) / lp(Y), searching beam_size at a time.
 
     Returns ids (batch, <= max_len), which begin with start_symbol and are padded with
     end_symbol after the end as greedy_decode's are, and their scores (batch,). max_len counts
     the start symbol and holds for every sentence (an int) or for each one (a (batch,) tensor);
-    an output cut short by its own max_len is padded like one that ended.
+    an output cut short by its own max_len is padded like one that ended. use_cache=True
+    gives the same output with chapter 20's key/value cache, one decoder step per token.
     """
     limits = _beam_limits(src, src_mask, max_len, beam_size, alpha)
     batch, k, device = src.size(0), beam_size, src.device
@@ -295,6 +297,11 @@ def beam_search(
     every = torch.arange(batch, device=device)
     with torch.no_grad():
         memory = model.encode(src, src_mask)  # (batch, n_src, d_model), once per sentence
+        if use_cache:  # chapter 20: the cache holds one row per live hypothesis
+            from the_annotated_transformer import DecoderCache, decode_step
+
+            cache = DecoderCache(model, memory, src_mask)  # a row per sentence, for now
+            parent = every.unsqueeze(-1).expand(batch, k)  # (batch, k): each slot's row
         ys = torch.full((batch, k, 1), start_symbol, dtype=torch.long, device=device)
         live = torch.full((batch, k), -math.inf, device=device)  # log P; -inf: not live
         live[:, 0] = 0.0  # one hypothesis to begin with: <s>
@@ -310,9 +317,13 @@ def beam_search(
             if rows[0].numel() == 0:
                 break
             # 1) decode the live hypotheses of all sentences as one batch of rows
-            out = model.decode(memory[rows[0]], src_mask[rows[0]], ys[rows],
-                               subsequent_mask(t).to(device))  # (n_live, t, d_model)
-            log_probs = model.generator(out[:, -1])  # (n_live, V)
+            if use_cache:  # only the last token, against the cached keys and values
+                cache.select(parent[rows])  # the rows of the live hypotheses, in order
+                log_probs = decode_step(model, cache, ys[rows][:, -1], t - 1)  # (n_live, V)
+            else:
+                out = model.decode(memory[rows[0]], src_mask[rows[0]], ys[rows],
+                                   subsequent_mask(t).to(device))  # (n_live, t, d_model)
+                log_probs = model.generator(out[:, -1])  # (n_live, V)
             V = log_probs.size(-1)
             # 2) every extension of every live hypothesis: log P(prefix) + log p(word | prefix)
             candidates = torch.full((batch, k, V), -math.inf, device=device)
@@ -323,6 +334,10 @@ def beam_search(
             kept = (torch.arange(k, device=device) < free) & (top > -math.inf)  # (batch, k)
             slot, word = index // V, index % V  # (batch, k) each
             ys = torch.cat([ys[every.unsqueeze(-1), slot], word.unsqueeze(-1)], dim=-1)
+            if use_cache:  # the cache row of the hypothesis that each slot extends
+                row_of = torch.zeros(batch, k, dtype=torch.long, device=device)
+                row_of[rows] = torch.arange(rows[0].numel(), device=device)
+                parent = row_of[every.unsqueeze(-1), slot]  # (batch, k)
             # 4) a kept candidate finishes with </s> or at its sentence's max_len
             at_limit = (t + 1 >= limits).unsqueeze(-1)  # (batch, 1)
             finished = kept & ((word == end_symbol) | at_limit)  # (batch, k)
@@ -426,6 +441,7 @@ def beam_translate_batch(
     bos_id: int = 0,
     eos_id: int = 1,
     pad_id: int = 2,
+    use_cache: bool = False,
 ) -> list[list[int]]:
     """Beam-search translations of id lists, each at most len(source) + extra_len tokens."""
     device = next(model.parameters()).device
@@ -434,7 +450,8 @@ def beam_translate_batch(
     limits = torch.tensor([len(ids) + extra_len + 1 for ids in src_ids], device=device)
     model.eval()
     out, _ = beam_search(model, src, src_mask, max_len=limits, start_symbol=bos_id,
-                         end_symbol=eos_id, beam_size=beam_size, alpha=alpha)
+                         end_symbol=eos_id, beam_size=beam_size, alpha=alpha,
+                         use_cache=use_cache)
     results = []
     for row in out[:, 1:].tolist():  # drop <s>
         results.append(row[: row.index(eos_id)] if eos_id in row else row)
@@ -452,10 +469,11 @@ def beam_translate(
     alpha: float = 0.6,
     extra_len: int = 50,
     batch_size: int = 32,
+    use_cache: bool = False,
 ) -> list[str]:
     """translate with beam search: one English line per German sentence, in input order."""
     decode = partial(beam_translate_batch, model, beam_size=beam_size, alpha=alpha,
-                     extra_len=extra_len)
+                     extra_len=extra_len, use_cache=use_cache)
     return translate(model, sentences, vocab_src, vocab_tgt, tokenizer, batch_size=batch_size,
                      decode_batch=decode)
 

@@ -1,0 +1,577 @@
+# %% [markdown]
+# # Making it fast
+#
+# The model of Part I was written to be read: every attention weight is a tensor you can
+# print, decoding recomputes the whole prefix at every step, and the loss builds the smoothed
+# target distribution in full. This chapter keeps all of that and adds, beside it, the paths
+# that a production Transformer takes: a key/value cache for decoding, PyTorch's fused attention
+# kernel, a loss in one call, and batches cut by a token budget. Each one is a switch, each one
+# is checked here, live, to give the same result as the readable code, and what each one buys is
+# measured by `make bench` (`tools/bench.py`), whose results this chapter reads from a file.
+
+# %% tags=["setup", "hide-cell"]
+# Setup (hidden in the book): in Colab, install the book's package; everywhere, import what
+# earlier chapters built.
+import sys
+
+if "google.colab" in sys.modules:
+    import subprocess
+
+    REPO = "https://github.com/annotated-transformer/annotated-transformer-book"
+    REF = "v0.1.0"  # the tag or commit this notebook comes from
+    package = f"the-annotated-transformer[book] @ git+{REPO}@{REF}"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
+
+from the_annotated_transformer import (
+    BOOK_REPOSITORY,
+    BOOK_REPOSITORY_REF,
+    Embeddings,
+    EncoderDecoder,
+    LabelSmoothing,
+    LearnedPositionalEmbedding,
+    MultiHeadedAttention,
+    PositionalEncoding,
+    attention,
+    attention_maps,
+    beam_search,
+    enable_book_charts,
+    greedy_decode,
+    load_tokenizers,
+    load_trained_model,
+    make_model,
+    repository_root,
+    source_batch,
+    subsequent_mask,
+    tokenize,
+)
+
+enable_book_charts()
+
+# %% [markdown]
+# ## Decoding with a key/value cache
+#
+# Chapter 5's `greedy_decode` runs the decoder over the whole prefix at every step: to choose
+# token $t+1$ it embeds tokens $0 \dots t$ again, projects all of them into queries, keys and
+# values in every layer, and throws away every output but the last. Since the decoder is
+# causal, nothing about the first $t$ positions changed when token $t$ arrived: their keys and
+# values in each layer are the ones computed one step earlier. So a decoder that keeps them
+# needs, per step, only the new token: one query, one key and one value per layer, and one
+# row through the feed-forward networks. A sentence of $n$ tokens costs $n$ decoder positions
+# instead of $1 + 2 + \dots + n = n(n+1)/2$.
+#
+# Three things are kept or changed:
+#
+# 1. **Self-attention keys and values, per layer.** Each step appends the new token's key and
+#    value, (rows, h, 1, $d_k$), to those kept, (rows, h, t, $d_k$), and the new query attends
+#    to all of them. It needs no mask: every earlier token is visible, none later exists yet.
+# 2. **The memory's keys and values, once.** Attention to the source projects the encoder's
+#    output with $W^K$ and $W^V$ of each decoder layer. The memory does not change while a
+#    sentence is decoded, so `DecoderCache` projects it once per sentence, not once per step.
+# 3. **Finished sentences leave the batch.** When a sentence has produced `</s>`, its rows are
+#    dropped from the cache (`DecoderCache.select`), so the remaining steps compute only the
+#    sentences still going; the recomputing decoder kept decoding them, padded with `</s>`.
+#
+# `decode_step` runs one step through the layers of a model that `make_model` built, reusing
+# each layer's own sublayer connections and linear maps, so no weight is copied and either
+# layer-norm placement works.
+
+# %% tags=["export"]
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def split_heads(attn: MultiHeadedAttention, x: torch.Tensor) -> torch.Tensor:
+    """(rows, n, d_model) -> (rows, h, n, d_k), as MultiHeadedAttention splits its inputs."""
+    return x.view(x.size(0), -1, attn.h, attn.d_k).transpose(1, 2)
+
+
+class DecoderCache:
+    """What the decoder keeps between steps, per layer: the keys and values of the target
+    tokens so far and of the memory, one row per sentence (or hypothesis) being decoded."""
+
+    def __init__(
+        self, model: EncoderDecoder, memory: torch.Tensor, src_mask: torch.Tensor | None
+    ) -> None:
+        self.layers = list(model.decoder.layers)
+        self.src_mask = None if src_mask is None else src_mask.unsqueeze(1)  # (rows, 1, 1, n)
+        self.self_k: list[torch.Tensor | None] = [None] * len(self.layers)  # (rows, h, t, d_k)
+        self.self_v: list[torch.Tensor | None] = [None] * len(self.layers)
+        # the memory's keys and values for attention to the source: projected once
+        self.cross_k = [split_heads(layer.src_attn, layer.src_attn.linears[1](memory))
+                        for layer in self.layers]  # (rows, h, n_src, d_k)
+        self.cross_v = [split_heads(layer.src_attn, layer.src_attn.linears[2](memory))
+                        for layer in self.layers]
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep the rows `index` (rows_kept,), in that order: drop the finished ones (greedy)
+        or follow each hypothesis to the one it extends (beam search)."""
+        for name in ("self_k", "self_v", "cross_k", "cross_v"):
+            setattr(self, name, [None if t is None else t[index] for t in getattr(self, name)])
+        if self.src_mask is not None:
+            self.src_mask = self.src_mask[index]
+
+
+# %% tags=["export"]
+def attend_cached(
+    attn: MultiHeadedAttention,
+    x: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+) -> torch.Tensor:
+    """attn's output (rows, 1, d_model) for one new position x (rows, 1, d_model), whose
+    query meets keys and values (rows, h, n_k, d_k) that are already projected."""
+    query = split_heads(attn, attn.linears[0](x))  # (rows, h, 1, d_k)
+    if isinstance(attn, FastMultiHeadedAttention):
+        mask = None if mask is None else mask != 0
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask)
+    else:
+        out, _ = attention(query, key, value, mask=mask)  # (rows, h, 1, d_k)
+    return attn.linears[-1](out.transpose(1, 2).reshape(x.size(0), 1, attn.h * attn.d_k))
+
+
+def decode_step(
+    model: EncoderDecoder, cache: DecoderCache, tokens: torch.Tensor, position: int
+) -> torch.Tensor:
+    """Log-probabilities (rows, V) of the token after `tokens` (rows,), which stand at
+    `position`; their keys and values join the cache. For decoding: no dropout is applied."""
+    embed, positions = model.tgt_embed
+    x = embed(tokens.unsqueeze(1))  # (rows, 1, d_model)
+    if isinstance(positions, PositionalEncoding):
+        x = x + positions.pe[:, position : position + 1]
+    elif isinstance(positions, LearnedPositionalEmbedding):
+        x = x + positions.position.weight[position]
+    else:
+        raise ValueError("decode_step knows PositionalEncoding and LearnedPositionalEmbedding, "
+                         f"not {type(positions).__name__}")
+    for i, layer in enumerate(cache.layers):
+
+        def self_attend(y: torch.Tensor, i: int = i, attn: nn.Module = layer.self_attn):
+            # 1) the new token's key and value join those of the tokens before it
+            k, v = (split_heads(attn, linear(y)) for linear in attn.linears[1:3])
+            if cache.self_k[i] is not None:
+                k = torch.cat([cache.self_k[i], k], dim=2)  # (rows, h, t + 1, d_k)
+                v = torch.cat([cache.self_v[i], v], dim=2)
+            cache.self_k[i], cache.self_v[i] = k, v
+            return attend_cached(attn, y, k, v, None)  # every earlier token is visible
+
+        def cross_attend(y: torch.Tensor, i: int = i, attn: nn.Module = layer.src_attn):
+            # 2) attention to the memory, whose keys and values the cache holds
+            return attend_cached(attn, y, cache.cross_k[i], cache.cross_v[i], cache.src_mask)
+
+        x = layer.sublayer[0](x, self_attend)
+        x = layer.sublayer[1](x, cross_attend)
+        x = layer.sublayer[2](x, layer.feed_forward)  # (rows, 1, d_model)
+    return model.generator(model.decoder.norm(x)[:, -1])  # (rows, V)
+
+
+# %% [markdown]
+# Greedy decoding with the cache keeps a tensor `rows` that says which sentence each row of
+# the cache belongs to. The output is allocated at its full length and filled in, so a sentence
+# that has left the batch keeps its `</s>` padding, as `greedy_decode` pads it; and the loop
+# ends when the last sentence ends, so the output has the same length too.
+# `greedy_decode(..., use_cache=True)` calls it.
+
+# %% tags=["export"]
+def cached_greedy_decode(
+    model: EncoderDecoder,
+    src: torch.Tensor,
+    src_mask: torch.Tensor | None,
+    max_len: int,
+    start_symbol: int,
+    end_symbol: int | None = None,
+) -> torch.Tensor:
+    """greedy_decode's output, computed one new position per step with a DecoderCache."""
+    batch = src.size(0)
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)  # (batch, n_src, d_model)
+        cache = DecoderCache(model, memory, src_mask)
+        pad = start_symbol if end_symbol is None else end_symbol
+        ys = torch.full((batch, max_len), pad, dtype=torch.long, device=src.device)
+        ys[:, 0] = start_symbol
+        rows = torch.arange(batch, device=src.device)  # the sentence of each cache row
+        tokens, length = ys[:, 0], 1
+        for t in range(1, max_len):
+            tokens = decode_step(model, cache, tokens, t - 1).argmax(dim=-1)  # (rows,)
+            ys[rows, t] = tokens
+            length = t + 1
+            if end_symbol is None:
+                continue
+            going = tokens != end_symbol
+            if not bool(going.all()):  # drop the sentences that have just ended
+                keep = going.nonzero().squeeze(1)  # (rows_kept,)
+                if keep.numel() == 0:
+                    break
+                rows, tokens = rows[keep], tokens[keep]
+                cache.select(keep)
+    return ys[:, :length]
+
+
+# %% [markdown]
+# Beam search (chapter 15) uses the same two functions. Its rows are the live hypotheses of
+# all sentences, and they change at every step: a hypothesis in slot 2 may extend the one that
+# sat in slot 0. So after choosing the best candidates, `beam_search(..., use_cache=True)`
+# records for each slot the cache row of the hypothesis it extends, and at the next step
+# `DecoderCache.select` gathers those rows, the memory's keys and values included. The source
+# is encoded once per sentence and its keys and values projected once per sentence; a step
+# copies them to the rows of that sentence's live hypotheses instead of projecting them again.
+#
+# The check: on a small untrained model, with padding in the source, the cached decoders give
+# exactly the ids of the recomputing ones, greedy and beam, with and without an end symbol.
+# An untrained model rarely produces `</s>` by chance, so we make one likely by raising its
+# bias in the generator.
+
+# %%
+torch.manual_seed(0)
+small = make_model(40, 40, N=2, d_model=64, d_ff=128, h=4).eval()
+with torch.no_grad():
+    small.generator.proj.bias[1] += 3.0  # </s> (id 1) now ends most sentences within 20 steps
+src = torch.randint(3, 40, (6, 11))
+src[1, 7:] = src[4, 4:] = 2  # padding (id 2)
+src_mask = (src != 2).unsqueeze(-2)  # (6, 1, 11)
+for end_symbol in (1, None):
+    readable = greedy_decode(small, src, src_mask, 20, 0, end_symbol=end_symbol)
+    cached = greedy_decode(small, src, src_mask, 20, 0, end_symbol=end_symbol, use_cache=True)
+    assert torch.equal(readable, cached)
+    print(f"greedy, end_symbol={end_symbol}: same ids {tuple(cached.shape)}")
+for k in (1, 4):
+    beams = [beam_search(small, src, src_mask, max_len=20, start_symbol=0, end_symbol=1,
+                         beam_size=k, use_cache=cache) for cache in (False, True)]
+    assert torch.equal(beams[0][0], beams[1][0])
+    assert torch.allclose(beams[0][1], beams[1][1], atol=1e-4)
+    print(f"beam {k}: same ids {tuple(beams[1][0].shape)}, scores within 1e-4")
+
+# %% [markdown]
+# And on the model that chapter 14 trained, which translates for real: five German sentences,
+# greedy and beam 4 with the cache give the recomputing decoders' translations, token for
+# token.
+
+# %%
+model, vocab_src, vocab_tgt, _ = load_trained_model()
+german = load_tokenizers()[0]
+sentences = ["Zwei Hunde spielen im Schnee.", "Ein Mann fährt mit dem Fahrrad die Straße entlang.",
+             "Eine Frau in einem roten Kleid singt auf einer Bühne.", "Kinder lachen.",
+             "Ein kleines Mädchen mit einem Hut sitzt auf einer Bank im Park und liest ein Buch."]
+src, src_mask = source_batch([vocab_src.encode(tokenize(s, german)) for s in sentences],
+                             device=torch.device("cpu"))
+greedy = [greedy_decode(model, src, src_mask, 72, 0, end_symbol=1, use_cache=c)
+          for c in (False, True)]
+beam = [beam_search(model, src, src_mask, max_len=60, start_symbol=0, end_symbol=1,
+                    use_cache=c)[0] for c in (False, True)]
+assert torch.equal(*greedy) and torch.equal(*beam)
+for row in beam[1][:, 1:].tolist():
+    print(" ".join(vocab_tgt.lookup_tokens(row[: row.index(1)] if 1 in row else row)))
+
+# %% [markdown]
+# ## Fused attention
+#
+# `attention` of chapter 3 computes the scores $QK^\top/\sqrt{d_k}$, masks them, applies the
+# softmax, and multiplies by $V$: four operations, each of which writes a (batch, h, $n_q$,
+# $n_k$) tensor to memory and reads it back, and in training keeps it for the backward pass.
+# PyTorch's `torch.nn.functional.scaled_dot_product_attention` does the same arithmetic in one
+# call that picks a fused kernel (FlashAttention-style on GPUs and in recent CPU builds): it
+# walks over blocks of keys, keeping running softmax statistics, so the full weight matrix is
+# never stored, and recomputes what the backward pass needs.
+#
+# `FastMultiHeadedAttention` is `MultiHeadedAttention` with only its `forward` changed: the
+# same four linear maps, so a state dict moves between the two unchanged, and the fused call
+# in place of `attention`. It does not keep the weights, which is the point; but chapter 12's
+# `attention_maps` and chapter 22's pictures read `.attn` after a forward pass. So the module
+# keeps a reference to the last queries and keys (tensors the pass made anyway) and `.attn`
+# computes the weights from them when, and only when, someone reads it. Those are the weights
+# before dropout, which is what `attention_maps` wants (it runs the model in eval mode).
+#
+# `FastEmbeddings` drops chapter 4's check that every token id lies inside the vocabulary.
+# That check compares the ids' minimum and maximum on the host, so on a GPU every forward pass
+# waits for the device to catch up (a host sync) before it can go on queueing work. The check
+# is not lost entirely: `nn.Embedding` itself fails on an id out of range, with an `IndexError`
+# on a CPU and a device-side assertion on a GPU, only with a less helpful message.
+#
+# `use_fast_path(model)` switches a built model to the fast classes in place, and
+# `use_fast_path(model, False)` back.
+
+# %% tags=["export"]
+class FastMultiHeadedAttention(MultiHeadedAttention):
+    """MultiHeadedAttention through PyTorch's fused attention: the same weights and result.
+
+    The attention weights are not stored; reading `.attn` computes the last call's weights
+    (batch, h, n_q, n_k), before dropout, from the queries and keys that it keeps.
+    """
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """query (batch, n_q, d_model), key/value (batch, n_k, d_model) -> (batch, n_q, d_model)."""
+        if mask is not None:
+            mask = mask != 0  # boolean: True = may attend (a float mask would be added)
+            if mask.dim() == 3:
+                mask = mask.unsqueeze(1)  # (batch, 1, n_q or 1, n_k)
+        batch = query.size(0)
+        # 1) project and split into heads, as the readable module does
+        query, key, value = [
+            linear(x).view(batch, -1, self.h, self.d_k).transpose(1, 2)  # (batch, h, n, d_k)
+            for linear, x in zip(self.linears, (query, key, value), strict=False)
+        ]
+        self._last = (query.detach(), key.detach(), mask)  # for .attn, if it is read
+        # 2) softmax(Q K^T / sqrt(d_k)) V in one call, with attention dropout in training
+        p = self.dropout.p if self.training else 0.0
+        x = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=p)
+        # 3) merge the heads, 4) W^O
+        return self.linears[-1](x.transpose(1, 2).reshape(batch, -1, self.h * self.d_k))
+
+    @property
+    def attn(self) -> torch.Tensor | None:
+        """The last call's attention weights (batch, h, n_q, n_k), computed when read."""
+        last = getattr(self, "_last", None)
+        if last is None:
+            return None
+        query, key, mask = last
+        return attention(query, key, key, mask=mask)[1]  # the weights (the output is unused)
+
+    @attn.setter
+    def attn(self, value: torch.Tensor | None) -> None:
+        if value is not None:
+            raise ValueError("FastMultiHeadedAttention computes .attn itself; only None is allowed")
+        self._last = None
+
+
+class FastEmbeddings(Embeddings):
+    """Embeddings without the id-range check, whose min and max wait for the device."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Token ids (batch, n) -> vectors (batch, n, d_model); nn.Embedding rejects bad ids."""
+        return self.lut(x) * self.d_model**0.5
+
+
+FAST_CLASSES = {MultiHeadedAttention: FastMultiHeadedAttention, Embeddings: FastEmbeddings}
+
+
+def use_fast_path(model: nn.Module, enabled: bool = True) -> nn.Module:
+    """Switch the model's attention and embeddings to the fast classes (or back), in place.
+
+    Only each module's class changes: parameters, buffers and the state dict stay as they are,
+    so a checkpoint of either path loads into the other. Subclasses (chapter 18's
+    KeySizeAttention) are left alone. Returns the model.
+    """
+    for module in model.modules():
+        for readable, fast in FAST_CLASSES.items():
+            if type(module) is (readable if enabled else fast):
+                module.__class__ = fast if enabled else readable
+    return model
+
+
+# %% [markdown]
+# The check: a readable model and its fast copy, in eval mode and in train mode with dropout
+# 0, on a batch whose source and target are padded, with the target's causal mask. The
+# outputs, the loss's gradients with respect to every parameter, and the attention maps that
+# chapter 12 draws agree to float32 rounding; the state dict of the one loads into the other.
+
+# %%
+import copy
+
+torch.manual_seed(0)
+readable = make_model(40, 40, N=2, d_model=64, d_ff=128, h=4, dropout=0.0)
+fast = use_fast_path(copy.deepcopy(readable))
+src = torch.randint(3, 40, (4, 9))
+tgt = torch.randint(3, 40, (4, 7))
+src[1, 6:] = tgt[2, 4:] = 2
+src_mask = (src != 2).unsqueeze(-2)  # (4, 1, 9)
+tgt_mask = (tgt != 2).unsqueeze(-2) & subsequent_mask(7)  # (4, 7, 7)
+for mode in ("eval", "train"):
+    outputs, grads = [], []
+    for m in (readable, fast):
+        m.train(mode == "train")
+        m.zero_grad()
+        out = m(src, tgt, src_mask, tgt_mask)
+        m.generator(out).sum().backward()
+        outputs.append(out)
+        grads.append(torch.cat([p.grad.flatten() for p in m.parameters()]))
+    out_diff = (outputs[0] - outputs[1]).abs().max().item()
+    grad_diff = (grads[0] - grads[1]).abs().max().item()
+    assert out_diff < 1e-5 and grad_diff < 1e-4, (out_diff, grad_diff)
+    print(f"{mode}: outputs and gradients agree within 1e-5 and 1e-4")
+maps = [attention_maps(m, src, torch.where(tgt == 2, 2, tgt))[0] for m in (readable, fast)]
+assert all(torch.allclose(getattr(maps[0], k), getattr(maps[1], k), atol=1e-6)
+           for k in ("encoder", "decoder", "cross"))
+print("attention_maps: the same weights from both;",
+      "fast keeps none until read:", fast.decoder.layers[0].self_attn.__dict__.get("attn"))
+readable.load_state_dict(fast.state_dict())
+fast.load_state_dict(readable.state_dict())
+print("state dicts load across:", list(readable.state_dict()) == list(fast.state_dict()))
+
+# %% [markdown]
+# ## The loss in one call
+#
+# Chapter 11's `LabelSmoothing` builds the smoothed target distribution, a (rows, V) tensor,
+# and computes the KL divergence to it: the target token gets $1 - \varepsilon$, padding gets
+# nothing, and each of the other $V - 2$ tokens gets $f = \varepsilon / (V - 2)$. PyTorch's
+# `F.cross_entropy(..., label_smoothing=s)` fuses the softmax and the loss and never builds that
+# tensor, but its smoothing is not quite the same: it spreads $s/V$ over *all* $V$ tokens,
+# padding and the target included, and it returns the cross-entropy, not the KL divergence.
+# For one row with target $y$, writing $\ell_j = \log p_j$:
+#
+# $$\mathrm{KL}_\text{book} = \sum_j q_j \log q_j - (1 - \varepsilon - f)\,\ell_y
+#   - f \sum_j \ell_j + f\,\ell_\text{pad}, \qquad
+#   \mathrm{CE}_s = -(1 - s)\,\ell_y - \frac{s}{V} \sum_j \ell_j .$$
+#
+# With $s = fV$ the sums over the vocabulary match, and what is left is
+# $\mathrm{KL}_\text{book} = \mathrm{CE}_{fV} + f\,(\ell_\text{pad} - \ell_y)
+# + \sum_j q_j \log q_j$: the cross-entropy, two columns of log-probabilities, and a constant
+# (the negative entropy of the smoothed target). The middle term is not a constant: plain
+# `F.cross_entropy` with label smoothing trains the model to give padding a little
+# probability, which the book's loss does not. `label_smoothing_loss` adds both corrections,
+# so it is chapter 11's loss, value and gradient, computed by the fused kernel; it takes the
+# generator's scores before the softmax (its log-probabilities work as well).
+
+# %% tags=["export"]
+import math
+
+
+def label_smoothing_loss(
+    logits: torch.Tensor, target: torch.Tensor, *, padding_idx: int, smoothing: float
+) -> torch.Tensor:
+    """LabelSmoothing's summed KL divergence, from F.cross_entropy and two more columns.
+
+    logits (rows, V) are scores before the softmax (log-probabilities work too), target (rows,).
+    """
+    V = logits.size(-1)
+    fill = smoothing / (V - 2)  # LabelSmoothing's mass on each token but the target and pad
+    if fill * V > 1:
+        raise ValueError(f"smoothing={smoothing} is too large for a vocabulary of {V}: "
+                         f"F.cross_entropy's label_smoothing would be {fill * V:.3f} > 1")
+    keep = target != padding_idx  # (rows,) the rows that LabelSmoothing counts
+    # 1) cross-entropy with fill on every token, padding too, and 1 - fill * V more on the target
+    loss = F.cross_entropy(logits, target, ignore_index=padding_idx, label_smoothing=fill * V,
+                           reduction="sum")
+    # 2) take back the fill that padding got, and give it to the target
+    log_z = logits.logsumexp(dim=-1)  # (rows,)
+    log_p_target = logits.gather(1, target.unsqueeze(1)).squeeze(1) - log_z
+    log_p_pad = logits[:, padding_idx] - log_z
+    loss = loss + fill * torch.where(keep, log_p_pad - log_p_target, 0.0).sum()
+    # 3) the smoothed target's negative entropy, a constant: from cross-entropy to KL
+    confidence = 1.0 - smoothing
+    neg_entropy = sum(n * q * math.log(q) for q, n in ((confidence, 1), (fill, V - 2)) if q > 0)
+    return loss + neg_entropy * keep.sum()
+
+
+# %% [markdown]
+# The check, against `LabelSmoothing` on rows that include padding targets: the same value and
+# the same gradient, for several $\varepsilon$; and how far plain `F.cross_entropy` with
+# `label_smoothing=ε` is from it, after taking away the constant.
+
+# %%
+V = 40
+torch.manual_seed(0)
+logits = torch.randn(32, V, requires_grad=True)
+target = torch.randint(0, V, (32,))
+target[:4] = 2  # padding rows
+for eps in (0.0, 0.1, 0.3):
+    book = LabelSmoothing(V, padding_idx=2, smoothing=eps)(logits.log_softmax(-1), target)
+    fused = label_smoothing_loss(logits, target, padding_idx=2, smoothing=eps)
+    (g_book,), (g_fused,) = (torch.autograd.grad(x, logits) for x in (book, fused))
+    assert torch.allclose(book, fused, rtol=1e-5) and torch.allclose(g_book, g_fused, atol=1e-6)
+    plain = F.cross_entropy(logits, target, ignore_index=2, label_smoothing=eps, reduction="sum")
+    (g_plain,) = torch.autograd.grad(plain, logits)
+    print(f"eps={eps}: label_smoothing_loss {fused.item():.4f} = LabelSmoothing "
+          f"{book.item():.4f}; plain cross_entropy's gradient differs by up to "
+          f"{(g_plain - g_book).abs().max().item():.4f}")
+
+# %% [markdown]
+# At $\varepsilon = 0$ the three agree: without smoothing, the KL divergence to a one-hot
+# target is the cross-entropy. With smoothing, plain `F.cross_entropy` pulls the model
+# towards a different target.
+#
+# ## Batching by tokens
+#
+# The last gain is not in the model but in what it is fed. Chapter 9's `TokenBudgetSampler`
+# sorts sentences by length within a pool and cuts batches that fit a budget of padded tokens,
+# so a batch of short sentences has many of them and a batch of long ones few, and almost no
+# position is padding. The simplest alternative pads every sentence to the longest one allowed,
+# 72 tokens. Multi30k's sentences have about 14 tokens on average, so most of such a batch is
+# padding, which costs as much to compute as real tokens. `make bench` compares the two at the
+# same padded size per batch, counting only real target tokens per second.
+#
+# ## What it buys
+#
+# `make bench` runs every row in one process: training steps (forward, backward and an Adam
+# step, with dropout 0.1) of the readable model, the fast path (fused attention, unchecked
+# embeddings and `label_smoothing_loss`) and `torch.nn.Transformer` between the same
+# embeddings and generator; the two batchings; and five decoders. The training batches are
+# random token ids with lengths drawn to match Multi30k's, not Multi30k itself; the decoding
+# rows translate the first 64 Multi30k validation sentences with the shipped model. Each row
+# repeats, and the table gives the median with the range. The numbers below come from
+# `book/data/bench_cpu.json`, written by one run on the machine it names; the chapter only reads
+# the file.
+
+# %% tags=["export"]
+import json
+import urllib.request
+from typing import Any
+
+
+def bench_results(name: str = "bench_cpu.json") -> dict[str, Any]:
+    """A `make bench` result file from book/data (from the book's repository outside a copy)."""
+    root = repository_root()
+    if root is not None and (root / "book" / "data" / name).is_file():
+        return json.loads((root / "book" / "data" / name).read_text())
+    url = f"{BOOK_REPOSITORY}/raw/{BOOK_REPOSITORY_REF}/book/data/{name}"
+    with urllib.request.urlopen(url, timeout=60) as response:
+        return json.loads(response.read())
+
+
+def bench_table(results: dict[str, Any]) -> Any:
+    """The rows as a pandas DataFrame: median, range, ratio to the first row of each group."""
+    import pandas as pd
+
+    rows = []
+    groups = [("training", "tokens_per_s", "target tokens/s", lambda r: (r["size"], r["model"])),
+              ("batching", "real_tokens_per_s", "real target tokens/s",
+               lambda r: (r["size"], r["batching"])),
+              ("decoding", "sentences_per_s", "sentences/s", lambda r: ("", r["decoder"]))]
+    for group, key, unit, name in groups:
+        first = {}
+        for row in results[group]:
+            size, label = name(row)
+            base = first.setdefault(size, row[key]["median"])
+            rows.append({"group": group, "size": size, "row": label, "unit": unit,
+                         "median": round(row[key]["median"], 1),
+                         "range": f"{row[key]['min']:.1f} to {row[key]['max']:.1f}",
+                         "ratio": round(row[key]["median"] / base, 2),
+                         "MFU %": round(100 * row["mfu"], 1) if "mfu" in row else None,
+                         "peak MB": round(row["peak_memory_mb"], 1)
+                         if "peak_memory_mb" in row else None})
+    return pd.DataFrame(rows)
+
+
+def bench_chart(results: dict[str, Any]) -> Any:
+    """Speed-ups over the first row of each group, one bar per row, with the hardware named."""
+    import altair as alt
+
+    table = bench_table(results)
+    table["what"] = (table["group"] + " " + table["size"]).str.strip()
+    hw = results["hardware"]
+    title = f"make bench: {hw['cpu']}, {hw['threads']} thread(s), torch {hw['torch']}"
+    return alt.Chart(alt.Data(values=table.to_dict("records"))).mark_bar().encode(
+        x=alt.X("ratio:Q", title="speed relative to the first row of its group"),
+        y=alt.Y("row:N", title=None, sort=None),
+        color=alt.Color("what:N", title=None, legend=alt.Legend(orient="bottom")),
+        row=alt.Row("what:N", title=None, sort=None),
+        tooltip=["what:N", "row:N", "median:Q", "range:N", "unit:N", "ratio:Q"],
+    ).resolve_scale(y="independent").properties(width=360, title=title)
+
+
+# %%
+results = bench_results()
+hw = results["hardware"]
+print(f"{hw['cpu']}, {hw['cores']} cores, {hw['threads']} thread(s), torch {hw['torch']}, "
+      f"{results['repeats']} repeats; float32 matmul peak "
+      f"{results['matmul_peak_gflops']:.1f} GFLOP/s; decoding: {results['decoding_source']}")
+bench_table(results).drop(columns="group").set_index(["size", "row"])
+
+# %%
+bench_chart(results)
