@@ -9,6 +9,9 @@
 #   make clean   remove what the build made (keeps .venv; `make distclean` removes it too)
 #   make train   train the Multi30k model: CONFIG=cpu|base DEVICES=1 EPOCHS= RESUME=1
 #   make translate   German on stdin, English on stdout (CHECKPOINT= to pick another model)
+#   make bench   training and decoding speed of the readable and fast paths (chapter 20),
+#                about 10 minutes on a CPU; writes book/data/bench_cpu.json (or _cuda)
+#   make bench-quick   the same rows at tiny sizes, in under a minute
 # Each target first sets up .venv (tools/setup_env.sh) with the layer it needs, so any of them
 # works on a fresh clone: `translate` and `train` need torch and the package's `book` extra
 # (cli), `book` and `sync` add Jupyter Book and the JavaScript (book), the rest add the test
@@ -34,7 +37,8 @@ PORTABLE := $(addprefix book/,05_full_model.ipynb 08_training_loop.ipynb \
 	11_regularization.ipynb 12_copy_task.ipynb 13_sort_task.ipynb 14_multi30k_training.ipynb \
 	16_checkpoint_averaging.ipynb 18_model_variations.ipynb 22_attention_visualization.ipynb)
 
-.PHONY: book test test-portable test-cli-layer sync lint lock clean distclean setup train translate
+.PHONY: book test test-portable test-cli-layer sync lint lock clean distclean setup train translate \
+	bench bench-quick
 
 # Set-up messages go to stderr, so that `make translate` writes nothing but translations.
 $(CLI_LAYER): pyproject.toml constraints.txt tools/setup_env.sh
@@ -97,3 +101,9 @@ distclean: clean
 .PHONY: gpu-check
 gpu-check: $(TEST_LAYER)
 	$(PY) tools/gpu_check.py
+
+bench: $(CLI_LAYER)
+	$(PY) tools/bench.py --save
+
+bench-quick: $(CLI_LAYER)
+	$(PY) tools/bench.py --quick

@@ -2,7 +2,7 @@
 
     python tools/bench.py          # `make bench`: the cpu preset and the paper's base size
     python tools/bench.py --quick  # `make bench-quick`: the same rows, tiny, in seconds
-    python tools/bench.py --out book/data/bench_cpu.json
+    python tools/bench.py --save   # and write book/data/bench_cpu.json (bench_cuda.json on a GPU)
 
 Every row runs `--repeats` times after a warm-up; the table gives the median and the range
 (min-max) and each row's ratio to the first row of its group, since ratios measured in one run
@@ -411,6 +411,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, help="timed repeats per row (default 3; quick 2)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", help="write the results as JSON to this file")
+    parser.add_argument("--save", action="store_true",
+                        help="write the JSON to book/data/bench_<device type>.json")
     args = parser.parse_args(argv)
     repeats = args.repeats or (2 if args.quick else 3)
     if repeats < 1:
@@ -420,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
     results["seconds"] = round(time.perf_counter() - start, 1)
     results["command"] = " ".join(["python tools/bench.py", *(argv or sys.argv[1:])])
     print(table(results))
+    if args.save and not args.out:
+        args.out = str(ROOT / "book" / "data" / f"bench_{torch.device(args.device).type}.json")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(results, indent=1) + "\n")

@@ -1,0 +1,31 @@
+"""`make bench-quick` (tools/bench.py --quick) runs and prints every row of the table."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import bench  # noqa: E402
+
+
+def test_bench_quick_prints_every_row_and_writes_the_json(tmp_path):
+    out = tmp_path / "bench.json"
+    run = subprocess.run([sys.executable, "tools/bench.py", "--quick", "--out", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300, check=True)
+    lines = run.stdout.splitlines()
+    expected = [f"{size.name:>6} {kind:<22}" for size in bench.QUICK_SIZES
+                for kind in ("readable", "fast", "torch.nn.Transformer")]
+    expected += ["token budget", "every batch padded to 72", *bench.decoders(12, 4)]
+    for label in expected:
+        assert any(label in line for line in lines), f"no row {label!r} in:\n{run.stdout}"
+    results = json.loads(out.read_text())
+    assert {"cpu", "threads", "torch"} <= set(results["hardware"])
+    assert len(results["training"]) == 6 and len(results["decoding"]) == 6
+    for row in results["training"]:
+        spread = row["tokens_per_s"]
+        assert spread["min"] <= spread["median"] <= spread["max"] and 0 < row["mfu"] < 1
+    assert all(row["same_as_recompute"] is not False for row in results["decoding"])
+    padding = [row["padding"] for row in results["batching"]]
+    assert padding[0] < 0.2 < padding[1]  # the token budget pads far less than 72 tokens
