@@ -3705,6 +3705,7 @@ def bench_chart(results: dict[str, Any]) -> Any:
 
     table = bench_table(results)
     table["what"] = (table["group"] + " " + table["size"]).str.strip()
+    table = table[["what", "row", "median", "range", "unit", "ratio"]]  # no empty cells
     hw = results["hardware"]
     title = f"make bench: {hw['cpu']}, {hw['threads']} thread(s), torch {hw['torch']}"
     return alt.Chart(alt.Data(values=table.to_dict("records"))).mark_bar().encode(

@@ -219,14 +219,14 @@ def cached_greedy_decode(
 #
 # The check: on a small untrained model, with padding in the source, the cached decoders give
 # exactly the ids of the recomputing ones, greedy and beam, with and without an end symbol.
-# An untrained model rarely produces `</s>` by chance, so we make one likely by raising its
-# bias in the generator.
+# An untrained model rarely produces `</s>` by chance, so we make it likelier by raising its
+# bias in the generator: then sentences end at different steps, and one runs to `max_len`.
 
 # %%
 torch.manual_seed(0)
 small = make_model(40, 40, N=2, d_model=64, d_ff=128, h=4).eval()
 with torch.no_grad():
-    small.generator.proj.bias[1] += 3.0  # </s> (id 1) now ends most sentences within 20 steps
+    small.generator.proj.bias[1] += 1.5  # </s> (id 1) now ends most sentences, at various steps
 src = torch.randint(3, 40, (6, 11))
 src[1, 7:] = src[4, 4:] = 2  # padding (id 2)
 src_mask = (src != 2).unsqueeze(-2)  # (6, 1, 11)
@@ -477,8 +477,8 @@ for eps in (0.0, 0.1, 0.3):
     assert torch.allclose(book, fused, rtol=1e-5) and torch.allclose(g_book, g_fused, atol=1e-6)
     plain = F.cross_entropy(logits, target, ignore_index=2, label_smoothing=eps, reduction="sum")
     (g_plain,) = torch.autograd.grad(plain, logits)
-    print(f"eps={eps}: label_smoothing_loss {fused.item():.4f} = LabelSmoothing "
-          f"{book.item():.4f}; plain cross_entropy's gradient differs by up to "
+    print(f"eps={eps}: label_smoothing_loss {fused.item():.2f} = LabelSmoothing "
+          f"{book.item():.2f}; plain cross_entropy's gradient differs by up to "
           f"{(g_plain - g_book).abs().max().item():.4f}")
 
 # %% [markdown]
@@ -506,7 +506,9 @@ for eps in (0.0, 0.1, 0.3):
 # rows translate the first 64 Multi30k validation sentences with the shipped model. Each row
 # repeats, and the table gives the median with the range. The numbers below come from
 # `book/data/bench_cpu.json`, written by one run on the machine it names; the chapter only reads
-# the file.
+# the file. The machine is a 2-core cloud CPU that other jobs shared while the benchmark ran,
+# so every absolute number is noisy (the ranges show how much); the ratios within one group,
+# measured minutes apart in the same process, are what the run can tell.
 
 # %% tags=["export"]
 import json
@@ -554,6 +556,7 @@ def bench_chart(results: dict[str, Any]) -> Any:
 
     table = bench_table(results)
     table["what"] = (table["group"] + " " + table["size"]).str.strip()
+    table = table[["what", "row", "median", "range", "unit", "ratio"]]  # no empty cells
     hw = results["hardware"]
     title = f"make bench: {hw['cpu']}, {hw['threads']} thread(s), torch {hw['torch']}"
     return alt.Chart(alt.Data(values=table.to_dict("records"))).mark_bar().encode(
@@ -575,3 +578,80 @@ bench_table(results).drop(columns="group").set_index(["size", "row"])
 
 # %%
 bench_chart(results)
+
+# %% [markdown]
+# The issue that asked for this chapter set goals for these ratios. Here is each one, as this
+# run measured it:
+
+# %%
+training = {(row["size"], row["model"]): row for row in results["training"]}
+decoding = {row["decoder"]: row["sentences_per_s"]["median"] for row in results["decoding"]}
+budget, padded = (row["real_tokens_per_s"]["median"] for row in results["batching"])
+
+
+def speed(size: str, model: str) -> float:
+    return training[size, model]["tokens_per_s"]["median"]
+
+
+goals = [
+    ("training, fast / torch.nn.Transformer, cpu size",
+     speed("cpu", "fast") / speed("cpu", "torch.nn.Transformer"), 1.0),
+    ("training, fast / torch.nn.Transformer, base size",
+     speed("base", "fast") / speed("base", "torch.nn.Transformer"), 1.0),
+    ("training, MFU of the fast path at base size", training["base", "fast"]["mfu"], 0.6),
+    ("token budget / every batch padded to 72", budget / padded, 2.5),
+    ("greedy with cache / classic greedy (cpu size, not base)",
+     decoding["greedy, batched, cache"] / decoding["greedy, one sentence at a time (classic)"], 25),
+    ("greedy with cache / batched greedy without",
+     decoding["greedy, batched, cache"] / decoding["greedy, batched"], 3),
+    ("beam 4 with cache / beam 4 without",
+     decoding["beam 4, batched, cache"] / decoding["beam 4, batched"], 3),
+]
+for name, value, goal in goals:
+    print(f"{name:<58} {value:5.2f}  goal {goal:>4}: {'met' if value >= goal else 'not met'}")
+
+# %% [markdown]
+# What the run says, and what it does not:
+#
+# * **Decoding gains the most.** With the cache, batched greedy decoding translated about
+#   3.7 times as many sentences per second as batched greedy without it, and about 10 times
+#   as many as the classic decoder that translates one sentence at a time; beam search with the
+#   cache ran about 2.7 times as fast as without. Those are the shipped model's sizes
+#   (3 layers, $d_\text{model} = 256$) and its real outputs; the goal of 25 times the classic
+#   decoder was set for the base size, whose decoding this run did not measure (there is no
+#   trained base model to give outputs of Multi30k length). The beam gains less than greedy
+#   because each of its steps still copies every live hypothesis's cache rows, the memory's
+#   keys and values included, to follow the hypotheses it extends.
+# * **Batching by tokens is the cheapest large gain.** Padding every batch to 72 tokens made
+#   about 81% of the positions padding, against about 4% for the token budget, and the budget
+#   gave over 5 times the real tokens per second.
+# * **Training speed is decided by the matrix products.** On one CPU thread, attention is a small
+#   part of a step, and fusing it moves the total by about as much as the noise: the three
+#   implementations land within a factor of two of each other in both orders at the two sizes,
+#   which is the signature of a shared machine, not of the code. The counted FLOPs are the same
+#   for all three (the same matrices); the utilization of the measured matmul peak was
+#   between about 40% and 70% at base size and between about 30% and 50% at the cpu size,
+#   whose matrices are smaller.
+#   What the fast path removes, host syncs and the stored weight matrices, matters on a GPU,
+#   where the device would otherwise wait for the host and memory bandwidth is what attention
+#   spends.
+# * **Memory.** The fast path's peak was about 10% *higher* than the readable path's in this
+#   run, not lower. At Multi30k's lengths the (n_q, n_k) weights are small next to the
+#   activations of the feed-forward layers and the generator, so there is little to save, and
+#   this run does not tell where the extra comes from; the CPU measure (the profiler's memory
+#   events) is itself approximate.
+#
+# Not measured yet: a GPU. `make bench` on a machine with CUDA runs the same rows there and
+# writes `book/data/bench_cuda.json` with the GPU named; `bench_results("bench_cuda.json")`
+# reads it, and the issue's GPU goals (bf16 autocast at 1.5 times the readable float32 path,
+# `torch.compile`) belong to that run. Everything above is one CPU thread.
+#
+# ## What we have
+#
+# Beside the readable model, a fast one that is the same model: `greedy_decode` and
+# `beam_search` with `use_cache=True` decode one new position per step from a `DecoderCache`,
+# give the same tokens (checked here on a random and on the trained model) and are what
+# `make translate` uses; `use_fast_path` switches a model to fused attention and unchecked
+# embeddings without touching its state dict, and still hands out attention maps on request;
+# `label_smoothing_loss` is chapter 11's loss through `F.cross_entropy`. `make bench` measures
+# them in one process, and `make bench-quick` runs the same rows in seconds as a test.
