@@ -433,10 +433,10 @@ def greedy_decode(
         raise ValueError(f"src must have shape (batch, n_src), got {tuple(src.shape)}")
     if max_len < 1:
         raise ValueError(f"max_len must be at least 1 (the start symbol), got {max_len}")
-    if use_cache:
-        from the_annotated_transformer import cached_greedy_decode
-
-        return cached_greedy_decode(model, src, src_mask, max_len, start_symbol, end_symbol)
+    if use_cache:  # defined in chapter 20, which builds on this chapter
+        return cached_greedy_decode(  # noqa: F821
+            model, src, src_mask, max_len, start_symbol, end_symbol
+        )
     batch = src.size(0)
     with torch.no_grad():
         memory = model.encode(src, src_mask)  # (batch, n_src, d_model), computed once

@@ -297,10 +297,8 @@ def beam_search(
     every = torch.arange(batch, device=device)
     with torch.no_grad():
         memory = model.encode(src, src_mask)  # (batch, n_src, d_model), once per sentence
-        if use_cache:  # chapter 20: the cache holds one row per live hypothesis
-            from the_annotated_transformer import DecoderCache, decode_step
-
-            cache = DecoderCache(model, memory, src_mask)  # a row per sentence, for now
+        if use_cache:  # chapter 20's cache: a row per sentence, then per live hypothesis
+            cache = DecoderCache(model, memory, src_mask)  # noqa: F821
             parent = every.unsqueeze(-1).expand(batch, k)  # (batch, k): each slot's row
         ys = torch.full((batch, k, 1), start_symbol, dtype=torch.long, device=device)
         live = torch.full((batch, k), -math.inf, device=device)  # log P; -inf: not live
@@ -319,7 +317,7 @@ def beam_search(
             # 1) decode the live hypotheses of all sentences as one batch of rows
             if use_cache:  # only the last token, against the cached keys and values
                 cache.select(parent[rows])  # the rows of the live hypotheses, in order
-                log_probs = decode_step(model, cache, ys[rows][:, -1], t - 1)  # (n_live, V)
+                log_probs = decode_step(model, cache, ys[rows][:, -1], t - 1)  # noqa: F821
             else:
                 out = model.decode(memory[rows[0]], src_mask[rows[0]], ys[rows],
                                    subsequent_mask(t).to(device))  # (n_live, t, d_model)
