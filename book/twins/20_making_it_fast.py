@@ -270,9 +270,10 @@ for row in beam[1][:, 1:].tolist():
 # softmax, and multiplies by $V$: four operations, each of which writes a (batch, h, $n_q$,
 # $n_k$) tensor to memory and reads it back, and in training keeps it for the backward pass.
 # PyTorch's `torch.nn.functional.scaled_dot_product_attention` does the same arithmetic in one
-# call that picks a fused kernel (FlashAttention-style on GPUs and in recent CPU builds): it
-# walks over blocks of keys, keeping running softmax statistics, so the full weight matrix is
-# never stored, and recomputes what the backward pass needs.
+# call that picks a fused kernel where one exists, on GPUs and in recent CPU builds. Such a
+# kernel, in the manner of FlashAttention {cite}`dao2022flashattention`, walks over blocks of
+# keys while keeping running softmax statistics, so the full weight matrix is never stored,
+# and recomputes what the backward pass needs.
 #
 # `FastMultiHeadedAttention` is `MultiHeadedAttention` with only its `forward` changed: the
 # same four linear maps, so a state dict moves between the two unchanged, and the fused call
