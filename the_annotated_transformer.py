@@ -3452,6 +3452,136 @@ def graph_attention(
     return output.index_add(0, query_nodes, messages), weights
 
 
+# %%
+def packed_positions(lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sentence index and position of each node when sentences of these lengths are packed."""
+    if lengths.dim() != 1 or len(lengths) == 0 or bool((lengths < 1).any()):
+        raise ValueError(f"lengths must be a 1-D tensor of positive lengths, got {lengths}")
+    sentence = torch.repeat_interleave(torch.arange(len(lengths)), lengths)  # (nodes,)
+    starts = torch.cumsum(lengths, 0) - lengths  # (batch,) the first node of each sentence
+    return sentence, torch.arange(len(sentence)) - starts[sentence]  # (nodes,), (nodes,)
+
+
+def packed_edges(
+    q_lengths: torch.Tensor, k_lengths: torch.Tensor, *, causal: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Edges (key node, query node) within each packed sentence; no node is padding.
+
+    causal=True keeps a key only at or before the query's position (decoder self-attention).
+    """
+    if q_lengths.shape != k_lengths.shape:
+        raise ValueError(f"{len(q_lengths)} query lengths but {len(k_lengths)} key lengths")
+    q_sentence, q_position = packed_positions(q_lengths)
+    k_sentence, k_position = packed_positions(k_lengths)
+    allowed = q_sentence[:, None] == k_sentence[None, :]  # (q nodes, k nodes)
+    if causal:
+        allowed &= k_position[None, :] <= q_position[:, None]
+    query_nodes, key_nodes = allowed.nonzero(as_tuple=True)  # each (E,)
+    return key_nodes, query_nodes
+
+
+# %%
+from torch import nn
+
+
+def graph_heads(
+    mha: nn.Module, x_query: torch.Tensor, x_key: torch.Tensor, edges: tuple[torch.Tensor, ...]
+) -> torch.Tensor:
+    """A MultiHeadedAttention layer, with its own weights, on nodes: (q nodes, d_model).
+
+    Attention dropout is not applied: this path is for a model in eval mode.
+    """
+    h, d_k = mha.h, mha.d_k
+    query = mha.linears[0](x_query).view(-1, h, d_k)  # (q nodes, h, d_k)
+    key = mha.linears[1](x_key).view(-1, h, d_k)  # (k nodes, h, d_k)
+    value = mha.linears[2](x_key).view(-1, h, d_k)  # (k nodes, h, d_k)
+    heads, _ = graph_attention(query, key, value, *edges)  # (q nodes, h, d_k)
+    return mha.linears[3](heads.reshape(-1, h * d_k))  # (q nodes, d_model)
+
+
+def graph_embed(embed: nn.Sequential, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Token embeddings (nodes, d_model) plus the sinusoidal encoding of each node's position."""
+    tokens, encoding = embed
+    if not isinstance(encoding, PositionalEncoding):
+        raise TypeError(f"graph_embed needs the sinusoidal PositionalEncoding, got {encoding}")
+    return encoding.dropout(tokens(ids[None])[0] + encoding.pe[0, positions])
+
+
+def graph_encoder_layer(layer: nn.Module, x: torch.Tensor, edges: tuple) -> torch.Tensor:
+    """One EncoderLayer on nodes: its own sublayers, graph attention for self-attention."""
+    x = layer.sublayer[0](x, lambda x: graph_heads(layer.self_attn, x, x, edges))
+    return layer.sublayer[1](x, layer.feed_forward)  # (nodes, d_model)
+
+
+def graph_decoder_layer(
+    layer: nn.Module, y: torch.Tensor, memory: torch.Tensor, self_edges: tuple, memory_edges: tuple
+) -> torch.Tensor:
+    """One DecoderLayer on target nodes, attending to the memory's nodes along memory_edges."""
+    y = layer.sublayer[0](y, lambda y: graph_heads(layer.self_attn, y, y, self_edges))
+    y = layer.sublayer[1](y, lambda y: graph_heads(layer.src_attn, y, memory, memory_edges))
+    return layer.sublayer[2](y, layer.feed_forward)  # (target nodes, d_model)
+
+
+def graph_transformer(
+    model: nn.Module,
+    src: torch.Tensor,
+    src_lengths: torch.Tensor,
+    tgt: torch.Tensor,
+    tgt_lengths: torch.Tensor,
+) -> torch.Tensor:
+    """Decoder output (target nodes, d_model) of an EncoderDecoder on packed sentences.
+
+    src (source nodes,) and tgt (target nodes,) hold the ids of all sentences one after the
+    other, without padding; the lengths say where each sentence ends.
+    """
+    for name, ids, lengths in (("src", src, src_lengths), ("tgt", tgt, tgt_lengths)):
+        if ids.dim() != 1 or len(ids) != int(lengths.sum()):
+            raise ValueError(f"{name} must hold sum({name}_lengths) = {int(lengths.sum())} ids "
+                             f"in one dimension, got shape {tuple(ids.shape)}")
+    self_edges = packed_edges(src_lengths, src_lengths)
+    x = graph_embed(model.src_embed, src, packed_positions(src_lengths)[1])
+    for layer in model.encoder.layers:
+        x = graph_encoder_layer(layer, x, self_edges)
+    memory = model.encoder.norm(x)  # (source nodes, d_model)
+    causal_edges = packed_edges(tgt_lengths, tgt_lengths, causal=True)
+    memory_edges = packed_edges(tgt_lengths, src_lengths)
+    y = graph_embed(model.tgt_embed, tgt, packed_positions(tgt_lengths)[1])
+    for layer in model.decoder.layers:
+        y = graph_decoder_layer(layer, y, memory, causal_edges, memory_edges)
+    return model.decoder.norm(y)
+
+
+# %%
+def window_global_mask(n: int, r: int, n_global: int) -> torch.Tensor:
+    """Position i sees positions i - r .. i + r; the first n_global positions see and are seen
+    by all. (1, n, n) boolean, as the masks of the model."""
+    if not 0 <= n_global <= n or r < 0:
+        raise ValueError(f"need r >= 0 and 0 <= n_global <= n, got r={r}, "
+                         f"n_global={n_global}, n={n}")
+    positions = torch.arange(n)
+    window = (positions[:, None] - positions[None, :]).abs() <= r  # (n, n)
+    is_global = positions < n_global  # (n,)
+    return (window | is_global[:, None] | is_global[None, :]).unsqueeze(0)  # (1, n, n)
+
+
+# %%
+from typing import Any
+
+
+def timing_chart(timings: list[dict], *, title: str = "One attention layer, 4 heads") -> Any:
+    """Milliseconds against sequence length, one line per kind of attention, log-log."""
+    import altair as alt
+
+    if not timings:
+        raise ValueError("timings is empty: nothing to draw")
+    return alt.Chart(alt.Data(values=timings)).mark_line(point=True).encode(
+        x=alt.X("n:Q", scale=alt.Scale(type="log", base=2), title="sequence length n"),
+        y=alt.Y("ms:Q", scale=alt.Scale(type="log"), title="milliseconds (fastest of 5)"),
+        color=alt.Color("attention:N", title=None),
+        tooltip=["attention:N", "n:Q", alt.Tooltip("ms:Q", format=".2f")],
+    ).properties(width=420, height=240, title=title)
+
+
 # %% [markdown]
 # ## From book/22_attention_visualization.ipynb
 
