@@ -3582,6 +3582,21 @@ def timing_chart(timings: list[dict], *, title: str = "One attention layer, 4 he
     ).properties(width=420, height=240, title=title)
 
 
+# %%
+class SparseEncoder(nn.Module):
+    """An Encoder whose self-attention also obeys window_global_mask(n, r, n_global)."""
+
+    def __init__(self, encoder: nn.Module, *, r: int, n_global: int) -> None:
+        super().__init__()
+        self.encoder, self.r, self.n_global = encoder, r, n_global
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """x (batch, n, d_model), padding mask (batch, 1, n) -> memory (batch, n, d_model)."""
+        n = x.size(1)
+        pattern = window_global_mask(n, self.r, min(self.n_global, n)).to(x.device)  # (1, n, n)
+        return self.encoder(x, mask & pattern)  # (batch, n, n): padding and pattern
+
+
 # %% [markdown]
 # ## From book/22_attention_visualization.ipynb
 

@@ -5,6 +5,7 @@ import torch
 
 from the_annotated_transformer import (
     Batch,
+    SparseEncoder,
     attention,
     graph_attention,
     graph_transformer,
@@ -166,3 +167,17 @@ def test_window_with_global_tokens_connects_any_two_positions_in_two_hops():
     mask = window_global_mask(40, r=1, n_global=1)[0].float()
     assert bool(((mask @ mask) > 0).all())
     assert not bool(mask.bool().all())
+
+
+def test_sparse_encoder_keeps_far_tokens_out_of_a_positions_output():
+    torch.manual_seed(0)
+    model = make_model(11, 11, N=1, d_model=16, d_ff=32, h=2, dropout=0.0).eval()
+    sparse = SparseEncoder(model.encoder, r=1, n_global=0)
+    x = torch.randn(1, 8, 16)
+    mask = torch.ones(1, 1, 8, dtype=torch.bool)
+    changed = x.clone()
+    changed[0, 7] += 1.0  # position 7 is 7 steps from position 0, outside a window of r = 1
+    assert torch.equal(sparse(x, mask)[0, :6], sparse(changed, mask)[0, :6])
+    assert not torch.equal(model.encoder(x, mask)[0, 0], model.encoder(changed, mask)[0, 0])
+    wide = SparseEncoder(model.encoder, r=8, n_global=0)  # a window wider than the sentence
+    torch.testing.assert_close(wide(x, mask), model.encoder(x, mask))
