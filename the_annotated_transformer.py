@@ -3768,6 +3768,151 @@ def graph_attention(
     return output.index_add(0, query_nodes, messages), weights
 
 
+# %%
+def packed_positions(lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sentence index and position of each node when sentences of these lengths are packed."""
+    if lengths.dim() != 1 or len(lengths) == 0 or bool((lengths < 1).any()):
+        raise ValueError(f"lengths must be a 1-D tensor of positive lengths, got {lengths}")
+    sentence = torch.repeat_interleave(torch.arange(len(lengths)), lengths)  # (nodes,)
+    starts = torch.cumsum(lengths, 0) - lengths  # (batch,) the first node of each sentence
+    return sentence, torch.arange(len(sentence)) - starts[sentence]  # (nodes,), (nodes,)
+
+
+def packed_edges(
+    q_lengths: torch.Tensor, k_lengths: torch.Tensor, *, causal: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Edges (key node, query node) within each packed sentence; no node is padding.
+
+    causal=True keeps a key only at or before the query's position (decoder self-attention).
+    """
+    if q_lengths.shape != k_lengths.shape:
+        raise ValueError(f"{len(q_lengths)} query lengths but {len(k_lengths)} key lengths")
+    q_sentence, q_position = packed_positions(q_lengths)
+    k_sentence, k_position = packed_positions(k_lengths)
+    allowed = q_sentence[:, None] == k_sentence[None, :]  # (q nodes, k nodes)
+    if causal:
+        allowed &= k_position[None, :] <= q_position[:, None]
+    query_nodes, key_nodes = allowed.nonzero(as_tuple=True)  # each (E,)
+    return key_nodes, query_nodes
+
+
+# %%
+from torch import nn
+
+
+def graph_heads(
+    mha: nn.Module, x_query: torch.Tensor, x_key: torch.Tensor, edges: tuple[torch.Tensor, ...]
+) -> torch.Tensor:
+    """A MultiHeadedAttention layer, with its own weights, on nodes: (q nodes, d_model).
+
+    Attention dropout is not applied: this path is for a model in eval mode.
+    """
+    h, d_k = mha.h, mha.d_k
+    query = mha.linears[0](x_query).view(-1, h, d_k)  # (q nodes, h, d_k)
+    key = mha.linears[1](x_key).view(-1, h, d_k)  # (k nodes, h, d_k)
+    value = mha.linears[2](x_key).view(-1, h, d_k)  # (k nodes, h, d_k)
+    heads, _ = graph_attention(query, key, value, *edges)  # (q nodes, h, d_k)
+    return mha.linears[3](heads.reshape(-1, h * d_k))  # (q nodes, d_model)
+
+
+def graph_embed(embed: nn.Sequential, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Token embeddings (nodes, d_model) plus the sinusoidal encoding of each node's position."""
+    tokens, encoding = embed
+    if not isinstance(encoding, PositionalEncoding):
+        raise TypeError(f"graph_embed needs the sinusoidal PositionalEncoding, got {encoding}")
+    return encoding.dropout(tokens(ids[None])[0] + encoding.pe[0, positions])
+
+
+def graph_encoder_layer(layer: nn.Module, x: torch.Tensor, edges: tuple) -> torch.Tensor:
+    """One EncoderLayer on nodes: its own sublayers, graph attention for self-attention."""
+    x = layer.sublayer[0](x, lambda x: graph_heads(layer.self_attn, x, x, edges))
+    return layer.sublayer[1](x, layer.feed_forward)  # (nodes, d_model)
+
+
+def graph_decoder_layer(
+    layer: nn.Module, y: torch.Tensor, memory: torch.Tensor, self_edges: tuple, memory_edges: tuple
+) -> torch.Tensor:
+    """One DecoderLayer on target nodes, attending to the memory's nodes along memory_edges."""
+    y = layer.sublayer[0](y, lambda y: graph_heads(layer.self_attn, y, y, self_edges))
+    y = layer.sublayer[1](y, lambda y: graph_heads(layer.src_attn, y, memory, memory_edges))
+    return layer.sublayer[2](y, layer.feed_forward)  # (target nodes, d_model)
+
+
+def graph_transformer(
+    model: nn.Module,
+    src: torch.Tensor,
+    src_lengths: torch.Tensor,
+    tgt: torch.Tensor,
+    tgt_lengths: torch.Tensor,
+) -> torch.Tensor:
+    """Decoder output (target nodes, d_model) of an EncoderDecoder on packed sentences.
+
+    src (source nodes,) and tgt (target nodes,) hold the ids of all sentences one after the
+    other, without padding; the lengths say where each sentence ends.
+    """
+    for name, ids, lengths in (("src", src, src_lengths), ("tgt", tgt, tgt_lengths)):
+        if ids.dim() != 1 or len(ids) != int(lengths.sum()):
+            raise ValueError(f"{name} must hold sum({name}_lengths) = {int(lengths.sum())} ids "
+                             f"in one dimension, got shape {tuple(ids.shape)}")
+    self_edges = packed_edges(src_lengths, src_lengths)
+    x = graph_embed(model.src_embed, src, packed_positions(src_lengths)[1])
+    for layer in model.encoder.layers:
+        x = graph_encoder_layer(layer, x, self_edges)
+    memory = model.encoder.norm(x)  # (source nodes, d_model)
+    causal_edges = packed_edges(tgt_lengths, tgt_lengths, causal=True)
+    memory_edges = packed_edges(tgt_lengths, src_lengths)
+    y = graph_embed(model.tgt_embed, tgt, packed_positions(tgt_lengths)[1])
+    for layer in model.decoder.layers:
+        y = graph_decoder_layer(layer, y, memory, causal_edges, memory_edges)
+    return model.decoder.norm(y)
+
+
+# %%
+def window_global_mask(n: int, r: int, n_global: int) -> torch.Tensor:
+    """Position i sees positions i - r .. i + r; the first n_global positions see and are seen
+    by all. (1, n, n) boolean, as the masks of the model."""
+    if not 0 <= n_global <= n or r < 0:
+        raise ValueError(f"need r >= 0 and 0 <= n_global <= n, got r={r}, "
+                         f"n_global={n_global}, n={n}")
+    positions = torch.arange(n)
+    window = (positions[:, None] - positions[None, :]).abs() <= r  # (n, n)
+    is_global = positions < n_global  # (n,)
+    return (window | is_global[:, None] | is_global[None, :]).unsqueeze(0)  # (1, n, n)
+
+
+# %%
+from typing import Any
+
+
+def timing_chart(timings: list[dict], *, title: str = "One attention layer, 4 heads") -> Any:
+    """Milliseconds against sequence length, one line per kind of attention, log-log."""
+    import altair as alt
+
+    if not timings:
+        raise ValueError("timings is empty: nothing to draw")
+    return alt.Chart(alt.Data(values=timings)).mark_line(point=True).encode(
+        x=alt.X("n:Q", scale=alt.Scale(type="log", base=2), title="sequence length n"),
+        y=alt.Y("ms:Q", scale=alt.Scale(type="log"), title="milliseconds (fastest of 5)"),
+        color=alt.Color("attention:N", title=None),
+        tooltip=["attention:N", "n:Q", alt.Tooltip("ms:Q", format=".2f")],
+    ).properties(width=420, height=240, title=title)
+
+
+# %%
+class SparseEncoder(nn.Module):
+    """An Encoder whose self-attention also obeys window_global_mask(n, r, n_global)."""
+
+    def __init__(self, encoder: nn.Module, *, r: int, n_global: int) -> None:
+        super().__init__()
+        self.encoder, self.r, self.n_global = encoder, r, n_global
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """x (batch, n, d_model), padding mask (batch, 1, n) -> memory (batch, n, d_model)."""
+        n = x.size(1)
+        pattern = window_global_mask(n, self.r, min(self.n_global, n)).to(x.device)  # (1, n, n)
+        return self.encoder(x, mask & pattern)  # (batch, n, n): padding and pattern
+
+
 # %% [markdown]
 # ## From book/22_attention_visualization.ipynb
 
@@ -3873,3 +4018,199 @@ def attention_summary_chart(summary: Sequence[dict[str, Any]], *, cell: int = 26
                     title=ATTENTION_KINDS.get(kind, kind))
         for kind in kinds
     ]).resolve_scale(color="shared")
+
+
+# %% [markdown]
+# ## From book/23_what_came_after.ipynb
+
+
+# %%
+import math
+
+import torch
+from torch import nn
+
+
+def rotary(x: torch.Tensor, positions: torch.Tensor, *, base: float = 10000.0) -> torch.Tensor:
+    """Rotate each pair of features (2i, 2i+1) of x (..., n, d) by the angle position * theta_i.
+
+    theta_i = base^(-2i/d), the frequencies of the sinusoidal encoding; positions is (n,).
+    """
+    d = x.size(-1)
+    if d % 2:
+        raise ValueError(f"rotary positions need an even feature size, got {d}")
+    theta = base ** (-torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d)  # (d/2,)
+    angle = positions.to(torch.float32)[:, None] * theta  # (n, d/2)
+    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+    even, odd = x[..., 0::2], x[..., 1::2]  # (..., n, d/2) each
+    rotated = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1)
+    return rotated.flatten(-2)  # (..., n, d), pairs interleaved again
+
+
+class RotaryMultiHeadedAttention(MultiHeadedAttention):
+    """MultiHeadedAttention whose queries and keys are rotated by their positions (RoPE)."""
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Self-attention on positions 0..n-1: (batch, n, d_model) -> (batch, n, d_model)."""
+        if mask is not None and mask.dim() == 3:
+            mask = mask.unsqueeze(1)  # (batch, 1, n, n): the same mask for every head
+        batch, n = query.shape[:2]
+        query, key, value = [
+            linear(x).view(batch, -1, self.h, self.d_k).transpose(1, 2)  # (batch, h, n, d_k)
+            for linear, x in zip(self.linears, (query, key, value), strict=False)
+        ]
+        positions = torch.arange(n, device=query.device)
+        query, key = rotary(query, positions), rotary(key, positions)  # the only change
+        x, weights = attention(query, key, value, mask=mask, dropout=self.dropout)
+        self.attn = weights.detach()
+        x = x.transpose(1, 2).contiguous().view(batch, n, self.h * self.d_k)
+        return self.linears[-1](x)
+
+
+# %%
+class LanguageModel(nn.Module):
+    """A decoder-only Transformer: embed, N causal self-attention layers, next-token log-probs."""
+
+    def __init__(self, embed: nn.Module, layers: nn.Module, generator: nn.Module) -> None:
+        super().__init__()
+        self.embed, self.layers, self.generator = embed, layers, generator
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Token ids (batch, n) -> log-probabilities (batch, n, vocab) of each next token."""
+        mask = subsequent_mask(x.size(1)).to(x.device)  # (1, n, n): no peeking ahead
+        return self.generator(self.layers(self.embed(x), mask))
+
+
+def make_language_model(
+    vocab: int,
+    N: int = 2,
+    d_model: int = 128,
+    d_ff: int = 512,
+    h: int = 4,
+    dropout: float = 0.1,
+    *,
+    positions: str = "sinusoidal",
+) -> LanguageModel:
+    """The book's encoder stack with a causal mask, which is a decoder without cross-attention.
+
+    positions: "sinusoidal" (added to the embeddings, §3.5) or "rotary" (inside attention).
+    """
+    if positions not in ("sinusoidal", "rotary"):
+        raise ValueError(f"positions must be 'sinusoidal' or 'rotary', got {positions!r}")
+    if positions == "rotary":
+        attn = RotaryMultiHeadedAttention(h, d_model, dropout=dropout)
+        embed = nn.Sequential(Embeddings(d_model, vocab), nn.Dropout(dropout))
+    else:
+        attn = MultiHeadedAttention(h, d_model, dropout=dropout)
+        embed = nn.Sequential(Embeddings(d_model, vocab), PositionalEncoding(d_model, dropout))
+    ff = PositionwiseFeedForward(d_model, d_ff, dropout=dropout)
+    layers = Encoder(EncoderLayer(d_model, attn, ff, dropout), N)
+    model = LanguageModel(embed, layers, Generator(d_model, vocab))
+    for p in model.parameters():
+        if p.dim() > 1:
+            nn.init.xavier_uniform_(p)
+    return model
+
+
+# %%
+import torch.nn.functional as F
+
+BOS_ID, EOS_ID = SPECIALS.index("<s>"), SPECIALS.index("</s>")  # 0, 1; PAD_ID is 2
+
+
+def lm_batches(
+    sentences: list[list[int]], *, batch_size: int, generator: torch.Generator | None = None
+) -> list[torch.Tensor]:
+    """`<s> ids </s>` rows, batched with sentences of similar length, in a shuffled order."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))
+    batches = []
+    for start in range(0, len(order), batch_size):
+        rows = [[BOS_ID, *sentences[i], EOS_ID] for i in order[start : start + batch_size]]
+        batch = torch.full((len(rows), max(map(len, rows))), PAD_ID, dtype=torch.long)
+        for r, row in enumerate(rows):
+            batch[r, : len(row)] = torch.tensor(row)
+        batches.append(batch)  # (batch_size, n)
+    return [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
+
+
+def lm_nll(model: nn.Module, batch: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Summed negative log-likelihood of every real next token of `batch`, and their count."""
+    log_probs = model(batch[:, :-1])  # (batch, n - 1, vocab): predictions for tokens 1..n-1
+    target = batch[:, 1:]  # (batch, n - 1)
+    nll = F.nll_loss(log_probs.flatten(0, 1), target.flatten(), ignore_index=PAD_ID,
+                     reduction="sum")
+    return nll, int((target != PAD_ID).sum())
+
+
+def perplexity(model: nn.Module, batches: list[torch.Tensor]) -> float:
+    """exp(mean NLL per token) over all batches: the model's average branching factor."""
+    model.eval()
+    total, tokens = 0.0, 0
+    with torch.no_grad():
+        for batch in batches:
+            nll, n = lm_nll(model, batch)
+            total, tokens = total + nll.item(), tokens + n
+    return math.exp(total / tokens)
+
+
+def train_language_model(
+    model: nn.Module, batches: list[torch.Tensor], *, epochs: int, warmup: int = 400
+) -> list[float]:
+    """Adam with the paper's schedule (chapter 10); the mean training loss of each epoch."""
+    d_model = model.embed[0].d_model
+    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: rate(step, model_size=d_model, factor=1.0, warmup=warmup)
+    )
+    losses = []
+    for _ in range(epochs):
+        model.train()
+        total, tokens = 0.0, 0
+        for batch in batches:
+            nll, n = lm_nll(model, batch)
+            (nll / n).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
+            total, tokens = total + nll.item(), tokens + n
+        losses.append(total / tokens)
+    return losses
+
+
+# %%
+def sample(
+    model: nn.Module,
+    prompt: list[int],
+    *,
+    max_len: int = 30,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+) -> list[int]:
+    """Continue `prompt` (ids, starting with <s>) one sampled token at a time, until </s>.
+
+    temperature < 1 sharpens the distribution, > 1 flattens it; top_k keeps the k likeliest.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be positive, got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be at least 1 or None, got {top_k}")
+    model.eval()
+    ids = list(prompt)
+    with torch.no_grad():
+        while len(ids) < max_len and ids[-1] != EOS_ID:
+            logits = model(torch.tensor([ids]))[0, -1] / temperature  # (vocab,)
+            if top_k is not None:
+                kth = logits.topk(min(top_k, logits.numel())).values[-1]
+                logits = logits.masked_fill(logits < kth, -math.inf)
+            probs = logits.softmax(-1)
+            ids.append(int(torch.multinomial(probs, 1, generator=generator)))
+    return ids

@@ -1,16 +1,18 @@
-"""Run the chapters under nbval as other machines would: one thread, and another CPU's kernels.
+"""Run every chapter under nbval once, as other machines would: one thread, another CPU's kernels.
 
-    python tools/nbval_portable.py [book/12_copy_task.ipynb ...]   (default: every chapter)
+    python tools/nbval_portable.py [--other-kernels book/12_copy_task.ipynb ...] [chapters ...]
 
-The stored outputs were made here with 2 threads and this CPU's AVX-512 kernels. A reader's
-laptop, Colab or a CI runner computes the same cells with other float kernels, so the chapters
-must pass nbval there too. Two runs go side by side, one thread each (2 processes x 1 thread,
-never more than the 2 cores this book is tested on):
+The stored outputs were made here with 2 threads and this CPU's own kernels (`make nbval`
+checks them under those same settings). A reader's laptop, Colab or a CI runner computes the
+same cells with other float kernels and another thread count, so `make test` checks the
+chapters the way such a machine would. Two runs go side by side, one thread each (2 processes x
+1 thread, never more than the 2 cores this book is tested on), and each chapter runs in one:
 
-* `1 thread`: OMP_NUM_THREADS=1, this CPU's own kernels (other reduction orders);
-* `other kernels`: OMP_NUM_THREADS=1 and ATEN_CPU_CAPABILITY one level below this CPU's:
-  `avx2` on a CPU with AVX-512 (what a CPU without AVX-512 runs), `default` (PyTorch's
-  portable kernels, no vector instructions) on a CPU whose best is AVX2.
+* `other kernels`: the chapters given with `--other-kernels` (those whose numbers come from
+  training or float sums), with OMP_NUM_THREADS=1 and ATEN_CPU_CAPABILITY one level below this
+  CPU's: `avx2` on a CPU with AVX-512 (what a CPU without AVX-512 runs), `default` (PyTorch's
+  portable kernels, no vector instructions) on a CPU whose best is AVX2;
+* `1 thread`: every other chapter, with OMP_NUM_THREADS=1 and this CPU's own kernels.
 
 Each run's output is printed when it ends; the script fails when either run fails.
 """
@@ -24,6 +26,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+from sync import chapters  # noqa: E402
+
 # This CPU's best kernels (torch.backends.cpu.get_cpu_capability()) -> the set one level below.
 LOWER_CAPABILITY = {"AVX512": "avx2", "AVX512_BF16": "avx2", "AVX512_VNNI": "avx2"}
 
@@ -37,42 +42,54 @@ def other_capability() -> str:
     return LOWER_CAPABILITY.get(native, "default")
 
 
-def variants() -> dict[str, dict[str, str]]:
-    """The environments of the two runs."""
-    return {
-        "1 thread": {"OMP_NUM_THREADS": "1"},
-        "other kernels": {"OMP_NUM_THREADS": "1", "ATEN_CPU_CAPABILITY": other_capability()},
+def split_runs(notebooks: list[Path], other_kernels: list[Path]) -> dict[str, tuple[dict, list]]:
+    """Each run's name -> (its environment, its chapters); every chapter is in exactly one."""
+    unknown = sorted(set(other_kernels) - set(notebooks))
+    if unknown:
+        raise SystemExit(f"nbval_portable.py: error: --other-kernels names a notebook that is "
+                         f"not among the chapters run: {unknown[0]}")
+    runs = {
+        "other kernels": (
+            {"OMP_NUM_THREADS": "1", "ATEN_CPU_CAPABILITY": other_capability()},
+            [nb for nb in notebooks if nb in other_kernels],
+        ),
+        "1 thread": ({"OMP_NUM_THREADS": "1"}, [nb for nb in notebooks if nb not in other_kernels]),
     }
+    return {name: run for name, run in runs.items() if run[1]}
 
 
-def nbval_command(notebooks: list[str]) -> list[str]:
-    """The nbval command of `make test`, on the given notebooks."""
+def nbval_command(notebooks: list[Path]) -> list[str]:
+    """The nbval command of `make nbval`, on the given notebooks."""
     return [
         sys.executable, "-m", "pytest", "--nbval", "--nbval-current-env",
-        "--nbval-sanitize-with", "tests/sanitize.cfg", "-q", *notebooks,
+        "--nbval-sanitize-with", "tests/sanitize.cfg", "-q",
+        *[str(nb.relative_to(ROOT)) for nb in notebooks],
     ]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("notebooks", nargs="*", default=["book"])
+    parser.add_argument("notebooks", nargs="*", type=Path,
+                        help="chapters to run (default: every chapter of _toc.yml)")
+    parser.add_argument("--other-kernels", action="append", default=[], type=Path,
+                        metavar="NOTEBOOK", help="run this chapter with the other kernels")
     args = parser.parse_args()
-    runs, envs = {}, variants()
-    for name, env in envs.items():
+    notebooks = [nb.resolve() for nb in args.notebooks] or chapters()
+    runs = split_runs(notebooks, [nb.resolve() for nb in args.other_kernels])
+    started = {}
+    for name, (env, chosen) in runs.items():
         log = tempfile.TemporaryFile("w+", encoding="utf-8")  # read back when it ends
-        runs[name] = (
-            subprocess.Popen(
-                nbval_command(args.notebooks), cwd=ROOT, env={**os.environ, **env},
-                stdout=log, stderr=subprocess.STDOUT,
-            ),
-            log,
-            time.perf_counter(),
+        process = subprocess.Popen(
+            nbval_command(chosen), cwd=ROOT, env={**os.environ, **env},
+            stdout=log, stderr=subprocess.STDOUT,
         )
+        started[name] = (process, log, time.perf_counter())
     failed = []
-    for name, (process, log, start) in runs.items():
+    for name, (process, log, start) in started.items():
         code = process.wait()
         log.seek(0)
-        print(f"===== nbval, {name} ({envs[name]}): exit {code}, "
+        env, chosen = runs[name]
+        print(f"===== nbval, {name} ({env}), {len(chosen)} chapters: exit {code}, "
               f"{time.perf_counter() - start:.0f} s", flush=True)
         print(log.read(), flush=True)
         log.close()
