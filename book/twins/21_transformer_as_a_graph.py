@@ -28,7 +28,7 @@ if "google.colab" in sys.modules:
     package = f"the-annotated-transformer[book] @ git+{REPO}@{REF}"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
 
-from the_annotated_transformer import attention, enable_book_charts, subsequent_mask
+from the_annotated_transformer import attention, enable_book_charts, line_chart, subsequent_mask
 
 enable_book_charts()
 
@@ -67,8 +67,6 @@ def mask_to_edges(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 # and three target tokens.
 
 # %%
-import altair as alt
-
 n_src, n_tgt = 4, 3
 src_pad = torch.tensor([[True, True, True, False]])  # (batch, n_src): the last token is padding
 graphs = {
@@ -80,9 +78,16 @@ for name, mask in graphs.items():
     key_nodes, query_nodes = mask_to_edges(mask)
     print(f"{name:>26}: {len(key_nodes):2d} edges of {mask.numel():2d} possible")
 
+# %% tags=["export", "hide-cell"]
+from typing import Any
 
-def draw(name: str, mask: torch.Tensor) -> alt.LayerChart:
-    """Keys on the bottom row, queries on the top row, one line per edge."""
+
+def graph_chart(mask: torch.Tensor, *, title: str) -> Any:
+    """A mask (1, n_q, n_k) as a graph: keys on the bottom row, queries on top, a line per edge."""
+    import altair as alt
+
+    if mask.dim() != 3 or mask.size(0) != 1:
+        raise ValueError(f"mask must be one sentence's (1, n_q, n_k), got {tuple(mask.shape)}")
     key_nodes, query_nodes = mask_to_edges(mask)
     n_q, n_k = mask.shape[1:]
     pairs = zip(key_nodes.tolist(), query_nodes.tolist(), strict=True)
@@ -100,10 +105,13 @@ def draw(name: str, mask: torch.Tensor) -> alt.LayerChart:
         color=alt.Color("role:N", title="node"),
         tooltip=["role:N", alt.Tooltip("x:Q", title="position")],
     )
-    return (lines + points).properties(width=170, height=120, title=name)
+    return (lines + points).properties(width=170, height=120, title=title)
 
 
-alt.hconcat(*(draw(name, mask) for name, mask in graphs.items()))
+# %%
+import altair as alt
+
+alt.hconcat(*(graph_chart(mask, title=name) for name, mask in graphs.items()))
 
 # %% [markdown]
 # The padded source token (position 3) is still a node, since every position of the padded
@@ -229,12 +237,10 @@ for n in (16, 32, 64, 128, 256, 512):
 print(*(f"n = {e['n']:3d}, {e['pattern']:>17}: {e['edges']:7,d} edges" for e in edge_counts[-3:]),
       sep="\n")
 
-alt.Chart(alt.Data(values=edge_counts)).mark_line(point=True).encode(
-    x=alt.X("n:Q", scale=alt.Scale(type="log", base=2), title="sentence length n"),
-    y=alt.Y("edges:Q", scale=alt.Scale(type="log"), title="edges (scores computed)"),
-    color=alt.Color("pattern:N", title=None),
-    tooltip=["pattern:N", "n:Q", alt.Tooltip("edges:Q", format=",")],
-).properties(width=420, height=240, title="How many scores each attention pattern needs")
+line_chart(edge_counts, x="n:Q", y="edges:Q", color="pattern:N", x_scale={"type": "log", "base": 2},
+           y_scale={"type": "log"}, formats={"edges": ","}, x_title="sentence length n",
+           y_title="edges (scores computed)", width=420, height=240,
+           title="How many scores each attention pattern needs")
 
 # %% [markdown]
 # On a log-log chart the full and causal patterns rise with slope 2 and the restricted one
