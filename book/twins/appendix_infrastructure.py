@@ -283,6 +283,7 @@ def mask_chart(
 # chapters 2 and 7 use, and what a mistyped field name says:
 
 # %%
+enable_book_charts()  # as every chapter's setup cell does
 mask_chart(subsequent_mask(5), title="subsequent_mask(5)", size=160)
 
 # %%
