@@ -98,8 +98,9 @@ def test_chapter_is_executed_with_outputs_stored(path):
 
 @pytest.mark.parametrize("path", chapters(), ids=lambda p: p.stem)
 def test_every_chart_is_stored_as_a_vega_lite_bundle_that_notebooks_draw(path):
-    """JupyterLab, VS Code and Colab draw this bundle; a scripted HTML output stays blank in a
-    notebook the reader has not trusted, and JupyterLab shows HTML first when a bundle has both."""
+    """JupyterLab and VS Code draw this bundle (Colab: see the appendix). A scripted HTML output
+    stays blank in a notebook the reader has not trusted, and JupyterLab shows HTML first when a
+    bundle has both."""
     nb = nbformat.read(path, as_version=4)
     outputs = [o for c in nb.cells for o in c.get("outputs", []) if "data" in o]
     scripted = [o for o in outputs if "<script" in o["data"].get("text/html", "")]

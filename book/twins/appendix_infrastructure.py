@@ -38,10 +38,12 @@ from the_annotated_transformer import subsequent_mask
 # serves itself, so its pages draw offline too (`tools/book_charts.py`, when the book is
 # built).
 #
-# Colab is the exception. Its output frame draws HTML and runs the scripts in it, but it has no
-# renderer of its own for the Vega-Lite mime type, so a re-run cell there would show only the
-# bundle's text. In Colab `enable_book_charts` therefore picks altair's own `colab` renderer,
-# which writes HTML that loads Vega from a CDN (Colab is online anyway).
+# Colab is the exception. Its output frame draws HTML and runs the scripts in it, and altair
+# has kept a renderer for it since its early versions; whether Colab also draws the Vega-Lite
+# mime type of a stored output is not documented, so a chapter opened in Colab may show a
+# stored chart as its one line of text until the cell runs. Once the setup cell has run there,
+# `enable_book_charts` picks altair's `colab` renderer, which writes HTML that loads Vega from
+# a CDN (Colab is online anyway), and every chart the reader runs is drawn.
 
 # %% tags=["export"]
 import json
