@@ -14,41 +14,29 @@
 
 
 # %%
-import json
-import sys
-import uuid
-
-VEGA_LITE_MIME = "application/vnd.vegalite.v5+json"
-VEGA_LITE_V5_SCHEMA = "https://vega.github.io/schema/vega-lite/v5.json"
+from collections.abc import Sequence
+from typing import Any
 
 
-def book_chart_bundle(spec: dict, **metadata) -> dict[str, dict | str]:
-    """The stored form of a chart: a Vega-Lite spec that notebook front ends draw themselves."""
-    title = spec.get("title", "untitled")
-    text = title.get("text", "untitled") if isinstance(title, dict) else title
-    return {
-        VEGA_LITE_MIME: {**spec, "$schema": VEGA_LITE_V5_SCHEMA},
-        "text/plain": f"<altair chart: {text}>",
-    }
-
-
-def book_chart_html(spec: dict) -> str:
-    """The built book's form of a chart: a container and a call to the page's own vegaEmbed."""
-    chart_id = f"vega-chart-{uuid.uuid4().hex}"
-    spec_json = json.dumps(spec, sort_keys=True).replace("</", "<\\/")  # never end the script
-    options = '{"actions": false}'
-    script = f'vegaEmbed(document.getElementById("{chart_id}"), {spec_json}, {options});'
-    return f'<div id="{chart_id}" class="book-chart"></div>\n<script>\n{script}\n</script>'
-
-
-def enable_book_charts() -> None:
-    """Show altair charts as the bundle above (Colab keeps altair's renderer, which it draws)."""
+def paper_results_chart(results: Sequence[dict[str, Any]]) -> Any:
+    """Two bar panels with a row per model: the BLEU score, and the training cost in FLOPs."""
     import altair as alt
 
-    if "google.colab" in sys.modules:
-        return
-    alt.renderers.register("book", book_chart_bundle)
-    alt.renderers.enable("book")
+    if not results:
+        raise ValueError("results is empty: there are no models to draw")
+    bars = alt.Chart(alt.Data(values=list(results))).mark_bar().encode(
+        y=alt.Y("model:N", sort=None, title=None),
+        color=alt.Color("kind:N", title=None),
+        tooltip=["model:N", "BLEU:Q", alt.Tooltip("cost:Q", title="FLOPs (10^18)")],
+    )
+    bleu = bars.encode(
+        x=alt.X("BLEU:Q", scale=alt.Scale(domain=[20, 30], clamp=True), title="BLEU (EN-DE)")
+    ).properties(width=300, height=180, title="English-to-German BLEU, newstest2014")
+    cost = bars.encode(
+        x=alt.X("cost:Q", title="training cost (10¹⁸ FLOPs)"),
+        y=alt.Y("model:N", sort=None, title=None, axis=None),
+    ).properties(width=200, height=180, title="Training cost (none given for ByteNet)")
+    return alt.hconcat(bleu, cost).resolve_scale(y="shared")  # one row per model in both
 
 
 # %% [markdown]
@@ -806,10 +794,7 @@ def run_epoch(
 
 # %%
 import gzip
-import hashlib
 import os
-import tempfile
-import urllib.request
 from pathlib import Path
 
 MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
@@ -824,17 +809,6 @@ MULTI30K_SHA256 = {
 }
 
 
-def repository_root() -> Path | None:
-    """The folder holding the_annotated_transformer.py (a notebook has no __file__: search up)."""
-    module_file = globals().get("__file__")
-    if module_file is not None and Path(module_file).name == "the_annotated_transformer.py":
-        return Path(module_file).resolve().parent
-    for folder in [Path.cwd(), *Path.cwd().parents]:
-        if (folder / "the_annotated_transformer.py").is_file():
-            return folder
-    return None
-
-
 def multi30k_dir(data_dir: str | os.PathLike | None = None) -> Path:
     """The Multi30k folder: data_dir, $MULTI30K_DIR, ../shared/data/multi30k, or the cache."""
     if data_dir is not None:
@@ -845,38 +819,6 @@ def multi30k_dir(data_dir: str | os.PathLike | None = None) -> Path:
     if root is not None and (root.parent / "shared" / "data" / "multi30k").is_dir():
         return (root.parent / "shared" / "data" / "multi30k").resolve()
     return Path.home() / ".cache" / "annotated-transformer" / "multi30k"
-
-
-def sha256_of(path: str | os.PathLike) -> str:
-    """The SHA-256 checksum of a file, read in blocks of 1 MiB."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def download_file(url: str, path: Path, *, sha256: str) -> None:
-    """Download url to path through a temporary file, renamed only once its checksum is right."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as f:
-        tmp = Path(f.name)
-        try:
-            with urllib.request.urlopen(url, timeout=60) as response:
-                for block in iter(lambda: response.read(1 << 20), b""):
-                    f.write(block)
-        except BaseException:
-            f.close()
-            tmp.unlink(missing_ok=True)
-            raise
-    if sha256_of(tmp) != sha256:
-        tmp.unlink()
-        raise ValueError(
-            f"downloaded {url}, but its SHA-256 checksum is not the expected {sha256}: the "
-            "download broke or the published file changed; try again, or put intact copies "
-            f"in {path.parent} (or in a folder named by MULTI30K_DIR)"
-        )
-    os.replace(tmp, path)
 
 
 def multi30k_file(name: str, folder: Path) -> Path:
@@ -958,6 +900,33 @@ def tokenize_pairs(
 ) -> list[tuple[list[str], list[str]]]:
     """Each sentence pair as two lists of tokens."""
     return [(tokenize(src, tokenizer_src), tokenize(tgt, tokenizer_tgt)) for src, tgt in pairs]
+
+
+# %%
+from collections import Counter
+
+
+def length_histogram(pairs: Sequence[tuple[Sequence[str], Sequence[str]]], *, title: str) -> Any:
+    """How many sentence pairs have each length, German (side 0) over English (side 1)."""
+    import altair as alt
+
+    rows = []
+    for language, side in [("German", 0), ("English", 1)]:
+        counts = Counter(len(pair[side]) for pair in pairs)
+        rows += [{"language": language, "tokens": n, "sentences": c} for n, c in counts.items()]
+    if not rows:
+        raise ValueError("pairs is empty: there are no lengths to count")
+    return (
+        alt.Chart(alt.Data(values=rows))
+        .mark_bar(opacity=0.6)
+        .encode(
+            x=alt.X("tokens:Q", bin=alt.Bin(step=1), title="sentence length (tokens)"),
+            y=alt.Y("sentences:Q", stack=None, title="training sentences"),
+            color=alt.Color("language:N", title=None),
+            tooltip=["language:N", "tokens:Q", "sentences:Q"],
+        )
+        .properties(width=520, height=220, title=title)
+    )
 
 
 # %%
@@ -1307,6 +1276,35 @@ class LabelSmoothing(nn.Module):
         # Where the target is 0 the term is 0; mask x there so that log 0 = -inf gives no nan.
         x = x.masked_fill(true_dist == 0, 0.0)
         return self.criterion(x, true_dist)
+
+
+# %%
+from typing import Any
+
+
+def smoothed_targets_chart(true_dist: torch.Tensor, target: torch.Tensor, *, title: str) -> Any:
+    """Each position's target distribution (positions, vocabulary) as a grid with its numbers."""
+    import altair as alt
+
+    if true_dist.dim() != 2 or true_dist.size(0) != target.numel():
+        raise ValueError(f"true_dist must be (positions={target.numel()}, vocabulary), "
+                         f"got shape {tuple(true_dist.shape)}")
+    cells = [
+        {"position": f"{row} (target {target[row].item()})", "token": col,
+         "probability": round(true_dist[row, col].item(), 4)}
+        for row in range(true_dist.size(0))
+        for col in range(true_dist.size(1))
+    ]
+    base = alt.Chart(alt.Data(values=cells)).encode(
+        x=alt.X("token:O", title="token id (0 = padding)"),
+        y=alt.Y("position:O", title="target position"),
+    )
+    heatmap = base.mark_rect().encode(
+        color=alt.Color("probability:Q", scale=alt.Scale(scheme="blues", domain=[0, 1])),
+        tooltip=["position:O", "token:O", "probability:Q"],
+    )
+    labels = base.mark_text(fontSize=11).encode(text=alt.Text("probability:Q", format=".2f"))
+    return (heatmap + labels).properties(width=300, height=200, title=title)
 
 
 # %% [markdown]
@@ -3070,6 +3068,34 @@ def beam_translate(
                      decode_batch=decode)
 
 
+# %%
+def beam_sweep_chart(sweep: Any, *, reference_length: float, subset: int) -> Any:
+    """BLEU and mean output length against the beam size, a line per alpha; dashed: references.
+
+    `sweep` is a DataFrame with the columns "beam size", "alpha", "BLEU" and "mean length".
+    """
+    import altair as alt
+
+    missing = {"beam size", "alpha", "BLEU", "mean length"} - set(sweep.columns)
+    if missing:
+        raise ValueError(f"sweep lacks the columns {sorted(missing)}")
+    base = alt.Chart(sweep).encode(
+        x=alt.X("beam size:O", title="beam size k"),
+        color=alt.Color("alpha:N", title="α"),
+        tooltip=["beam size:O", "alpha:N", "BLEU:Q", "mean length:Q"],
+    )
+    bleu_panel = base.mark_line(point=True).encode(
+        y=alt.Y("BLEU:Q", scale=alt.Scale(zero=False), title="BLEU")
+    ).properties(width=260, height=220, title=f"BLEU, val[:{subset}]")
+    length_panel = base.mark_line(point=True).encode(
+        y=alt.Y("mean length:Q", scale=alt.Scale(zero=False), title="mean output length (tokens)")
+    ).properties(width=260, height=220, title="Output length (dashed: references)")
+    reference = alt.Chart(alt.Data(values=[{"y": reference_length}])).mark_rule(
+        strokeDash=[4, 4]
+    ).encode(y="y:Q")
+    return alt.hconcat(bleu_panel, length_panel + reference)
+
+
 # %% [markdown]
 # ## From book/16_checkpoint_averaging.ipynb
 
@@ -3145,6 +3171,38 @@ def _check_same_layout(
                 f"{tuple(first[key].shape)} {first[key].dtype} in {first_name}; checkpoints "
                 "of different models (or precisions) cannot be averaged"
             )
+
+
+# %%
+from typing import Any
+
+
+def bleu_points_chart(results: Any, *, title: str) -> Any:
+    """A row per set of weights, a dot per split: the "val BLEU" and "test BLEU" of `results`.
+
+    `results` is a DataFrame indexed by the name of the weights, in the order to show them.
+    """
+    import altair as alt
+
+    missing = {"val BLEU", "test BLEU"} - set(results.columns)
+    if missing:
+        raise ValueError(f"results lacks the columns {sorted(missing)}")
+    points = [
+        {"weights": name, "split": split, "BLEU": row[f"{split} BLEU"]}
+        for name, row in results.iterrows()
+        for split in ("val", "test")
+    ]
+    return (
+        alt.Chart(alt.Data(values=points))
+        .mark_point(filled=True, size=70)
+        .encode(
+            x=alt.X("BLEU:Q", title="greedy sacreBLEU", scale=alt.Scale(zero=False)),
+            y=alt.Y("weights:N", title=None, sort=list(results.index)),
+            color=alt.Color("split:N", title=None),
+            tooltip=["weights:N", "split:N", alt.Tooltip("BLEU:Q", format=".2f")],
+        )
+        .properties(width=380, height=230, title=title)
+    )
 
 
 # %% [markdown]
@@ -3324,6 +3382,38 @@ def train_sentencepiece(
     return spm.SentencePieceProcessor(model_proto=model.getvalue())
 
 
+# %%
+def vocabulary_chart(rows: Sequence[Mapping[str, Any]], *, title: str, subtitle: str) -> Any:
+    """Tokens per sentence against vocabulary size, per language: BPE sizes as a line, the
+    other vocabularies as points (rows as `subword_row` makes them)."""
+    import altair as alt
+
+    long_rows = [
+        {"vocabulary": row["vocabulary"], "kind": row["kind"], "size": row["size"],
+         "language": language, "tokens per sentence": row[f"{language} tokens per sentence"]}
+        for row in rows for language in ("German", "English")
+    ]
+    if not long_rows:
+        raise ValueError("rows is empty: there are no vocabularies to draw")
+    base = alt.Chart(alt.Data(values=long_rows)).encode(
+        x=alt.X("size:Q", scale=alt.Scale(type="log", domain=[1500, 20000], nice=False),
+                title="vocabulary size, log scale (words: German + English)"),
+        y=alt.Y("tokens per sentence:Q", scale=alt.Scale(zero=False),
+                title="tokens per val sentence"),
+        color=alt.Color("language:N", title=None),
+        tooltip=["vocabulary:N", "language:N",
+                 alt.Tooltip("tokens per sentence:Q", format=".2f")],
+    )
+    bpe = alt.datum.kind == "sentencepiece bpe"
+    bpe_lines = base.transform_filter(bpe).mark_line(point=True)
+    others = base.transform_filter(~bpe).mark_point(size=80, filled=True).encode(
+        shape=alt.Shape("kind:N", title=None)
+    )
+    return (bpe_lines + others).properties(
+        width=420, height=240, title=alt.TitleParams(title, subtitle=subtitle)
+    )
+
+
 # %% [markdown]
 # ## From book/18_model_variations.ipynb
 
@@ -3420,6 +3510,47 @@ def _xavier(module: nn.Module) -> nn.Module:
         if p.dim() > 1:
             nn.init.xavier_uniform_(p)
     return module
+
+
+# %%
+from collections.abc import Sequence
+from typing import Any
+
+
+def variations_chart(
+    runs: Sequence[dict[str, Any]],
+    means: Sequence[dict[str, Any]],
+    *,
+    order: Sequence[str],
+    panels: Sequence[tuple[str, str, float, float, str]],
+    title: str,
+) -> Any:
+    """A panel per measure: each run a circle, each variant's mean a tick, and the base model's
+    mean ± 2s a grey band. `panels` holds (field, axis title, base mean, s, d3 format)."""
+    import altair as alt
+
+    if not panels:
+        raise ValueError("panels is empty: name at least one measure to draw")
+    color = alt.Color("row:N", title="row")
+    charts = []
+    for i, (field, axis_title, centre, s, axis_format) in enumerate(panels):
+        y = alt.Y("variant:N", sort=list(order), title=None, axis=alt.Axis() if i == 0 else None)
+        x = alt.X(f"{field}:Q", title=axis_title, axis=alt.Axis(format=axis_format),
+                  scale=alt.Scale(zero=False, padding=10))
+        band = alt.Chart(alt.Data(values=[{"lo": centre - 2 * s, "hi": centre + 2 * s}]))
+        band = band.mark_rect(color="lightgrey", opacity=0.5).encode(
+            x=alt.X("lo:Q", title=axis_title), x2="hi:Q"
+        )
+        dots = alt.Chart(alt.Data(values=list(runs))).mark_point(size=40).encode(
+            x=x, y=y, color=color,
+            tooltip=["variant:N", "seed:O", alt.Tooltip(f"{field}:Q", format=axis_format)],
+        )
+        ticks = alt.Chart(alt.Data(values=list(means))).mark_tick(thickness=3, size=14).encode(
+            x=x, y=y, color=color,
+            tooltip=["variant:N", alt.Tooltip(f"{field}:Q", format=axis_format)],
+        )
+        charts.append((band + dots + ticks).properties(width=260, height=300))
+    return alt.hconcat(*charts).properties(title=title)
 
 
 # %% [markdown]
@@ -3735,6 +3866,36 @@ def mask_to_edges(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # %%
+from typing import Any
+
+
+def graph_chart(mask: torch.Tensor, *, title: str) -> Any:
+    """A mask (1, n_q, n_k) as a graph: keys on the bottom row, queries on top, a line per edge."""
+    import altair as alt
+
+    if mask.dim() != 3 or mask.size(0) != 1:
+        raise ValueError(f"mask must be one sentence's (1, n_q, n_k), got {tuple(mask.shape)}")
+    key_nodes, query_nodes = mask_to_edges(mask)
+    n_q, n_k = mask.shape[1:]
+    pairs = zip(key_nodes.tolist(), query_nodes.tolist(), strict=True)
+    edges = [{"x": k, "y": 0, "x2": q, "y2": 1} for k, q in pairs]
+    nodes = [{"x": k, "y": 0, "role": "key"} for k in range(n_k)]
+    nodes += [{"x": q, "y": 1, "role": "query"} for q in range(n_q)]
+    scale_x = alt.Scale(domain=[-0.5, max(n_q, n_k) - 0.5])
+    scale_y = alt.Scale(domain=[-0.3, 1.3])
+    lines = alt.Chart(alt.Data(values=edges)).mark_rule(opacity=0.5).encode(
+        x=alt.X("x:Q", scale=scale_x, axis=None), y=alt.Y("y:Q", scale=scale_y, axis=None),
+        x2="x2:Q", y2="y2:Q",
+    )
+    points = alt.Chart(alt.Data(values=nodes)).mark_circle(size=220, opacity=1).encode(
+        x=alt.X("x:Q", scale=scale_x), y=alt.Y("y:Q", scale=scale_y),
+        color=alt.Color("role:N", title="node"),
+        tooltip=["role:N", alt.Tooltip("x:Q", title="position")],
+    )
+    return (lines + points).properties(width=170, height=120, title=title)
+
+
+# %%
 def graph_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -3878,24 +4039,6 @@ def window_global_mask(n: int, r: int, n_global: int) -> torch.Tensor:
     window = (positions[:, None] - positions[None, :]).abs() <= r  # (n, n)
     is_global = positions < n_global  # (n,)
     return (window | is_global[:, None] | is_global[None, :]).unsqueeze(0)  # (1, n, n)
-
-
-# %%
-from typing import Any
-
-
-def timing_chart(timings: list[dict], *, title: str = "One attention layer, 4 heads") -> Any:
-    """Milliseconds against sequence length, one line per kind of attention, log-log."""
-    import altair as alt
-
-    if not timings:
-        raise ValueError("timings is empty: nothing to draw")
-    return alt.Chart(alt.Data(values=timings)).mark_line(point=True).encode(
-        x=alt.X("n:Q", scale=alt.Scale(type="log", base=2), title="sequence length n"),
-        y=alt.Y("ms:Q", scale=alt.Scale(type="log"), title="milliseconds (fastest of 5)"),
-        color=alt.Color("attention:N", title=None),
-        tooltip=["attention:N", "n:Q", alt.Tooltip("ms:Q", format=".2f")],
-    ).properties(width=420, height=240, title=title)
 
 
 # %%
@@ -4214,3 +4357,283 @@ def sample(
             probs = logits.softmax(-1)
             ids.append(int(torch.multinomial(probs, 1, generator=generator)))
     return ids
+
+
+# %% [markdown]
+# ## From book/appendix_infrastructure.ipynb
+
+
+# %%
+import json
+import sys
+import uuid
+
+VEGA_LITE_MIME = "application/vnd.vegalite.v5+json"
+VEGA_LITE_V5_SCHEMA = "https://vega.github.io/schema/vega-lite/v5.json"
+
+
+def book_chart_bundle(spec: dict, **metadata) -> dict[str, dict | str]:
+    """The stored form of a chart: a Vega-Lite spec that notebook front ends draw themselves."""
+    title = spec.get("title", "untitled")
+    text = title.get("text", "untitled") if isinstance(title, dict) else title
+    return {
+        VEGA_LITE_MIME: {**spec, "$schema": VEGA_LITE_V5_SCHEMA},
+        "text/plain": f"<altair chart: {text}>",
+    }
+
+
+def book_chart_html(spec: dict) -> str:
+    """The built book's form of a chart: a container and a call to the page's own vegaEmbed."""
+    chart_id = f"vega-chart-{uuid.uuid4().hex}"
+    spec_json = json.dumps(spec, sort_keys=True).replace("</", "<\\/")  # never end the script
+    options = '{"actions": false}'
+    script = f'vegaEmbed(document.getElementById("{chart_id}"), {spec_json}, {options});'
+    return f'<div id="{chart_id}" class="book-chart"></div>\n<script>\n{script}\n</script>'
+
+
+def enable_book_charts() -> None:
+    """Show altair charts as the bundle above; in Colab, as altair's HTML that Colab draws."""
+    import altair as alt
+
+    if "google.colab" in sys.modules:
+        alt.renderers.enable("colab")
+        return
+    alt.renderers.register("book", book_chart_bundle)
+    alt.renderers.enable("book")
+
+
+# %%
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def chart_rows(rows: Any, fields: Sequence[str | None]) -> list[dict[str, Any]]:
+    """Rows (a list of dicts or a DataFrame) as a list of dicts that hold every named field."""
+    records = rows.to_dict("records") if hasattr(rows, "to_dict") else list(rows)
+    if not records:
+        raise ValueError("rows is empty: there is nothing to draw")
+    names = [field.split(":")[0] for field in fields if field is not None]
+    missing = [name for name in names if name not in records[0]]
+    if missing:
+        raise ValueError(f"fields {missing} are not in the rows, which have {list(records[0])}")
+    return records
+
+
+def axis_title(title: str | None) -> Any:
+    """An axis title for altair: None keeps the field's name, "" hides the title."""
+    import altair as alt
+
+    if title == "":
+        return None
+    return alt.Undefined if title is None else title
+
+
+def chart_scale(options: Mapping[str, Any] | None) -> Any:
+    """An altair scale from its options, or altair's default scale for none."""
+    import altair as alt
+
+    return alt.Scale(**options) if options else alt.Undefined
+
+
+def chart_tooltip(fields: Sequence[str | None], formats: Mapping[str, str] | None) -> list:
+    """A tooltip entry per field, formatted where `formats` names a d3 format for it."""
+    import altair as alt
+
+    formats = formats or {}
+    return [
+        alt.Tooltip(field, format=formats[field.split(":")[0]])
+        if field.split(":")[0] in formats else field
+        for field in dict.fromkeys(f for f in fields if f is not None)
+    ]
+
+
+def line_chart(
+    rows: Any,
+    *,
+    x: str,
+    y: str,
+    title: str,
+    color: str | None = None,
+    column: str | None = None,
+    x_title: str | None = None,
+    y_title: str | None = None,
+    color_title: str | None = None,
+    x_scale: Mapping[str, Any] | None = None,
+    y_scale: Mapping[str, Any] | None = None,
+    y_format: str | None = None,
+    formats: Mapping[str, str] | None = None,
+    extra_tooltip: Sequence[str] = (),
+    points: bool = True,
+    dash: bool = False,
+    line_color: str | None = None,
+    width: int = 480,
+    height: int = 260,
+) -> Any:
+    """Curves of y against x, one per value of `color`, in one panel per value of `column`.
+
+    An axis title of None keeps the field's name and "" hides it. `x_scale` and `y_scale` are
+    altair scale options (`{"type": "log", "base": 2}`); `y_format` formats the y axis; `formats`
+    maps fields to the d3 format their tooltip shows.
+    """
+    import altair as alt
+
+    records = chart_rows(rows, [x, y, color, column, *extra_tooltip])
+    encoding = {
+        "x": alt.X(x, title=axis_title(x_title), scale=chart_scale(x_scale)),
+        "y": alt.Y(y, title=axis_title(y_title), scale=chart_scale(y_scale),
+                   axis=alt.Axis(format=y_format) if y_format else alt.Undefined),
+        "tooltip": chart_tooltip([color, column, x, y, *extra_tooltip], formats),
+    }
+    if color is not None:
+        encoding["color"] = alt.Color(color, title=color_title, sort=None)
+        if dash:
+            encoding["strokeDash"] = alt.StrokeDash(color, title=color_title, sort=None)
+    if column is not None:
+        encoding["column"] = alt.Column(column, title=None, sort=None)
+    mark = {"point": True} if points else {}
+    if line_color is not None:
+        mark["color"] = line_color
+    return (
+        alt.Chart(alt.Data(values=records))
+        .mark_line(**mark)
+        .encode(**encoding)
+        .properties(width=width, height=height, title=title)
+    )
+
+
+def bar_chart(
+    rows: Any,
+    *,
+    x: str,
+    y: str,
+    title: str,
+    x_title: str | None = None,
+    y_title: str | None = None,
+    value_format: str | None = None,
+    value_domain: Sequence[float] | None = None,
+    formats: Mapping[str, str] | None = None,
+    extra_tooltip: Sequence[str] = (),
+    width: int = 480,
+    height: int = 200,
+) -> Any:
+    """One bar per category: the quantitative field (":Q") of x and y is the bar's length.
+
+    Axis titles as in `line_chart`; `value_format` formats the value axis (`"%"`),
+    `value_domain` fixes its range.
+    """
+    import altair as alt
+
+    quantitative = [field for field in (x, y) if field.endswith(":Q")]
+    if len(quantitative) != 1:
+        raise ValueError(f"exactly one of x={x!r} and y={y!r} must be quantitative (':Q')")
+    records = chart_rows(rows, [x, y, *extra_tooltip])
+    channels = {}
+    for name, field, title_text in (("x", x, x_title), ("y", y, y_title)):
+        options = {"title": axis_title(title_text)}
+        if field in quantitative:
+            options["axis"] = alt.Axis(format=value_format) if value_format else alt.Undefined
+            options["scale"] = chart_scale({"domain": list(value_domain)} if value_domain else None)
+        else:
+            options["sort"] = None
+        channels[name] = (alt.X if name == "x" else alt.Y)(field, **options)
+    category = y if x in quantitative else x
+    return (
+        alt.Chart(alt.Data(values=records))
+        .mark_bar()
+        .encode(**channels, tooltip=chart_tooltip([category, *extra_tooltip, *quantitative],
+                                                  formats))
+        .properties(width=width, height=height, title=title)
+    )
+
+
+def mask_chart(
+    mask: Any,
+    *,
+    title: str,
+    labels: Sequence[str] | None = None,
+    x_title: str = "key position j",
+    y_title: str = "query position i",
+    size: int = 300,
+) -> Any:
+    """A boolean mask (n_q, n_k), or (1, n_q, n_k), as a grid: blue where a query may attend.
+
+    `labels` names the positions (tokens, say) instead of numbering them.
+    """
+    import altair as alt
+
+    if mask.dim() == 3 and mask.size(0) == 1:
+        mask = mask[0]
+    if mask.dim() != 2:
+        raise ValueError(f"mask must be (n_q, n_k) or (1, n_q, n_k), got {tuple(mask.shape)}")
+    n_q, n_k = mask.shape
+    if labels is not None and len(labels) != max(n_q, n_k):
+        raise ValueError(f"labels has {len(labels)} names for a mask of shape {(n_q, n_k)}")
+    names = list(labels) if labels is not None else [str(i) for i in range(max(n_q, n_k))]
+    cells = [
+        {"query": names[i], "key": names[j], "may attend": bool(mask[i, j])}
+        for i in range(n_q)
+        for j in range(n_k)
+    ]
+    colors = alt.Scale(domain=[True, False], range=["#4c78a8", "#e8e8e8"])
+    return (
+        alt.Chart(alt.Data(values=cells))
+        .mark_rect(stroke="white")
+        .encode(
+            x=alt.X("key:N", sort=names, title=x_title),
+            y=alt.Y("query:N", sort=names, title=y_title),
+            color=alt.Color("may attend:N", scale=colors),
+            tooltip=["query:N", "key:N", "may attend:N"],
+        )
+        .properties(width=size, height=size, title=title)
+    )
+
+
+# %%
+import hashlib
+import os
+import tempfile
+import urllib.request
+from pathlib import Path
+
+
+def repository_root() -> Path | None:
+    """The folder holding the_annotated_transformer.py (a notebook has no __file__: search up)."""
+    module_file = globals().get("__file__")
+    if module_file is not None and Path(module_file).name == "the_annotated_transformer.py":
+        return Path(module_file).resolve().parent
+    for folder in [Path.cwd(), *Path.cwd().parents]:
+        if (folder / "the_annotated_transformer.py").is_file():
+            return folder
+    return None
+
+
+def sha256_of(path: str | os.PathLike) -> str:
+    """The SHA-256 checksum of a file, read in blocks of 1 MiB."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def download_file(url: str, path: Path, *, sha256: str) -> None:
+    """Download url to path through a temporary file, renamed only once its checksum is right."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as f:
+        tmp = Path(f.name)
+        try:
+            with urllib.request.urlopen(url, timeout=60) as response:
+                for block in iter(lambda: response.read(1 << 20), b""):
+                    f.write(block)
+        except BaseException:
+            f.close()
+            tmp.unlink(missing_ok=True)
+            raise
+    if sha256_of(tmp) != sha256:
+        tmp.unlink()
+        raise ValueError(
+            f"downloaded {url}, but its SHA-256 checksum is not the expected {sha256}: the "
+            "download broke or the published file changed; try again, or put intact copies "
+            f"in {path.parent} (or in a folder named by MULTI30K_DIR)"
+        )
+    os.replace(tmp, path)

@@ -1,6 +1,6 @@
 """A chapter opened from the repository in a real JupyterLab draws its stored charts.
 
-The stored chart outputs are Vega-Lite bundles (see `book_chart_bundle` in the intro), which
+The stored chart outputs are Vega-Lite bundles (see `book_chart_bundle` in the appendix), which
 JupyterLab draws with its own Vega even in a notebook the reader has not trusted. The test starts
 JupyterLab on a free local port (a known token, no browser, every request off the machine
 blocked), opens one chapter in the Chromium or Chrome that tools/find_browser.py finds, waits

@@ -60,6 +60,12 @@ def test_every_file_in_the_table_of_contents_exists():
     assert missing == []
 
 
+def appendices() -> list[Path]:
+    """The appendix chapters: plumbing that every chapter may import (the chart renderer, say),
+    although the module defines it last. Nothing at import time may use it."""
+    return [path for path in chapters() if path.stem.startswith("appendix_")]
+
+
 @pytest.mark.parametrize("path", chapters(), ids=lambda p: p.stem)
 def test_chapter_starts_with_a_hidden_setup_cell_that_imports_only_earlier_exports(path):
     nb = nbformat.read(path, as_version=4)
@@ -69,7 +75,7 @@ def test_chapter_starts_with_a_hidden_setup_cell_that_imports_only_earlier_expor
     assert [c for c in code[1:] if "setup" in tags(c)] == [], "more than one setup cell"
     assert 'REPO = "' in setup.source and "google.colab" in setup.source
 
-    earlier = set()
+    earlier = set().union(*(exported_names(nbformat.read(a, as_version=4)) for a in appendices()))
     for other in chapters():
         if other == path:
             break
@@ -92,8 +98,9 @@ def test_chapter_is_executed_with_outputs_stored(path):
 
 @pytest.mark.parametrize("path", chapters(), ids=lambda p: p.stem)
 def test_every_chart_is_stored_as_a_vega_lite_bundle_that_notebooks_draw(path):
-    """JupyterLab, VS Code and Colab draw this bundle; a scripted HTML output stays blank in a
-    notebook the reader has not trusted, and JupyterLab shows HTML first when a bundle has both."""
+    """JupyterLab and VS Code draw this bundle (Colab: see the appendix). A scripted HTML output
+    stays blank in a notebook the reader has not trusted, and JupyterLab shows HTML first when a
+    bundle has both."""
     nb = nbformat.read(path, as_version=4)
     outputs = [o for c in nb.cells for o in c.get("outputs", []) if "data" in o]
     scripted = [o for o in outputs if "<script" in o["data"].get("text/html", "")]
@@ -129,6 +136,24 @@ def test_no_code_line_is_wider_than_a_code_cell_of_the_page(path):
         if len(line) > CODE_WIDTH
     ]
     assert wide == [], f"lines over {CODE_WIDTH} columns"
+
+
+# A chart is one short call in a chapter; longer altair code belongs in an exported helper.
+MAX_ALTAIR_LINES = 4
+ALTAIR_LINE = re.compile(r"\balt\.")
+
+
+@pytest.mark.parametrize("path", chapters(), ids=lambda p: p.stem)
+def test_chart_code_lives_in_exported_helpers_not_in_the_chapters_cells(path):
+    nb = nbformat.read(path, as_version=4)
+    long_cells = [
+        f"cell {i}: {count} lines of altair code"
+        for i, cell in enumerate(nb.cells)
+        if cell.cell_type == "code" and "export" not in tags(cell)
+        for count in [sum(bool(ALTAIR_LINE.search(line)) for line in cell.source.splitlines())]
+        if count > MAX_ALTAIR_LINES
+    ]
+    assert long_cells == [], f"move the chart code into an export cell's helper: {long_cells}"
 
 
 def test_each_name_is_defined_in_exactly_one_chapter():

@@ -1,6 +1,6 @@
 """Sphinx extension: the built book draws the charts that the chapters store as Vega-Lite bundles.
 
-A chart is stored as `application/vnd.vegalite.v5+json` (see `book_chart_bundle` in the intro),
+A chart is stored as `application/vnd.vegalite.v5+json` (see `book_chart_bundle` in the appendix),
 which notebook front ends draw but myst-nb does not know. This extension renders that mime type
 as the book's HTML (`book_chart_html`: a container and a call to the vendored vegaEmbed), so the
 built pages draw their charts offline. `_config.yml` loads it through `local_extensions`.

@@ -19,7 +19,7 @@ if "google.colab" in sys.modules:
     package = f"the-annotated-transformer[book] @ git+{REPO}@{REF}"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
 
-from the_annotated_transformer import enable_book_charts
+from the_annotated_transformer import enable_book_charts, line_chart
 
 enable_book_charts()
 
@@ -96,8 +96,6 @@ enable_book_charts()
 # %%
 import math
 
-import altair as alt
-
 
 def recurrent_steps(d: int) -> int:
     """Recurrent updates between positions d apart: one per position."""
@@ -134,13 +132,10 @@ for d in (16, 1024):
     print(f"distance {d:4d}: " + ", ".join(f"{m} {s}" for m, s in counts.items()))
 
 # %%
-alt.Chart(alt.Data(values=rows)).mark_line(point=True).encode(
-    x=alt.X("distance:Q", scale=alt.Scale(type="log", base=2), title="distance d (positions)"),
-    y=alt.Y("steps:Q", scale=alt.Scale(type="log", base=2),
-            title="steps to relate the two positions"),
-    color=alt.Color("model:N", title=None, sort=None),
-    tooltip=["model:N", "distance:Q", "steps:Q"],
-).properties(width=480, height=280, title="How far apart can two words be?")
+line_chart(rows, x="distance:Q", y="steps:Q", color="model:N",
+           x_title="distance d (positions)", y_title="steps to relate the two positions",
+           x_scale={"type": "log", "base": 2}, y_scale={"type": "log", "base": 2}, height=280,
+           title="How far apart can two words be?")
 
 
 # %% [markdown]

@@ -27,7 +27,7 @@ if "google.colab" in sys.modules:
     package = f"the-annotated-transformer[book] @ git+{REPO}@{REF}"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
 
-from the_annotated_transformer import enable_book_charts
+from the_annotated_transformer import enable_book_charts, mask_chart
 
 enable_book_charts()
 
@@ -414,26 +414,7 @@ print(subsequent_mask(4).int())
 # predicted), each column a key position it might look at. Hover over a cell to read it.
 
 # %%
-import altair as alt
-import pandas as pd
-
-size = 20
-mask = subsequent_mask(size)[0]
-cells = pd.DataFrame(
-    [
-        {"query position i": i, "key position j": j, "may attend": bool(mask[i, j])}
-        for i in range(size)
-        for j in range(size)
-    ]
-)
-alt.Chart(cells).mark_rect().encode(
-    x=alt.X("key position j:O"),
-    y=alt.Y("query position i:O"),
-    color=alt.Color(
-        "may attend:N", scale=alt.Scale(domain=[True, False], range=["#3b6ea8", "#eeeeee"])
-    ),
-    tooltip=["query position i", "key position j", "may attend"],
-).properties(width=320, height=320, title="subsequent_mask(20)")
+mask_chart(subsequent_mask(20), title="subsequent_mask(20)", size=320)
 
 
 # %% [markdown]

@@ -19,7 +19,7 @@ if "google.colab" in sys.modules:
     package = f"the-annotated-transformer[book] @ git+{REPO}@{REF}"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
 
-from the_annotated_transformer import MultiHeadedAttention, enable_book_charts
+from the_annotated_transformer import MultiHeadedAttention, enable_book_charts, line_chart
 
 enable_book_charts()
 
@@ -208,23 +208,15 @@ class PositionalEncoding(nn.Module):
 # and 20 belong to slower pairs, with periods of about 27 and 112 positions.
 
 # %%
-import altair as alt
-import pandas as pd
-
 pe = PositionalEncoding(d_model=64, dropout=0.0).pe[0]  # (max_len, d_model)
-curves = pd.DataFrame(
-    [
-        {"position": pos, "dimension": f"dim {dim}", "value": round(pe[pos, dim].item(), 4)}
-        for dim in (4, 5, 10, 20)
-        for pos in range(100)
-    ]
-)
-alt.Chart(curves).mark_line().encode(
-    x="position:Q",
-    y=alt.Y("value:Q", title="PE(position, dimension)"),
-    color=alt.Color("dimension:N", sort=None),
-    tooltip=["dimension", "position", "value"],
-).properties(width=480, height=220, title="Sinusoidal positional encoding, d_model = 64")
+curves = [
+    {"position": pos, "dimension": f"dim {dim}", "value": round(pe[pos, dim].item(), 4)}
+    for dim in (4, 5, 10, 20)
+    for pos in range(100)
+]
+line_chart(curves, x="position:Q", y="value:Q", color="dimension:N", color_title="dimension",
+           y_title="PE(position, dimension)", points=False, height=220,
+           title="Sinusoidal positional encoding, d_model = 64")
 
 # %% [markdown]
 # ### Relative positions are linear maps
@@ -267,20 +259,15 @@ print(f"max |M_k PE(pos) - PE(pos + {k})| over positions 0..{200 - k - 1}: {erro
 
 # %%
 dots = table @ table.T  # (200, 200)
-offsets = pd.DataFrame(
-    [
-        {"offset k": k, "from position": pos, "dot": round(dots[pos, pos + k].item(), 3)}
-        for pos in (0, 50, 120)
-        for k in range(0, 80)
-    ]
-)
-alt.Chart(offsets).mark_line().encode(
-    x="offset k:Q",
-    y=alt.Y("dot:Q", title="PE(pos) · PE(pos + k)"),
-    color=alt.Color("from position:N"),
-    strokeDash=alt.StrokeDash("from position:N"),
-    tooltip=["from position", "offset k", "dot"],
-).properties(width=480, height=200, title="PE(pos) · PE(pos + k) depends on the offset k only")
+offsets = [
+    {"offset k": k, "from position": pos, "dot": round(dots[pos, pos + k].item(), 3)}
+    for pos in (0, 50, 120)
+    for k in range(0, 80)
+]
+line_chart(offsets, x="offset k:Q", y="dot:Q", color="from position:N",
+           color_title="from position", dash=True, points=False, height=200,
+           y_title="PE(pos) · PE(pos + k)",
+           title="PE(pos) · PE(pos + k) depends on the offset k only")
 
 # %% [markdown]
 # The three curves lie on top of each other.

@@ -32,6 +32,7 @@ from the_annotated_transformer import (
     PositionalEncoding,
     PositionwiseFeedForward,
     enable_book_charts,
+    line_chart,
     subsequent_mask,
 )
 
@@ -355,7 +356,6 @@ assert dict(shapes) == {
 # one batch of random tokens, and measure the gradient of each layer's weight matrices.
 
 # %%
-import altair as alt
 import torch.nn.functional as F
 
 V, n, batch, N = 500, 20, 8, 8
@@ -376,13 +376,10 @@ for norm_first in (True, False):
                 "stack": stack, "layer": i, "gradient norm": round(squares.sqrt().item(), 3),
                 "model": "pre-norm" if norm_first else "post-norm (paper)",
             })
-alt.Chart(alt.Data(values=rows)).mark_line(point=True).encode(
-    x=alt.X("layer:O", title="layer (1 = nearest the input)"),
-    y=alt.Y("gradient norm:Q", title="gradient norm of the layer's matrices"),
-    color=alt.Color("model:N", title=None),
-    column=alt.Column("stack:N", title=None, sort=["encoder", "decoder"]),
-    tooltip=["model:N", "stack:N", "layer:O", "gradient norm:Q"],
-).properties(width=220, height=180, title="Gradients at initialization")
+line_chart(rows, x="layer:O", y="gradient norm:Q", color="model:N", column="stack:N",
+           x_title="layer (1 = nearest the input)",
+           y_title="gradient norm of the layer's matrices", width=220, height=180,
+           title="Gradients at initialization")
 
 # %% [markdown]
 # In the post-norm decoder, the stack whose top feeds the output layer, the gradient grows

@@ -21,7 +21,7 @@ if "google.colab" in sys.modules:
     package = f"the-annotated-transformer[book] @ git+{REPO}@{REF}"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
 
-from the_annotated_transformer import MultiHeadedAttention, enable_book_charts
+from the_annotated_transformer import MultiHeadedAttention, enable_book_charts, line_chart
 
 enable_book_charts()
 
@@ -214,8 +214,6 @@ torch.set_num_threads(threads)
 import statistics
 import time
 
-import altair as alt
-
 torch.manual_seed(0)
 d_model, batch, repeats = 256, 4, 7
 threads = torch.get_num_threads()
@@ -256,12 +254,10 @@ for n in (16, 256, 1024):
     print(f"n = {n}: LSTM / self-attention {lstm_vs_attention:.1f}, "
           f"self-attention / convolution {attention_vs_conv:.1f}")
 
-alt.Chart(alt.Data(values=timings)).mark_line(point=True).encode(
-    x=alt.X("n:Q", scale=alt.Scale(type="log", base=2), title="sequence length n"),
-    y=alt.Y("ms:Q", scale=alt.Scale(type="log"), title="milliseconds per forward pass"),
-    color=alt.Color("layer:N", title=None),
-    tooltip=["layer:N", "n:Q", alt.Tooltip("ms:Q", format=".2f")],
-).properties(width=480, height=280, title="One layer, forward pass, one CPU thread")
+line_chart(timings, x="n:Q", y="ms:Q", color="layer:N", x_scale={"type": "log", "base": 2},
+           y_scale={"type": "log"}, formats={"ms": ".2f"}, x_title="sequence length n",
+           y_title="milliseconds per forward pass", height=280,
+           title="One layer, forward pass, one CPU thread")
 
 
 # %% [markdown]

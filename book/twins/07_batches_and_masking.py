@@ -21,7 +21,7 @@ if "google.colab" in sys.modules:
     package = f"the-annotated-transformer[book] @ git+{REPO}@{REF}"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
 
-from the_annotated_transformer import attention, enable_book_charts, subsequent_mask
+from the_annotated_transformer import attention, enable_book_charts, mask_chart, subsequent_mask
 
 enable_book_charts()
 
@@ -167,29 +167,12 @@ print("real label tokens:", batch.ntokens, "=", 6 + 4 + 5)
 # padding.
 
 # %%
-import altair as alt
-import pandas as pd
-
 names = {0: "<s>", 1: "</s>", 2: "<blank>"}
 sentence = 1
 words = [f"{i}: {names.get(t, str(t))}" for i, t in enumerate(batch.tgt[sentence].tolist())]
-cells = pd.DataFrame(
-    [
-        {"query": words[i], "key": words[j], "allowed": bool(batch.tgt_mask[sentence, i, j])}
-        for i in range(len(words))
-        for j in range(len(words))
-    ]
-)
-alt.Chart(cells).mark_rect(stroke="white").encode(
-    x=alt.X("key:N", sort=words, title="key (attended to)"),
-    y=alt.Y("query:N", sort=words, title="query (predicting the next word)"),
-    color=alt.Color(
-        "allowed:N",
-        scale=alt.Scale(domain=[True, False], range=["#4c78a8", "#e8e8e8"]),
-        title="may attend",
-    ),
-    tooltip=["query:N", "key:N", "allowed:N"],
-).properties(width=260, height=260, title="tgt_mask for '<s> 5 6 7 </s> <blank>'")
+mask_chart(batch.tgt_mask[sentence], labels=words, x_title="key (attended to)",
+           y_title="query (predicting the next word)", size=260,
+           title="tgt_mask for '<s> 5 6 7 </s> <blank>'")
 
 # %% [markdown]
 # The padding query row (the last one) is still allowed to see the real tokens. That is

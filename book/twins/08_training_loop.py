@@ -21,7 +21,7 @@ if "google.colab" in sys.modules:
     package = f"the-annotated-transformer[book] @ git+{REPO}@{REF}"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
 
-from the_annotated_transformer import Batch, enable_book_charts, make_model
+from the_annotated_transformer import Batch, enable_book_charts, line_chart, make_model
 
 enable_book_charts()
 
@@ -402,13 +402,9 @@ assert (state.step, state.accum_step, state.tokens) == (480, 240, 21120)
 assert first > 1.5 and last < 0.2 and eval_loss < 0.2, (first, last, eval_loss)
 
 # %%
-import altair as alt
-
-alt.Chart(alt.Data(values=history)).mark_line(point=True).encode(
-    x=alt.X("epoch:Q", title="epoch (4 optimizer steps each)"),
-    y=alt.Y("loss:Q", title="training loss per token (nats)"),
-    tooltip=["epoch:Q", "loss:Q"],
-).properties(width=420, height=220, title="Memorising 64 random sentence pairs")
+line_chart(history, x="epoch:Q", y="loss:Q", x_title="epoch (4 optimizer steps each)",
+           y_title="training loss per token (nats)", width=420, height=220,
+           title="Memorising 64 random sentence pairs")
 
 
 # %% [markdown]

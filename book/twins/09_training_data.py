@@ -27,7 +27,13 @@ if "google.colab" in sys.modules:
     package = f"the-annotated-transformer[book] @ git+{REPO}@{REF}"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
 
-from the_annotated_transformer import enable_book_charts
+from the_annotated_transformer import (
+    bar_chart,
+    download_file,
+    enable_book_charts,
+    repository_root,
+    sha256_of,
+)
 
 enable_book_charts()
 
@@ -48,13 +54,12 @@ enable_book_charts()
 # named by the environment variable `MULTI30K_DIR`, a shared copy at `../shared/data/multi30k`
 # next to the repository (this is how the book's tests run offline), and a cache folder in the
 # home directory.
+# The download and the checksum are the book's plumbing, used again for the trained model of
+# chapter 14; their code is in the appendix {doc}`appendix_infrastructure`.
 
 # %% tags=["export"]
 import gzip
-import hashlib
 import os
-import tempfile
-import urllib.request
 from pathlib import Path
 
 MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
@@ -69,17 +74,6 @@ MULTI30K_SHA256 = {
 }
 
 
-def repository_root() -> Path | None:
-    """The folder holding the_annotated_transformer.py (a notebook has no __file__: search up)."""
-    module_file = globals().get("__file__")
-    if module_file is not None and Path(module_file).name == "the_annotated_transformer.py":
-        return Path(module_file).resolve().parent
-    for folder in [Path.cwd(), *Path.cwd().parents]:
-        if (folder / "the_annotated_transformer.py").is_file():
-            return folder
-    return None
-
-
 def multi30k_dir(data_dir: str | os.PathLike | None = None) -> Path:
     """The Multi30k folder: data_dir, $MULTI30K_DIR, ../shared/data/multi30k, or the cache."""
     if data_dir is not None:
@@ -90,38 +84,6 @@ def multi30k_dir(data_dir: str | os.PathLike | None = None) -> Path:
     if root is not None and (root.parent / "shared" / "data" / "multi30k").is_dir():
         return (root.parent / "shared" / "data" / "multi30k").resolve()
     return Path.home() / ".cache" / "annotated-transformer" / "multi30k"
-
-
-def sha256_of(path: str | os.PathLike) -> str:
-    """The SHA-256 checksum of a file, read in blocks of 1 MiB."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def download_file(url: str, path: Path, *, sha256: str) -> None:
-    """Download url to path through a temporary file, renamed only once its checksum is right."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as f:
-        tmp = Path(f.name)
-        try:
-            with urllib.request.urlopen(url, timeout=60) as response:
-                for block in iter(lambda: response.read(1 << 20), b""):
-                    f.write(block)
-        except BaseException:
-            f.close()
-            tmp.unlink(missing_ok=True)
-            raise
-    if sha256_of(tmp) != sha256:
-        tmp.unlink()
-        raise ValueError(
-            f"downloaded {url}, but its SHA-256 checksum is not the expected {sha256}: the "
-            "download broke or the published file changed; try again, or put intact copies "
-            f"in {path.parent} (or in a folder named by MULTI30K_DIR)"
-        )
-    os.replace(tmp, path)
 
 
 def multi30k_file(name: str, folder: Path) -> Path:
@@ -261,18 +223,34 @@ print(train_tokens[0][1])
 # is wasted on padding when short and long sentences share it. Here is the distribution of
 # sentence lengths, in tokens, in the training set.
 
-# %%
+# %% tags=["export", "hide-cell"]
 from collections import Counter
 
-import altair as alt
-import pandas as pd
 
-rows = []
-for language, side in [("German", 0), ("English", 1)]:
-    counts = Counter(len(pair[side]) for pair in train_tokens)
-    rows += [{"language": language, "tokens": n, "sentences": c} for n, c in counts.items()]
-lengths = pd.DataFrame(rows)
+def length_histogram(pairs: Sequence[tuple[Sequence[str], Sequence[str]]], *, title: str) -> Any:
+    """How many sentence pairs have each length, German (side 0) over English (side 1)."""
+    import altair as alt
 
+    rows = []
+    for language, side in [("German", 0), ("English", 1)]:
+        counts = Counter(len(pair[side]) for pair in pairs)
+        rows += [{"language": language, "tokens": n, "sentences": c} for n, c in counts.items()]
+    if not rows:
+        raise ValueError("pairs is empty: there are no lengths to count")
+    return (
+        alt.Chart(alt.Data(values=rows))
+        .mark_bar(opacity=0.6)
+        .encode(
+            x=alt.X("tokens:Q", bin=alt.Bin(step=1), title="sentence length (tokens)"),
+            y=alt.Y("sentences:Q", stack=None, title="training sentences"),
+            color=alt.Color("language:N", title=None),
+            tooltip=["language:N", "tokens:Q", "sentences:Q"],
+        )
+        .properties(width=520, height=220, title=title)
+    )
+
+
+# %%
 for language, side in [("German", 0), ("English", 1)]:
     sizes = sorted(len(pair[side]) for pair in train_tokens)
     print(
@@ -281,12 +259,7 @@ for language, side in [("German", 0), ("English", 1)]:
         f"longest {sizes[-1]}"
     )
 
-alt.Chart(lengths).mark_bar(opacity=0.6).encode(
-    x=alt.X("tokens:Q", bin=alt.Bin(step=1), title="sentence length (tokens)"),
-    y=alt.Y("sentences:Q", stack=None, title="training sentences"),
-    color=alt.Color("language:N", title=None),
-    tooltip=["language:N", "tokens:Q", "sentences:Q"],
-).properties(width=520, height=220, title="Multi30k training sentences by length")
+length_histogram(train_tokens, title="Multi30k training sentences by length")
 
 # %% [markdown]
 # Half the captions have 12 tokens or fewer and 99% have at most 26, but the tail goes on: the
@@ -430,6 +403,8 @@ for split in ["val", "test_2016_flickr"]:
 # Saving and loading gives back the same table:
 
 # %%
+import tempfile
+
 with tempfile.TemporaryDirectory() as folder:
     vocab_src.save(Path(folder) / "vocab_de.json")
     assert Vocab.load(Path(folder) / "vocab_de.json") == vocab_src
@@ -742,14 +717,10 @@ ratio = results[f"random, {batch_size} pairs each"] / results["token budget 2,04
 print(f"random batches pad {ratio:.1f} times as much as token-budget batches")
 print(f"{len(random_batches)} random batches, {len(token_batches)} token-budget batches")
 
-alt.Chart(
-    pd.DataFrame({"batching": list(results), "padding": list(results.values())})
-).mark_bar().encode(
-    x=alt.X("padding:Q", axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1]),
-            title="share of tensor positions that are padding"),
-    y=alt.Y("batching:N", sort=None, title=None),
-    tooltip=["batching:N", alt.Tooltip("padding:Q", format=".1%")],
-).properties(width=480, height=120, title="Padding in one epoch of Multi30k")
+bar_chart([{"batching": name, "padding": share} for name, share in results.items()],
+          x="padding:Q", y="batching:N", value_format="%", value_domain=[0, 1],
+          formats={"padding": ".1%"}, x_title="share of tensor positions that are padding",
+          y_title="", height=120, title="Padding in one epoch of Multi30k")
 
 # %% [markdown]
 # Random batches of the same average size spend about half of every tensor on padding; batches

@@ -19,7 +19,7 @@ if "google.colab" in sys.modules:
     package = f"the-annotated-transformer[book] @ git+{REPO}@{REF}"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
 
-from the_annotated_transformer import enable_book_charts, make_model
+from the_annotated_transformer import enable_book_charts, line_chart, make_model
 
 enable_book_charts()
 
@@ -254,8 +254,6 @@ print(f"peak at step {peak}; 512^-0.5 * 4000^-0.5 = {512**-0.5 * 4000**-0.5:.4e}
 # chart samples every 100th step; the curves are smooth.)
 
 # %%
-import altair as alt
-
 settings = [(512, 1.0, 4000), (512, 1.0, 8000), (256, 1.0, 4000)]
 points = [
     {
@@ -266,12 +264,9 @@ points = [
     for d_model, factor, warmup in settings
     for step in range(0, 20_001, 100)
 ]
-alt.Chart(alt.Data(values=points)).mark_line().encode(
-    x=alt.X("step:Q", title="training step"),
-    y=alt.Y("learning rate:Q", title="learning rate", axis=alt.Axis(format=".1e")),
-    color=alt.Color("setting:N", title=None, sort=None),
-    tooltip=["setting:N", "step:Q", alt.Tooltip("learning rate:Q", format=".3e")],
-).properties(width=520, height=260, title="The learning-rate schedule")
+line_chart(points, x="step:Q", y="learning rate:Q", color="setting:N", points=False,
+           x_title="training step", y_title="learning rate", y_format=".1e",
+           formats={"learning rate": ".3e"}, width=520, title="The learning-rate schedule")
 
 # %% [markdown]
 # ## Using it with PyTorch

@@ -19,7 +19,7 @@ if "google.colab" in sys.modules:
     package = f"the-annotated-transformer[book] @ git+{REPO}@{REF}"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
 
-from the_annotated_transformer import SublayerConnection, enable_book_charts
+from the_annotated_transformer import SublayerConnection, enable_book_charts, line_chart
 
 enable_book_charts()
 
@@ -173,32 +173,43 @@ class LabelSmoothing(nn.Module):
 # padding, so its row is empty; every other row puts 0.6 on the reference token, 0.1 on each of
 # the other four tokens, and nothing on padding.
 
-# %%
-import altair as alt
+# %% tags=["export", "hide-cell"]
+from typing import Any
 
+
+def smoothed_targets_chart(true_dist: torch.Tensor, target: torch.Tensor, *, title: str) -> Any:
+    """Each position's target distribution (positions, vocabulary) as a grid with its numbers."""
+    import altair as alt
+
+    if true_dist.dim() != 2 or true_dist.size(0) != target.numel():
+        raise ValueError(f"true_dist must be (positions={target.numel()}, vocabulary), "
+                         f"got shape {tuple(true_dist.shape)}")
+    cells = [
+        {"position": f"{row} (target {target[row].item()})", "token": col,
+         "probability": round(true_dist[row, col].item(), 4)}
+        for row in range(true_dist.size(0))
+        for col in range(true_dist.size(1))
+    ]
+    base = alt.Chart(alt.Data(values=cells)).encode(
+        x=alt.X("token:O", title="token id (0 = padding)"),
+        y=alt.Y("position:O", title="target position"),
+    )
+    heatmap = base.mark_rect().encode(
+        color=alt.Color("probability:Q", scale=alt.Scale(scheme="blues", domain=[0, 1])),
+        tooltip=["position:O", "token:O", "probability:Q"],
+    )
+    labels = base.mark_text(fontSize=11).encode(text=alt.Text("probability:Q", format=".2f"))
+    return (heatmap + labels).properties(width=300, height=200, title=title)
+
+
+# %%
 crit = LabelSmoothing(size=6, padding_idx=0, smoothing=0.4)
 target = torch.tensor([2, 1, 0, 3, 5])
 predict = torch.tensor([[0.0, 0.2, 0.5, 0.1, 0.1, 0.1]]).repeat(5, 1)  # zero mass on padding
 loss = crit(predict.log(), target)
 row_sums = [round(v, 4) for v in crit.true_dist.sum(dim=1).tolist()]
 print(f"loss {loss.item():.4f}; row sums of the target: {row_sums}")
-
-cells = [
-    {"position": f"{row} (target {target[row].item()})", "token": col,
-     "probability": round(crit.true_dist[row, col].item(), 4)}
-    for row in range(5)
-    for col in range(6)
-]
-base = alt.Chart(alt.Data(values=cells)).encode(
-    x=alt.X("token:O", title="token id (0 = padding)"),
-    y=alt.Y("position:O", title="target position"),
-)
-heatmap = base.mark_rect().encode(
-    color=alt.Color("probability:Q", scale=alt.Scale(scheme="blues", domain=[0, 1])),
-    tooltip=["position:O", "token:O", "probability:Q"],
-)
-labels = base.mark_text(fontSize=11).encode(text=alt.Text("probability:Q", format=".2f"))
-(heatmap + labels).properties(width=300, height=200, title="Smoothed targets, smoothing 0.4")
+smoothed_targets_chart(crit.true_dist, target, title="Smoothed targets, smoothing 0.4")
 
 # %% [markdown]
 # The loss above is finite even though the prediction puts probability exactly 0 on padding.
@@ -230,12 +241,10 @@ for smoothing in (0.0, 0.1, 0.3):
 best = {s: min((c for c in curves if c["smoothing"] == s), key=lambda c: c["loss"])
         for s in ("0", "0.1", "0.3")}
 print("smallest loss at p =", {s: c["p"] for s, c in best.items()})
-alt.Chart(alt.Data(values=curves)).mark_line().encode(
-    x=alt.X("p:Q", title="predicted probability of the correct token"),
-    y=alt.Y("loss:Q", title="loss (KL divergence)"),
-    color=alt.Color("smoothing:N", title="smoothing"),
-    tooltip=["smoothing:N", alt.Tooltip("p:Q", format=".3f"), alt.Tooltip("loss:Q", format=".4f")],
-).properties(width=480, height=260, title="Label smoothing penalises over-confidence")
+line_chart(curves, x="p:Q", y="loss:Q", color="smoothing:N", color_title="smoothing",
+           points=False, formats={"p": ".3f", "loss": ".4f"},
+           x_title="predicted probability of the correct token", y_title="loss (KL divergence)",
+           title="Label smoothing penalises over-confidence")
 
 # %% [markdown]
 # With smoothing 0 the curve falls all the way to 0 at $p = 1$. With smoothing 0.1 it bottoms

@@ -29,6 +29,7 @@ from the_annotated_transformer import (
     TrainState,
     enable_book_charts,
     greedy_decode,
+    line_chart,
     make_model,
     rate,
     run_epoch,
@@ -306,19 +307,14 @@ print("at least 98 of 100 validation and 95 of 100 test sequences copied exactly
 # (a chart of this machine's training run, as in the cell above)
 import altair as alt
 
-base = alt.Chart(alt.Data(values=history)).encode(x=alt.X("epoch:Q", title="epoch (20 steps)"))
-loss_line = base.mark_line(point=True).encode(
-    y=alt.Y("loss:Q", title="training loss per token (nats)"),
-    tooltip=["epoch:Q", "loss:Q", "exact copies:Q"],
-)
-copies_line = base.mark_line(point=True, color="#f58518").encode(
-    y=alt.Y("exact copies:Q", title="validation sequences copied (of 100)",
-            scale=alt.Scale(domain=[0, 100])),
-    tooltip=["epoch:Q", "loss:Q", "exact copies:Q"],
-)
 alt.hconcat(
-    loss_line.properties(width=260, height=200, title="Training loss"),
-    copies_line.properties(width=260, height=200, title="Validation sequences copied exactly"),
+    line_chart(history, x="epoch:Q", y="loss:Q", x_title="epoch (20 steps)",
+               y_title="training loss per token (nats)", extra_tooltip=["exact copies:Q"],
+               width=260, height=200, title="Training loss"),
+    line_chart(history, x="epoch:Q", y="exact copies:Q", x_title="epoch (20 steps)",
+               y_title="validation sequences copied (of 100)", y_scale={"domain": [0, 100]},
+               line_color="#f58518", extra_tooltip=["loss:Q"], width=260, height=200,
+               title="Validation sequences copied exactly"),
 )
 
 # %% [markdown]

@@ -30,10 +30,12 @@ from the_annotated_transformer import (
     attention_chart,
     attention_maps,
     attention_records,
+    bar_chart,
     drop_sequences,
     enable_book_charts,
     exact_matches,
     greedy_decode,
+    line_chart,
     make_model,
     random_sequences,
     rate,
@@ -188,13 +190,10 @@ print("at least 90 % of the validation and of the 1,000 test sequences sorted ex
 # %%
 # NBVAL_IGNORE_OUTPUT
 # (a chart of this machine's training run, as in the training cell)
-import altair as alt
-
-alt.Chart(alt.Data(values=history)).mark_line(point=True).encode(
-    x=alt.X("epoch:Q", title="epoch (20 steps)"),
-    y=alt.Y("accuracy:Q", title="exact-match accuracy", axis=alt.Axis(format="%")),
-    tooltip=["epoch:Q", "loss:Q", alt.Tooltip("accuracy:Q", format=".1%")],
-).properties(width=420, height=220, title="Validation sequences sorted exactly")
+line_chart(history, x="epoch:Q", y="accuracy:Q", x_title="epoch (20 steps)",
+           y_title="exact-match accuracy", y_format="%", formats={"accuracy": ".1%"},
+           extra_tooltip=["loss:Q"], width=420, height=220,
+           title="Validation sequences sorted exactly")
 
 # %% [markdown]
 # ## Where it errs
@@ -218,12 +217,10 @@ for n in range(4, 11):
     by_length.append({"length": n, "sequences": count, "accuracy": correct / count})
     print(f"length {n:2d}: {correct:3d}/{int(rows.sum()):3d} sorted exactly")
 
-alt.Chart(alt.Data(values=by_length)).mark_bar().encode(
-    x=alt.X("length:O", title="sequence length"),
-    y=alt.Y("accuracy:Q", title="exact-match accuracy", axis=alt.Axis(format="%"),
-            scale=alt.Scale(domain=[0, 1])),
-    tooltip=["length:O", "sequences:Q", alt.Tooltip("accuracy:Q", format=".1%")],
-).properties(width=320, height=200, title="Accuracy by length")
+bar_chart(by_length, x="length:O", y="accuracy:Q", x_title="sequence length",
+          y_title="exact-match accuracy", value_format="%", value_domain=[0, 1],
+          formats={"accuracy": ".1%"}, extra_tooltip=["sequences:Q"], width=320,
+          title="Accuracy by length")
 
 # %% [markdown]
 # A few test sequences and their greedy decodings, in digits (as with the table above, another

@@ -44,6 +44,7 @@ from the_annotated_transformer import (
     example_lengths,
     filter_by_length,
     greedy_decode,
+    line_chart,
     load_multi30k,
     load_tokenizers,
     make_model,
@@ -1493,17 +1494,13 @@ assert history[-1]["val_loss"] < history[0]["val_loss"]
 assert state["epoch"] == 4 and [r["epoch"] for r in history] == [1, 2, 3, 4]
 
 # %%
-import altair as alt
-
-alt.Chart(alt.Data(values=[
+losses = [
     {"epoch": r["epoch"], "loss": round(r[key], 4), "split": split}
     for r in history for key, split in [("train_loss", "train"), ("val_loss", "validation")]
-])).mark_line(point=True).encode(
-    x=alt.X("epoch:O", title="epoch"),
-    y=alt.Y("loss:Q", title="label-smoothed loss per token", scale=alt.Scale(zero=False)),
-    color=alt.Color("split:N", title=None),
-    tooltip=["epoch:O", "split:N", "loss:Q"],
-).properties(width=360, height=200, title="The tiny demo model, stopped after epoch 2 and resumed")
+]
+line_chart(losses, x="epoch:O", y="loss:Q", color="split:N", y_scale={"zero": False},
+           y_title="label-smoothed loss per token", width=360, height=200,
+           title="The tiny demo model, stopped after epoch 2 and resumed")
 
 # %% [markdown]
 # ## The trained model
@@ -1730,8 +1727,6 @@ assert same >= 0.9 * len(sources), same
 # %%
 import json
 
-import altair as alt
-
 folder = fetch_shipped_model()  # here, the repository's copy; in Colab, a download
 info = json.loads((folder / "info.json").read_text())
 print("command: ", info["command"])
@@ -1743,12 +1738,9 @@ history = [
     for row in info["history"]
     for split in ("train", "val")
 ]
-alt.Chart(alt.Data(values=history)).mark_line(point=True).encode(
-    x=alt.X("epoch:Q", title="epoch"),
-    y=alt.Y("loss:Q", title="loss per target token (with label smoothing)"),
-    color=alt.Color("split:N", title=None),
-    tooltip=["split:N", "epoch:Q", alt.Tooltip("loss:Q", format=".3f")],
-).properties(width=420, height=220, title="The shipped model's training")
+line_chart(history, x="epoch:Q", y="loss:Q", color="split:N", formats={"loss": ".3f"},
+           y_title="loss per target token (with label smoothing)", width=420, height=220,
+           title="The shipped model's training")
 
 # %% [markdown]
 # Now the measurement that matters: greedy decoding of every sentence of the validation set

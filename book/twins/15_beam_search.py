@@ -577,24 +577,36 @@ print(f"mean length of the references: {ref_len:.2f} tokens")
 print(f"chosen: beam size {chosen[0]}, α = {chosen[1]}")
 sweep
 
-# %%
-import altair as alt
+# %% tags=["export", "hide-cell"]
+def beam_sweep_chart(sweep: Any, *, reference_length: float, subset: int) -> Any:
+    """BLEU and mean output length against the beam size, a line per alpha; dashed: references.
 
-base = alt.Chart(sweep).encode(
-    x=alt.X("beam size:O", title="beam size k"),
-    color=alt.Color("alpha:N", title="α"),
-    tooltip=["beam size:O", "alpha:N", "BLEU:Q", "mean length:Q"],
-)
-bleu_panel = base.mark_line(point=True).encode(
-    y=alt.Y("BLEU:Q", scale=alt.Scale(zero=False), title="BLEU")
-).properties(width=260, height=220, title=f"BLEU, val[:{n_subset}]")
-length_panel = base.mark_line(point=True).encode(
-    y=alt.Y("mean length:Q", scale=alt.Scale(zero=False), title="mean output length (tokens)")
-).properties(width=260, height=220, title="Output length (dashed: references)")
-reference_rule = alt.Chart(pd.DataFrame({"y": [ref_len]})).mark_rule(strokeDash=[4, 4]).encode(
-    y="y:Q"
-)
-alt.hconcat(bleu_panel, length_panel + reference_rule)
+    `sweep` is a DataFrame with the columns "beam size", "alpha", "BLEU" and "mean length".
+    """
+    import altair as alt
+
+    missing = {"beam size", "alpha", "BLEU", "mean length"} - set(sweep.columns)
+    if missing:
+        raise ValueError(f"sweep lacks the columns {sorted(missing)}")
+    base = alt.Chart(sweep).encode(
+        x=alt.X("beam size:O", title="beam size k"),
+        color=alt.Color("alpha:N", title="α"),
+        tooltip=["beam size:O", "alpha:N", "BLEU:Q", "mean length:Q"],
+    )
+    bleu_panel = base.mark_line(point=True).encode(
+        y=alt.Y("BLEU:Q", scale=alt.Scale(zero=False), title="BLEU")
+    ).properties(width=260, height=220, title=f"BLEU, val[:{subset}]")
+    length_panel = base.mark_line(point=True).encode(
+        y=alt.Y("mean length:Q", scale=alt.Scale(zero=False), title="mean output length (tokens)")
+    ).properties(width=260, height=220, title="Output length (dashed: references)")
+    reference = alt.Chart(alt.Data(values=[{"y": reference_length}])).mark_rule(
+        strokeDash=[4, 4]
+    ).encode(y="y:Q")
+    return alt.hconcat(bleu_panel, length_panel + reference)
+
+
+# %%
+beam_sweep_chart(sweep, reference_length=ref_len, subset=n_subset)
 
 # %% [markdown]
 # On these 100 sentences every beam beats greedy decoding, by 0.8 to 1.3 BLEU, and most of

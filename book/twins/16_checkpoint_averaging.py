@@ -35,6 +35,7 @@ from the_annotated_transformer import (
     enable_book_charts,
     exact_matches,
     fetch_shipped_model,
+    line_chart,
     load_checkpoint,
     make_model,
     random_sequences,
@@ -327,8 +328,6 @@ pd.DataFrame(rows).set_index("checkpoints averaged")
 # %%
 # NBVAL_IGNORE_OUTPUT
 # (held-out losses of a training run: their digits differ with another CPU's float kernels)
-import altair as alt
-
 window = 5
 curve = []
 for i in range(window - 1, len(checkpoints)):
@@ -346,12 +345,9 @@ print(f"last 10 checkpoints: single losses {min(single[-10:]):.4f} to {max(singl
 print(f"the average's loss was lower at {sum(r > 1 for r in ratios)} of those 10 checkpoints, "
       f"by a factor of {min(ratios):.1f} to {max(ratios):.1f}")
 assert sum(r > 1 for r in ratios) >= 8, ratios
-alt.Chart(alt.Data(values=curve)).mark_line(point=True).encode(
-    x=alt.X("step:Q", title="optimizer step"),
-    y=alt.Y("loss:Q", title="held-out loss per token", scale=alt.Scale(type="log")),
-    color=alt.Color("weights:N", title=None),
-    tooltip=["step:Q", "weights:N", alt.Tooltip("loss:Q", format=".4f")],
-).properties(width=420, height=240, title="One checkpoint against the average of the last five")
+line_chart(curve, x="step:Q", y="loss:Q", color="weights:N", y_scale={"type": "log"},
+           formats={"loss": ".4f"}, x_title="optimizer step", y_title="held-out loss per token",
+           width=420, height=240, title="One checkpoint against the average of the last five")
 
 # %% [markdown]
 # Over the last ten checkpoints (steps 320 to 500) the single checkpoints' held-out loss jumps
@@ -407,6 +403,9 @@ assert held_out_loss(blend) > 2 * held_out_loss(final)  # but not a point betwee
 # %%
 # NBVAL_IGNORE_OUTPUT
 # (held-out losses of a training run: their digits differ with another CPU's float kernels)
+import altair as alt
+
+
 def interpolate(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], alpha: float):
     """The weights (1 - alpha) * a + alpha * b: a point on the straight line through a and b."""
     return {key: (1 - alpha) * a[key] + alpha * b[key] for key in a}
@@ -427,18 +426,13 @@ for pair in pairs:
 one_run, twins = ({r["alpha"]: r["loss"] for r in line if r["pair"] == pair} for pair in pairs)
 assert one_run[0.5] < max(one_run[0.0], one_run[1.0])  # one run: the middle is no worse
 assert twins[0.5] > 2 * twins[0.0]  # twins: a ridge between them
-panels = [
-    alt.Chart(alt.Data(values=[row for row in line if row["pair"] == pair]))
-    .mark_line(point=True)
-    .encode(
-        x=alt.X("alpha:Q", title="alpha (0 and 1 are the two weights)"),
-        y=alt.Y("loss:Q", title="held-out loss per token", scale=alt.Scale(type="log")),
-        tooltip=[alt.Tooltip("alpha:Q", format=".3f"), alt.Tooltip("loss:Q", format=".4f")],
-    )
-    .properties(width=260, height=220, title=pair)
+alt.hconcat(*(
+    line_chart([row for row in line if row["pair"] == pair], x="alpha:Q", y="loss:Q",
+               y_scale={"type": "log"}, formats={"alpha": ".3f", "loss": ".4f"},
+               x_title="alpha (0 and 1 are the two weights)", y_title="held-out loss per token",
+               width=260, height=220, title=pair)
     for pair in pairs
-]
-alt.hconcat(*panels)
+))
 
 # %% [markdown]
 # Along the line between steps 400 and 500 the loss dips: the midpoint, which is the average of
@@ -505,18 +499,40 @@ print("on:", measured["results"][-1]["hardware"], "|", measured["results"][-1]["
 print("sacreBLEU:", measured["results"][-1]["scores"]["val"]["signature"])
 results
 
+# %% tags=["export", "hide-cell"]
+from typing import Any
+
+
+def bleu_points_chart(results: Any, *, title: str) -> Any:
+    """A row per set of weights, a dot per split: the "val BLEU" and "test BLEU" of `results`.
+
+    `results` is a DataFrame indexed by the name of the weights, in the order to show them.
+    """
+    import altair as alt
+
+    missing = {"val BLEU", "test BLEU"} - set(results.columns)
+    if missing:
+        raise ValueError(f"results lacks the columns {sorted(missing)}")
+    points = [
+        {"weights": name, "split": split, "BLEU": row[f"{split} BLEU"]}
+        for name, row in results.iterrows()
+        for split in ("val", "test")
+    ]
+    return (
+        alt.Chart(alt.Data(values=points))
+        .mark_point(filled=True, size=70)
+        .encode(
+            x=alt.X("BLEU:Q", title="greedy sacreBLEU", scale=alt.Scale(zero=False)),
+            y=alt.Y("weights:N", title=None, sort=list(results.index)),
+            color=alt.Color("split:N", title=None),
+            tooltip=["weights:N", "split:N", alt.Tooltip("BLEU:Q", format=".2f")],
+        )
+        .properties(width=380, height=230, title=title)
+    )
+
+
 # %%
-bleu_points = [
-    {"weights": name, "split": split, "BLEU": row[f"{split} BLEU"]}
-    for name, row in results.iterrows()
-    for split in ("val", "test")
-]
-alt.Chart(alt.Data(values=bleu_points)).mark_point(filled=True, size=70).encode(
-    x=alt.X("BLEU:Q", title="greedy sacreBLEU", scale=alt.Scale(zero=False)),
-    y=alt.Y("weights:N", title=None, sort=list(results.index)),
-    color=alt.Color("split:N", title=None),
-    tooltip=["weights:N", "split:N", alt.Tooltip("BLEU:Q", format=".2f")],
-).properties(width=380, height=230, title="Multi30k: single epochs and averages")
+bleu_points_chart(results, title="Multi30k: single epochs and averages")
 
 # %% [markdown]
 # Three things stand out. First, continuing the run helped a little on its own: epochs 16 and

@@ -551,28 +551,41 @@ for language in ("German", "English"):  # how much longer than in words
 table["<unk> share"] = table["<unk> share"].map("{:.2%}".format)
 table.round(2)
 
-# %%
-import altair as alt
+# %% tags=["export", "hide-cell"]
+def vocabulary_chart(rows: Sequence[Mapping[str, Any]], *, title: str, subtitle: str) -> Any:
+    """Tokens per sentence against vocabulary size, per language: BPE sizes as a line, the
+    other vocabularies as points (rows as `subword_row` makes them)."""
+    import altair as alt
 
-long_rows = [
-    {"vocabulary": row["vocabulary"], "kind": row["kind"], "size": row["size"],
-     "language": language, "tokens per sentence": row[f"{language} tokens per sentence"]}
-    for row in rows for language in ("German", "English")
-]
-base = alt.Chart(alt.Data(values=long_rows)).encode(
-    x=alt.X("size:Q", scale=alt.Scale(type="log", domain=[1500, 20000], nice=False),
-            title="vocabulary size, log scale (words: German + English)"),
-    y=alt.Y("tokens per sentence:Q", scale=alt.Scale(zero=False),
-            title="tokens per val sentence"),
-    color=alt.Color("language:N", title=None),
-    tooltip=["vocabulary:N", "language:N", alt.Tooltip("tokens per sentence:Q", format=".2f")],
-)
-bpe_lines = base.transform_filter(alt.datum.kind == "sentencepiece bpe").mark_line(point=True)
-others = base.transform_filter(alt.datum.kind != "sentencepiece bpe").mark_point(
-    size=80, filled=True).encode(shape=alt.Shape("kind:N", title=None))
-(bpe_lines + others).properties(width=420, height=240, title=alt.TitleParams(
-    "Longer sentences for a smaller vocabulary",
-    subtitle="lines: sentencepiece BPE of 2,000 to 16,000 pieces; points: the others"))
+    long_rows = [
+        {"vocabulary": row["vocabulary"], "kind": row["kind"], "size": row["size"],
+         "language": language, "tokens per sentence": row[f"{language} tokens per sentence"]}
+        for row in rows for language in ("German", "English")
+    ]
+    if not long_rows:
+        raise ValueError("rows is empty: there are no vocabularies to draw")
+    base = alt.Chart(alt.Data(values=long_rows)).encode(
+        x=alt.X("size:Q", scale=alt.Scale(type="log", domain=[1500, 20000], nice=False),
+                title="vocabulary size, log scale (words: German + English)"),
+        y=alt.Y("tokens per sentence:Q", scale=alt.Scale(zero=False),
+                title="tokens per val sentence"),
+        color=alt.Color("language:N", title=None),
+        tooltip=["vocabulary:N", "language:N",
+                 alt.Tooltip("tokens per sentence:Q", format=".2f")],
+    )
+    bpe = alt.datum.kind == "sentencepiece bpe"
+    bpe_lines = base.transform_filter(bpe).mark_line(point=True)
+    others = base.transform_filter(~bpe).mark_point(size=80, filled=True).encode(
+        shape=alt.Shape("kind:N", title=None)
+    )
+    return (bpe_lines + others).properties(
+        width=420, height=240, title=alt.TitleParams(title, subtitle=subtitle)
+    )
+
+
+# %%
+vocabulary_chart(rows, title="Longer sentences for a smaller vocabulary",
+                 subtitle="lines: sentencepiece BPE of 2,000 to 16,000 pieces; points: the others")
 
 # %% [markdown]
 # Every subword vocabulary has no `<unk>` at all on the held-out sets, against 3.1% of the

@@ -433,38 +433,54 @@ miniature
 # is the base model's mean $\pm 2s$. A row whose bar lies outside the band differs clearly from
 # the base model; to the left is better for the loss, to the right for exact matches.
 
+# %% tags=["export", "hide-cell"]
+from collections.abc import Sequence
+from typing import Any
+
+
+def variations_chart(
+    runs: Sequence[dict[str, Any]],
+    means: Sequence[dict[str, Any]],
+    *,
+    order: Sequence[str],
+    panels: Sequence[tuple[str, str, float, float, str]],
+    title: str,
+) -> Any:
+    """A panel per measure: each run a circle, each variant's mean a tick, and the base model's
+    mean ± 2s a grey band. `panels` holds (field, axis title, base mean, s, d3 format)."""
+    import altair as alt
+
+    if not panels:
+        raise ValueError("panels is empty: name at least one measure to draw")
+    color = alt.Color("row:N", title="row")
+    charts = []
+    for i, (field, axis_title, centre, s, axis_format) in enumerate(panels):
+        y = alt.Y("variant:N", sort=list(order), title=None, axis=alt.Axis() if i == 0 else None)
+        x = alt.X(f"{field}:Q", title=axis_title, axis=alt.Axis(format=axis_format),
+                  scale=alt.Scale(zero=False, padding=10))
+        band = alt.Chart(alt.Data(values=[{"lo": centre - 2 * s, "hi": centre + 2 * s}]))
+        band = band.mark_rect(color="lightgrey", opacity=0.5).encode(
+            x=alt.X("lo:Q", title=axis_title), x2="hi:Q"
+        )
+        dots = alt.Chart(alt.Data(values=list(runs))).mark_point(size=40).encode(
+            x=x, y=y, color=color,
+            tooltip=["variant:N", "seed:O", alt.Tooltip(f"{field}:Q", format=axis_format)],
+        )
+        ticks = alt.Chart(alt.Data(values=list(means))).mark_tick(thickness=3, size=14).encode(
+            x=x, y=y, color=color,
+            tooltip=["variant:N", alt.Tooltip(f"{field}:Q", format=axis_format)],
+        )
+        charts.append((band + dots + ticks).properties(width=260, height=300))
+    return alt.hconcat(*charts).properties(title=title)
+
+
 # %%
-import altair as alt
-
-order = [name for _, name, _ in variations]
-means = table.reset_index().to_dict("records")
-color = alt.Color("row:N", title="row")
-
-
-def panel(field: str, title: str, centre: float, s: float, axis_format: str, *,
-          labels: bool = True) -> alt.LayerChart:
-    """Runs as circles, row means as bars, and the base model's mean ± 2s as a grey band."""
-    y = alt.Y("variant:N", sort=order, title=None, axis=alt.Axis() if labels else None)
-    x = alt.X(f"{field}:Q", title=title, axis=alt.Axis(format=axis_format),
-              scale=alt.Scale(zero=False, padding=10))
-    band = alt.Chart(alt.Data(values=[{"lo": centre - 2 * s, "hi": centre + 2 * s}])).mark_rect(
-        color="lightgrey", opacity=0.5
-    ).encode(x=alt.X("lo:Q", title=title), x2="hi:Q")
-    dots = alt.Chart(alt.Data(values=runs)).mark_point(size=40).encode(
-        x=x, y=y, color=color,
-        tooltip=["variant:N", "seed:O", alt.Tooltip(f"{field}:Q", format=axis_format)],
-    )
-    bars = alt.Chart(alt.Data(values=means)).mark_tick(thickness=3, size=14).encode(
-        x=x, y=y, color=color,
-        tooltip=["variant:N", alt.Tooltip(f"{field}:Q", format=axis_format)],
-    )
-    return (band + dots + bars).properties(width=260, height=300)
-
-
-alt.hconcat(
-    panel("loss", "held-out loss per token (nats)", base_loss, s_loss, ".2f"),
-    panel("exact", "exact-match accuracy", base_exact, s_exact, ".0%", labels=False),
-).properties(title=f"Twelve variants of the base model after {steps} steps, two seeds each")
+variations_chart(
+    runs, table.reset_index().to_dict("records"), order=[name for _, name, _ in variations],
+    panels=[("loss", "held-out loss per token (nats)", base_loss, s_loss, ".2f"),
+            ("exact", "exact-match accuracy", base_exact, s_exact, ".0%")],
+    title=f"Twelve variants of the base model after {steps} steps, two seeds each",
+)
 
 # %% [markdown]
 # ## What the miniature reproduces, and what it does not

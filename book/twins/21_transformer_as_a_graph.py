@@ -39,6 +39,7 @@ from the_annotated_transformer import (
     enable_book_charts,
     encode_examples,
     exact_matches,
+    line_chart,
     load_multi30k,
     load_tokenizers,
     load_trained_model,
@@ -90,8 +91,6 @@ def mask_to_edges(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 # and three target tokens.
 
 # %%
-import altair as alt
-
 n_src, n_tgt = 4, 3
 src_pad = torch.tensor([[True, True, True, False]])  # (batch, n_src): the last token is padding
 graphs = {
@@ -103,9 +102,16 @@ for name, mask in graphs.items():
     key_nodes, query_nodes = mask_to_edges(mask)
     print(f"{name:>26}: {len(key_nodes):2d} edges of {mask.numel():2d} possible")
 
+# %% tags=["export", "hide-cell"]
+from typing import Any
 
-def draw(name: str, mask: torch.Tensor) -> alt.LayerChart:
-    """Keys on the bottom row, queries on the top row, one line per edge."""
+
+def graph_chart(mask: torch.Tensor, *, title: str) -> Any:
+    """A mask (1, n_q, n_k) as a graph: keys on the bottom row, queries on top, a line per edge."""
+    import altair as alt
+
+    if mask.dim() != 3 or mask.size(0) != 1:
+        raise ValueError(f"mask must be one sentence's (1, n_q, n_k), got {tuple(mask.shape)}")
     key_nodes, query_nodes = mask_to_edges(mask)
     n_q, n_k = mask.shape[1:]
     pairs = zip(key_nodes.tolist(), query_nodes.tolist(), strict=True)
@@ -123,10 +129,13 @@ def draw(name: str, mask: torch.Tensor) -> alt.LayerChart:
         color=alt.Color("role:N", title="node"),
         tooltip=["role:N", alt.Tooltip("x:Q", title="position")],
     )
-    return (lines + points).properties(width=170, height=120, title=name)
+    return (lines + points).properties(width=170, height=120, title=title)
 
 
-alt.hconcat(*(draw(name, mask) for name, mask in graphs.items()))
+# %%
+import altair as alt
+
+alt.hconcat(*(graph_chart(mask, title=name) for name, mask in graphs.items()))
 
 # %% [markdown]
 # The padded source token (position 3) is still a node, since every position of the padded
@@ -254,19 +263,17 @@ for n in (16, 32, 64, 128, 256, 512):
 print(*(f"n = {e['n']:3d}, {e['pattern']:>17}: {e['edges']:7,d} edges" for e in edge_counts[-3:]),
       sep="\n")
 
-alt.Chart(alt.Data(values=edge_counts)).mark_line(point=True).encode(
-    x=alt.X("n:Q", scale=alt.Scale(type="log", base=2), title="sentence length n"),
-    y=alt.Y("edges:Q", scale=alt.Scale(type="log"), title="edges (scores computed)"),
-    color=alt.Color("pattern:N", title=None),
-    tooltip=["pattern:N", "n:Q", alt.Tooltip("edges:Q", format=",")],
-).properties(width=420, height=240, title="How many scores each attention pattern needs")
+line_chart(edge_counts, x="n:Q", y="edges:Q", color="pattern:N", x_scale={"type": "log", "base": 2},
+           y_scale={"type": "log"}, formats={"edges": ","}, x_title="sentence length n",
+           y_title="edges (scores computed)", width=420, height=240,
+           title="How many scores each attention pattern needs")
+
 
 # %% [markdown]
 # On a log-log chart the full and causal patterns rise with slope 2 and the restricted one
-# with slope 1: at 512 tokens the band has 15 times fewer edges than the causal graph and 30 times fewer
-# than the full one. The price
-# is the one the paper names: a path between two distant positions now needs about $n/r$
-# layers instead of one.
+# with slope 1: at 512 tokens the band has 15 times fewer edges than the causal graph and 30
+# times fewer than the full one. The price is the one the paper names: a path between two
+# distant positions now needs about $n/r$ layers instead of one.
 #
 # A graph layer is not automatically faster on real hardware. Dense matrix products are what
 # GPUs and CPU vector units are built for, and gathers and scatters move memory around
@@ -494,26 +501,11 @@ dense_ms, graph_ms = timings[-4::2], timings[-3::2]  # the rows of n = 1024 and 
 # doubling n multiplies the dense time by about 4 and the graph's by about 2
 assert dense_ms[1]["ms"] / dense_ms[0]["ms"] > graph_ms[1]["ms"] / graph_ms[0]["ms"]
 
-# %% tags=["export"]
-from typing import Any
-
-
-def timing_chart(timings: list[dict], *, title: str = "One attention layer, 4 heads") -> Any:
-    """Milliseconds against sequence length, one line per kind of attention, log-log."""
-    import altair as alt
-
-    if not timings:
-        raise ValueError("timings is empty: nothing to draw")
-    return alt.Chart(alt.Data(values=timings)).mark_line(point=True).encode(
-        x=alt.X("n:Q", scale=alt.Scale(type="log", base=2), title="sequence length n"),
-        y=alt.Y("ms:Q", scale=alt.Scale(type="log"), title="milliseconds (fastest of 5)"),
-        color=alt.Color("attention:N", title=None),
-        tooltip=["attention:N", "n:Q", alt.Tooltip("ms:Q", format=".2f")],
-    ).properties(width=420, height=240, title=title)
-
-
 # %%
-timing_chart(timings)
+line_chart(timings, x="n:Q", y="ms:Q", color="attention:N", x_scale={"type": "log", "base": 2},
+           y_scale={"type": "log"}, formats={"ms": ".2f"}, x_title="sequence length n",
+           y_title="milliseconds (fastest of 5)", color_title="", width=420, height=240,
+           title="One attention layer, 4 heads")
 
 # %% [markdown]
 # For short sentences the dense product wins: it is one large matrix multiplication, which is
@@ -610,5 +602,5 @@ print("full attention sorts at least 85 %, the window with a global token at lea
 # the cost of a pattern visible, and timing it shows where a sparse pattern starts to pay: far
 # beyond the sentence lengths of machine translation, and a window with one global token still
 # learns to sort, a little less well than full attention at the same budget. The sort task of
-# chapter 13 came from the same graph tutorial. The next chapter stays beyond the paper and looks at what trained
-# attention heads attend to.
+# chapter 13 came from the same graph tutorial. The next chapter stays beyond the paper and
+# looks at what trained attention heads attend to.

@@ -413,8 +413,8 @@ for kind in ATTENTION_KINDS:
 # %% [markdown]
 # ## Your own sentence
 #
-# Change the sentence and run the cell (in Colab, or in Jupyter after
-# `alt.renderers.enable("default")`). The model knows the vocabulary of Multi30k's image
+# Change the sentence and run the cell; the chart is drawn again in Jupyter, VS Code and Colab
+# alike. The model knows the vocabulary of Multi30k's image
 # captions: people, animals, clothes, places and what they do there. To keep this page light
 # the chart holds only the decoder-to-source attention; pass all three kinds to
 # `attention_records` to see the rest.

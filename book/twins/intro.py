@@ -31,6 +31,10 @@ if "google.colab" in sys.modules:
     package = f"the-annotated-transformer[book] @ git+{REPO}@{REF}"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
 
+from the_annotated_transformer import enable_book_charts
+
+enable_book_charts()
+
 # %% [markdown]
 # ## What the book covers
 #
@@ -86,72 +90,46 @@ if "google.colab" in sys.modules:
 #
 # A test fails when the module no longer matches the chapters, so the code you read is the
 # code that runs.
+#
+# What is not about the Transformer (how the charts are stored so that they draw in the built
+# book, in JupyterLab, VS Code and Colab, the chart helpers that several chapters share, and
+# the code that downloads files and checks their checksums) is kept out of the chapters' way,
+# in the appendix {doc}`appendix_infrastructure`.
 
 # %% [markdown]
-# ## Charts that draw everywhere
-#
-# The book draws its charts with altair, which describes a chart as a Vega-Lite specification
-# and leaves the drawing to JavaScript. Each chart is stored in its chapter as the mime bundle
-# that notebook front ends draw themselves: JupyterLab and VS Code draw
-# `application/vnd.vegalite.v5+json` with no network and no trust needed. An HTML output with a
-# script would stay blank in a notebook the reader has not trusted, and JupyterLab shows the HTML
-# whenever a bundle holds both, so the bundle holds no HTML. Altair 6 writes Vega-Lite 6, which
-# JupyterLab 4 does not know; the book's charts use only what version 5 reads, so the bundle
-# names version 5 (a test opens a chapter in JupyterLab and waits for its charts). The built book
-# turns the same bundle into a call to the Vega, Vega-Lite and vega-embed that it serves itself,
-# so its pages draw offline too (`tools/book_charts.py`, when the book is built). Colab runs the
-# scripts of HTML outputs, so there altair keeps its own renderer. This is
-# the first export cell of the book:
+# Here is a first chart: the BLEU scores that the paper reports for English-to-German
+# translation on newstest2014 (its Table 2), the Transformer next to the best models of the
+# time, and what each cost to train, in the floating-point operations that the paper estimates
+# (it gives none for ByteNet). Like every chart in the book, it is one call to a helper; the
+# helper's code is in the hidden cell above the chart.
 
-# %% tags=["export"]
-import json
-import sys
-import uuid
-
-VEGA_LITE_MIME = "application/vnd.vegalite.v5+json"
-VEGA_LITE_V5_SCHEMA = "https://vega.github.io/schema/vega-lite/v5.json"
+# %% tags=["export", "hide-cell"]
+from collections.abc import Sequence
+from typing import Any
 
 
-def book_chart_bundle(spec: dict, **metadata) -> dict[str, dict | str]:
-    """The stored form of a chart: a Vega-Lite spec that notebook front ends draw themselves."""
-    title = spec.get("title", "untitled")
-    text = title.get("text", "untitled") if isinstance(title, dict) else title
-    return {
-        VEGA_LITE_MIME: {**spec, "$schema": VEGA_LITE_V5_SCHEMA},
-        "text/plain": f"<altair chart: {text}>",
-    }
-
-
-def book_chart_html(spec: dict) -> str:
-    """The built book's form of a chart: a container and a call to the page's own vegaEmbed."""
-    chart_id = f"vega-chart-{uuid.uuid4().hex}"
-    spec_json = json.dumps(spec, sort_keys=True).replace("</", "<\\/")  # never end the script
-    options = '{"actions": false}'
-    script = f'vegaEmbed(document.getElementById("{chart_id}"), {spec_json}, {options});'
-    return f'<div id="{chart_id}" class="book-chart"></div>\n<script>\n{script}\n</script>'
-
-
-def enable_book_charts() -> None:
-    """Show altair charts as the bundle above (Colab keeps altair's renderer, which it draws)."""
+def paper_results_chart(results: Sequence[dict[str, Any]]) -> Any:
+    """Two bar panels with a row per model: the BLEU score, and the training cost in FLOPs."""
     import altair as alt
 
-    if "google.colab" in sys.modules:
-        return
-    alt.renderers.register("book", book_chart_bundle)
-    alt.renderers.enable("book")
+    if not results:
+        raise ValueError("results is empty: there are no models to draw")
+    bars = alt.Chart(alt.Data(values=list(results))).mark_bar().encode(
+        y=alt.Y("model:N", sort=None, title=None),
+        color=alt.Color("kind:N", title=None),
+        tooltip=["model:N", "BLEU:Q", alt.Tooltip("cost:Q", title="FLOPs (10^18)")],
+    )
+    bleu = bars.encode(
+        x=alt.X("BLEU:Q", scale=alt.Scale(domain=[20, 30], clamp=True), title="BLEU (EN-DE)")
+    ).properties(width=300, height=180, title="English-to-German BLEU, newstest2014")
+    cost = bars.encode(
+        x=alt.X("cost:Q", title="training cost (10¹⁸ FLOPs)"),
+        y=alt.Y("model:N", sort=None, title=None, axis=None),
+    ).properties(width=200, height=180, title="Training cost (none given for ByteNet)")
+    return alt.hconcat(bleu, cost).resolve_scale(y="shared")  # one row per model in both
 
-
-# %% [markdown]
-# Every chapter's setup cell calls `enable_book_charts()`. Here is a first chart: the BLEU
-# scores that the paper reports for English-to-German translation on newstest2014 (its Table 2),
-# the Transformer next to the best models of the time, and what each cost to train, in the
-# floating-point operations that the paper estimates (it gives none for ByteNet).
 
 # %%
-import altair as alt
-
-enable_book_charts()
-
 # Single models, English-to-German, newstest2014 (Vaswani et al., 2017, Table 2); the training
 # cost in units of 10^18 floating-point operations.
 table_2 = [
@@ -162,20 +140,7 @@ table_2 = [
     {"model": "Transformer (base)", "BLEU": 27.3, "cost": 3.3, "kind": "Transformer"},
     {"model": "Transformer (big)", "BLEU": 28.4, "cost": 23, "kind": "Transformer"},
 ]
-bars = alt.Chart(alt.Data(values=table_2)).mark_bar().encode(
-    y=alt.Y("model:N", sort=None, title=None),
-    color=alt.Color("kind:N", title=None),
-    tooltip=["model:N", "BLEU:Q", alt.Tooltip("cost:Q", title="FLOPs (10^18)")],
-)
-alt.hconcat(
-    bars.encode(
-        x=alt.X("BLEU:Q", scale=alt.Scale(domain=[20, 30], clamp=True), title="BLEU (EN-DE)")
-    ).properties(width=300, height=180, title="English-to-German BLEU, newstest2014"),
-    bars.encode(
-        x=alt.X("cost:Q", title="training cost (10¹⁸ FLOPs)"),
-        y=alt.Y("model:N", sort=None, title=None, axis=None),
-    ).properties(width=200, height=180, title="Training cost (none given for ByteNet)"),
-).resolve_scale(y="shared")  # one row per model in both panels, ByteNet's empty in the second
+paper_results_chart(table_2)
 
 # %% [markdown]
 # The models behind the other bars are ByteNet {cite}`kalchbrenner2016neural`, Google's neural
