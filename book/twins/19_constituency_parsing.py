@@ -574,46 +574,54 @@ for name, (_, score, well_formed) in results.items():
 from html import escape
 
 
-def _layout(tree: Tree, depth: int, words: list[str]) -> tuple[float, list[tuple]]:
+def _layout(
+    tree: Tree, depth: int, centers: Sequence[float], words: list[str]
+) -> tuple[float, list[tuple]]:
     """x of tree's node and (x, depth, label, children's (x, depth)) for it and all below.
 
-    Leaves take the next free column (appending their word to words); a parent sits above the
-    middle of its children.
+    The next leaf sits at centers[len(words)] (and appends its word to words); a parent sits
+    above the middle of its children.
     """
     if is_preterminal(tree):
+        x = centers[len(words)]
         words.append(tree.children[0])
-        x = len(words) - 1
         return x, [(x, depth, tree.label, [])]
     xs, nodes = [], []
     for child in tree.children:
-        x, below = _layout(child, depth + 1, words)
+        x, below = _layout(child, depth + 1, centers, words)
         xs.append((x, depth + 1))
         nodes += below
     x = sum(child_x for child_x, _ in xs) / len(xs)
     return x, [(x, depth, tree.label, xs), *nodes]
 
 
-def trees_svg(trees: Sequence[tuple[str, Tree]], *, dx: int = 46, dy: int = 30) -> str:
-    """An SVG drawing of titled trees side by side, with the words in italics at the bottom."""
-    parts, left, bottom = [], 0, 0
+def trees_svg(trees: Sequence[tuple[str, Tree]], *, char: float = 7.0, dy: int = 30) -> str:
+    """An SVG drawing of titled trees side by side, with the words in italics at the bottom.
+
+    Each leaf gets a column as wide as its word or tag, about char pixels a character.
+    """
+    parts, left, bottom = [], 0.0, 0
     for title, tree in trees:
+        widths = [char * max(len(leaf.label), len(leaf.children[0])) + 14
+                  for leaf in preterminals(tree)]
+        centers = [left + sum(widths[:i]) + w / 2 for i, w in enumerate(widths)]
         words: list[str] = []
-        _, nodes = _layout(tree, 1, words)
+        _, nodes = _layout(tree, 1, centers, words)
         deepest = max(depth for _, depth, _, _ in nodes)
         bottom = max(bottom, (deepest + 2) * dy)
         parts.append(f'<text x="{left + 4}" y="14" font-weight="bold">{escape(title)}</text>')
         for x, depth, label, child_xs in nodes:
-            cx, cy = left + (x + 0.5) * dx, depth * dy + 10
+            y = depth * dy + 10
             ends = child_xs or [(x, deepest + 1)]  # a tag's line goes down to its word
             for child_x, child_depth in ends:
-                parts.append(f'<line x1="{cx}" y1="{cy + 4}" x2="{left + (child_x + 0.5) * dx}" '
+                parts.append(f'<line x1="{x}" y1="{y + 4}" x2="{child_x}" '
                              f'y2="{child_depth * dy - 2}" stroke="#ccc"/>')
-            parts.append(f'<text x="{cx}" y="{cy}" text-anchor="middle">{escape(label)}</text>')
-        for i, word in enumerate(words):
-            parts.append(f'<text x="{left + (i + 0.5) * dx}" y="{(deepest + 1) * dy + 10}" '
-                         f'text-anchor="middle" font-style="italic">{escape(word)}</text>')
-        left += (len(words) + 1) * dx
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{left}" height="{bottom}" '
+            parts.append(f'<text x="{x}" y="{y}" text-anchor="middle">{escape(label)}</text>')
+        for x, word in zip(centers, words, strict=True):
+            parts.append(f'<text x="{x}" y="{(deepest + 1) * dy + 10}" text-anchor="middle" '
+                         f'font-style="italic">{escape(word)}</text>')
+        left += sum(widths) + 40
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{left:.0f}" height="{bottom}" '
             f'font-family="sans-serif" font-size="12">{"".join(parts)}</svg>')
 
 
