@@ -3554,6 +3554,389 @@ def variations_chart(
 
 
 # %% [markdown]
+# ## From book/19_constituency_parsing.ipynb
+
+
+# %%
+import os
+import re
+import zipfile
+from pathlib import Path
+from typing import NamedTuple
+
+PTB_SAMPLE_URL = (
+    "https://raw.githubusercontent.com/nltk/nltk_data/gh-pages/packages/corpora/treebank.zip"
+)
+PTB_SAMPLE_SHA256 = "9da92d76c3666cfb6cddeaed0f7e86b344cce0f0928a286d439e555f19c37399"
+
+
+def ptb_sample_dir(data_dir: str | os.PathLike | None = None) -> Path:
+    """The treebank folder: data_dir, $PTB_SAMPLE_DIR, ../shared/data/ptb-sample, or the cache."""
+    if data_dir is not None:
+        return Path(data_dir).expanduser()
+    if os.environ.get("PTB_SAMPLE_DIR"):
+        return Path(os.environ["PTB_SAMPLE_DIR"]).expanduser()
+    root = repository_root()
+    if root is not None and (root.parent / "shared" / "data" / "ptb-sample").is_dir():
+        return (root.parent / "shared" / "data" / "ptb-sample").resolve()
+    return Path.home() / ".cache" / "annotated-transformer" / "ptb-sample"
+
+
+def ptb_sample_file(folder: Path) -> Path:
+    """treebank.zip in folder, downloaded from the NLTK data repository if missing, verified."""
+    path = folder / "treebank.zip"
+    if not path.exists():
+        try:
+            download_file(PTB_SAMPLE_URL, path, sha256=PTB_SAMPLE_SHA256)
+        except OSError as err:  # no network, an HTTP error, a timeout, a read-only folder
+            raise FileNotFoundError(
+                f"treebank.zip is not in {folder} and could not be downloaded from "
+                f"{PTB_SAMPLE_URL} ({err}): connect to the internet and try again, copy the "
+                "file there, or set PTB_SAMPLE_DIR to a folder that holds it"
+            ) from err
+    actual = sha256_of(path)
+    if actual != PTB_SAMPLE_SHA256:
+        raise ValueError(
+            f"{path} is truncated or corrupted (SHA-256 {actual}, expected "
+            f"{PTB_SAMPLE_SHA256}): delete it to download it again, or set PTB_SAMPLE_DIR to "
+            "a folder with an intact copy"
+        )
+    return path
+
+
+class Tree(NamedTuple):
+    """A constituent: its label and its children, which are Trees or (at the leaves) words."""
+
+    label: str
+    children: tuple
+
+
+SEXPR_TOKEN = re.compile(r"\(|\)|[^\s()]+")
+
+
+def read_trees(text: str) -> list[Tree]:
+    """Every bracketed tree in text; the treebank's unlabeled outer bracket becomes TOP."""
+    trees, stack = [], []  # stack: [label, children] of each open bracket
+    tokens = SEXPR_TOKEN.findall(text)
+    for i, token in enumerate(tokens):
+        if token == "(":
+            labeled = i + 1 < len(tokens) and tokens[i + 1] not in "()"
+            stack.append(["" if labeled else "TOP", []])  # "": the label comes next
+        elif token == ")":
+            if not stack:
+                raise ValueError(f"token {i} closes a bracket that was never opened")
+            label, children = stack.pop()
+            (stack[-1][1] if stack else trees).append(Tree(label, tuple(children)))
+        elif not stack:
+            raise ValueError(f"token {i}, {token!r}, stands outside any bracket")
+        elif stack[-1][0] == "":
+            stack[-1][0] = token
+        else:
+            stack[-1][1].append(token)
+    if stack:
+        raise ValueError(f"the text ends with {len(stack)} brackets still open")
+    return trees
+
+
+def load_ptb_sample(data_dir: str | os.PathLike | None = None) -> dict[str, list[Tree]]:
+    """The sample's trees, file by file: {"wsj_0001": [Tree, ...], ...}."""
+    with zipfile.ZipFile(ptb_sample_file(ptb_sample_dir(data_dir))) as archive:
+        names = sorted(n for n in archive.namelist() if n.endswith(".mrg"))
+        return {Path(n).stem: read_trees(archive.read(n).decode("utf-8")) for n in names}
+
+
+# %%
+def base_label(label: str) -> str:
+    """NP-SBJ-1 -> NP, NP=2 -> NP; labels that start with '-' (-NONE-, -LRB-) stay whole."""
+    return label if label.startswith("-") else re.split(r"[-=]", label)[0]
+
+
+def is_preterminal(tree: Tree) -> bool:
+    """A tag over one word: (NN board)."""
+    return len(tree.children) == 1 and isinstance(tree.children[0], str)
+
+
+def clean_tree(tree: Tree) -> Tree | None:
+    """Parsing's usual preprocessing: no TOP, no empty elements, no function tags."""
+    if tree.label == "TOP" and len(tree.children) == 1:
+        return clean_tree(tree.children[0])
+    if is_preterminal(tree):
+        return None if tree.label == "-NONE-" else tree
+    children = tuple(c for c in map(clean_tree, tree.children) if c is not None)
+    return Tree(base_label(tree.label), children) if children else None
+
+
+def preterminals(tree: Tree) -> list[Tree]:
+    """The (tag, (word,)) leaves of a tree, left to right."""
+    if is_preterminal(tree):
+        return [tree]
+    return [leaf for child in tree.children for leaf in preterminals(child)]
+
+
+def tree_words(tree: Tree) -> list[str]:
+    return [leaf.children[0] for leaf in preterminals(tree)]
+
+
+def tree_tags(tree: Tree) -> list[str]:
+    return [leaf.label for leaf in preterminals(tree)]
+
+
+# %%
+from collections.abc import Sequence
+
+
+def linearize(tree: Tree) -> list[str]:
+    """The tree as tokens: "(NP" opens, ")" closes, and each word is written as its tag."""
+    if is_preterminal(tree):
+        return [tree.label]
+    return [f"({tree.label}", *(t for child in tree.children for t in linearize(child)), ")"]
+
+
+class Delinearized(NamedTuple):
+    tree: Tree
+    well_formed: bool  # False: delinearize had to repair the tokens
+
+
+def _close(stack: list) -> bool:
+    """Close the innermost open bracket into its parent; False if it was empty (dropped)."""
+    label, children = stack.pop()
+    if children:
+        stack[-1][1].append(Tree(label, tuple(children)))
+    return bool(children)
+
+
+def delinearize(tokens: Sequence[str], sentence: Sequence[str]) -> Delinearized:
+    """A tree over the words of sentence from predicted tokens, repaired if they form none."""
+    stack, n_words, ok = [["", []]], 0, True  # stack[0] collects the roots
+    for token in tokens:
+        if token.startswith("(") and len(token) > 1:
+            stack.append([token[1:], []])
+        elif token == ")":
+            ok = len(stack) > 1 and _close(stack) and ok  # a stray ")" is dropped
+        elif len(stack) > 1 and n_words < len(sentence):
+            stack[-1][1].append(Tree(token, (sentence[n_words],)))
+            n_words += 1
+        else:
+            ok = False  # a leaf outside every bracket, or one word too many
+    ok = ok and len(stack) == 1 and n_words == len(sentence)
+    while len(stack) > 1:
+        _close(stack)
+    roots = stack[0][1] + [Tree("XX", (word,)) for word in sentence[n_words:]]
+    if len(roots) == 1 and not is_preterminal(roots[0]):
+        return Delinearized(roots[0], ok)
+    return Delinearized(Tree("S", tuple(roots)), False)
+
+
+# %%
+PTB_SAMPLE_SPLITS = {"train": (1, 159), "dev": (160, 179), "test": (180, 199)}
+
+
+def split_by_file(trees: dict[str, list[Tree]]) -> dict[str, list[Tree]]:
+    """Train, dev and test trees by file number; a sentence seen in an earlier split is dropped.
+
+    Different articles can share a sentence word for word; dropping the repeats keeps every
+    sentence in one split only.
+    """
+    splits, seen = {}, set()
+    for split, (low, high) in PTB_SAMPLE_SPLITS.items():
+        chosen = [tree for name, file_trees in sorted(trees.items())
+                  if low <= int(name.removeprefix("wsj_")) <= high for tree in file_trees]
+        splits[split] = [t for t in chosen if tuple(tree_words(t)) not in seen]
+        seen |= {tuple(tree_words(t)) for t in chosen}
+    return splits
+
+
+# %%
+from collections import Counter
+
+EVALB_DELETED = frozenset({"TOP", "-NONE-", ",", ":", "``", "''", "."})  # COLLINS.prm
+EVALB_EQUAL = {"PRT": "ADVP"}
+
+
+def labeled_spans(tree: Tree, gold_tags: Sequence[str]) -> Counter:
+    """The (label, start, end) brackets evalb scores; punctuation (by gold tag) takes no place."""
+    position = [0]  # position[i]: the words before word i that are not deleted
+    for tag in gold_tags:
+        position.append(position[-1] + (tag not in EVALB_DELETED))
+    spans, n_seen = Counter(), 0
+
+    def visit(node: Tree) -> None:
+        nonlocal n_seen
+        if is_preterminal(node):
+            n_seen += 1
+            return
+        start = n_seen
+        for child in node.children:
+            visit(child)
+        first, end = position[min(start, len(gold_tags))], position[min(n_seen, len(gold_tags))]
+        if end > first and node.label not in EVALB_DELETED:
+            spans[EVALB_EQUAL.get(node.label, node.label), first, end] += 1
+
+    visit(tree)
+    if n_seen != len(gold_tags):
+        raise ValueError(f"tree has {n_seen} words but gold_tags has {len(gold_tags)} tags")
+    return spans
+
+
+class BracketScore(NamedTuple):
+    """evalb's totals: brackets matched, in the gold trees, in the predicted trees."""
+
+    matched: int
+    gold: int
+    predicted: int
+
+    @property
+    def precision(self) -> float:
+        return self.matched / self.predicted if self.predicted else 0.0
+
+    @property
+    def recall(self) -> float:
+        return self.matched / self.gold if self.gold else 0.0
+
+    @property
+    def f1(self) -> float:
+        p, r = self.precision, self.recall
+        return 2 * p * r / (p + r) if p + r else 0.0
+
+
+def bracket_score(gold: Sequence[Tree], predicted: Sequence[Tree]) -> BracketScore:
+    """Labeled bracket precision and recall over a corpus, evalb-style (COLLINS.prm)."""
+    if len(gold) != len(predicted):
+        raise ValueError(f"{len(gold)} gold trees but {len(predicted)} predicted trees")
+    matched = n_gold = n_predicted = 0
+    for g, p in zip(gold, predicted, strict=True):
+        if tree_words(g) != tree_words(p):
+            raise ValueError(f"the trees have different words: {tree_words(g)} and "
+                             f"{tree_words(p)}")
+        gold_spans, predicted_spans = labeled_spans(g, tree_tags(g)), labeled_spans(p, tree_tags(g))
+        matched += sum((gold_spans & predicted_spans).values())
+        n_gold += sum(gold_spans.values())
+        n_predicted += sum(predicted_spans.values())
+    return BracketScore(matched, n_gold, n_predicted)
+
+
+# %%
+import torch
+
+PARSE_MAX_WORDS = 20  # sentences this long or shorter: the miniature's budget
+
+
+def parser_vocabularies(trees: Sequence[Tree]) -> tuple[Vocab, Vocab]:
+    """Source (tags) and target (bracket tokens and tags) vocabularies of training trees."""
+    return (Vocab.build([tree_tags(t) for t in trees], min_freq=1),
+            Vocab.build([linearize(t) for t in trees], min_freq=1))
+
+
+def train_parser(
+    trees: Sequence[Tree], *, epochs: int, N: int = 2, d_model: int = 128, h: int = 4,
+    max_tokens: int = 1000, warmup: int = 200, seed: int = 0, log_every: int = 3,
+) -> tuple[EncoderDecoder, Vocab, Vocab]:
+    """make_model, unchanged, trained on (tags, linearized tree) pairs; prints the loss."""
+    torch.manual_seed(seed)
+    src_vocab, tgt_vocab = parser_vocabularies(trees)
+    examples = [(src_vocab.encode(tree_tags(t)), tgt_vocab.encode(linearize(t))) for t in trees]
+    model = make_model(len(src_vocab), len(tgt_vocab), N=N, d_model=d_model,
+                       d_ff=4 * d_model, h=h, dropout=0.1)
+    criterion = LabelSmoothing(len(tgt_vocab), padding_idx=2, smoothing=0.1)
+    loss_compute = SimpleLossCompute(model.generator, criterion)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: rate(step, d_model, factor=0.5, warmup=warmup))
+    for epoch in range(epochs):
+        loader = multi30k_loader(examples, max_tokens=max_tokens, shuffle=True, seed=seed + epoch)
+        loss, _ = run_epoch(loader, model, loss_compute, optimizer, scheduler, log_every=None)
+        if (epoch + 1) % log_every == 0:
+            print(f"epoch {epoch + 1:2d} | loss {loss:.3f}")
+    return model, src_vocab, tgt_vocab
+
+
+def parse_trees(
+    model: EncoderDecoder, trees: Sequence[Tree], src_vocab: Vocab, tgt_vocab: Vocab, *,
+    beam_size: int = 4, alpha: float = 0.3, batch_size: int = 64,
+) -> list[Delinearized]:
+    """Parse the tag sequences of trees with beam search (input length + 300 tokens at most)."""
+    results = []
+    for i in range(0, len(trees), batch_size):
+        chunk = trees[i : i + batch_size]
+        ids = [src_vocab.encode(tree_tags(t)) for t in chunk]
+        outputs = beam_translate_batch(model, ids, beam_size=beam_size, alpha=alpha,
+                                       extra_len=300)
+        results += [delinearize(tgt_vocab.lookup_tokens(out), tree_words(t))
+                    for t, out in zip(chunk, outputs, strict=True)]
+    return results
+
+
+# %%
+from html import escape
+
+
+def _layout(
+    tree: Tree, depth: int, centers: Sequence[float], words: list[str]
+) -> tuple[float, list[tuple]]:
+    """x of tree's node and (x, depth, label, children's (x, depth)) for it and all below.
+
+    The next leaf sits at centers[len(words)] (and appends its word to words); a parent sits
+    above the middle of its children.
+    """
+    if is_preterminal(tree):
+        x = centers[len(words)]
+        words.append(tree.children[0])
+        return x, [(x, depth, tree.label, [])]
+    xs, nodes = [], []
+    for child in tree.children:
+        x, below = _layout(child, depth + 1, centers, words)
+        xs.append((x, depth + 1))
+        nodes += below
+    x = sum(child_x for child_x, _ in xs) / len(xs)
+    return x, [(x, depth, tree.label, xs), *nodes]
+
+
+def trees_svg(trees: Sequence[tuple[str, Tree]], *, char: float = 7.0, dy: int = 30) -> str:
+    """An SVG drawing of titled trees side by side, with the words in italics at the bottom.
+
+    Each leaf gets a column as wide as its word or tag, about char pixels a character.
+    """
+    parts, left, bottom = [], 0.0, 0
+    for title, tree in trees:
+        widths = [char * max(len(leaf.label), len(leaf.children[0])) + 14
+                  for leaf in preterminals(tree)]
+        centers = [left + sum(widths[:i]) + w / 2 for i, w in enumerate(widths)]
+        words: list[str] = []
+        _, nodes = _layout(tree, 1, centers, words)
+        deepest = max(depth for _, depth, _, _ in nodes)
+        bottom = max(bottom, (deepest + 2) * dy)
+        parts.append(f'<text x="{left + 4}" y="14" font-weight="bold">{escape(title)}</text>')
+        for x, depth, label, child_xs in nodes:
+            y = depth * dy + 10
+            ends = child_xs or [(x, deepest + 1)]  # a tag's line goes down to its word
+            for child_x, child_depth in ends:
+                parts.append(f'<line x1="{x}" y1="{y + 4}" x2="{child_x}" '
+                             f'y2="{child_depth * dy - 2}" stroke="#ccc"/>')
+            parts.append(f'<text x="{x}" y="{y}" text-anchor="middle">{escape(label)}</text>')
+        for x, word in zip(centers, words, strict=True):
+            parts.append(f'<text x="{x}" y="{(deepest + 1) * dy + 10}" text-anchor="middle" '
+                         f'font-style="italic">{escape(word)}</text>')
+        left += sum(widths) + 40
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{left:.0f}" height="{bottom}" '
+            f'font-family="sans-serif" font-size="12">{"".join(parts)}</svg>')
+
+
+# %%
+from typing import Any
+
+
+def data_fraction_chart(records: Sequence[dict]) -> Any:
+    """Dev F1 against the number of training sentences, one point per run."""
+    import altair as alt
+
+    return alt.Chart(alt.Data(values=list(records))).mark_line(point=True).encode(
+        x=alt.X("sentences:Q", title="training sentences"),
+        y=alt.Y("F1:Q", title="dev F1 (%)", scale=alt.Scale(zero=True)),
+        tooltip=["sentences:Q", "F1:Q", "well formed (%):Q"],
+    ).properties(title="Dev F1 against training data", width=320, height=200)
+
+
+# %% [markdown]
 # ## From book/20_making_it_fast.ipynb
 
 

@@ -642,6 +642,6 @@ assert all(loss < 1.8 for loss in norm_runs["pre-norm, no warm-up"])
 # within its noise. The paper's conclusions come from a large corpus and long runs; a
 # miniature tests the machinery and shows what a short, cheap experiment can and cannot tell.
 #
-# That ends Part III. Part IV goes beyond the paper, starting with a different way to look at
-# the model we have built: chapter 21 writes attention as message passing on a graph, whose
-# edges are the query-key pairs that a mask allows.
+# One experiment of the paper is left, and it is the one furthest from translation. The next
+# chapter trains the same `make_model`, without any change, to parse English sentences into
+# trees (§6.3), with the trees written as sequences of brackets.

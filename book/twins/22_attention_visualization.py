@@ -539,4 +539,5 @@ attention_chart(frames, controls=("step", "layer", "head"), width=260, height=26
 # other weights. Testing that means intervening: switching heads off and measuring the
 # translations, or tracing how information flows through the residual stream across layers
 # {cite}`abnar2020quantifying`. The tools of this chapter give those experiments their
-# pictures.
+# pictures. The next chapter turns to what came after the paper, and the conclusion then
+# looks back over what the book built and measured.
