@@ -2706,7 +2706,7 @@ import torch
 BOOK_REPOSITORY = "https://github.com/annotated-transformer/annotated-transformer-book"
 # The tag (or commit) of the repository that this copy of the book comes from: the shipped
 # model is downloaded from it, and Colab set-up cells install the package from it.
-BOOK_REPOSITORY_REF = "v0.1.0"
+BOOK_REPOSITORY_REF = "v0.2.0"
 # The shipped files' SHA-256 checksums (averaging.json holds chapter 16's measurements),
 # verified after a download; tests/test_shipped_model.py
 # fails when they differ from the files in book/models/multi30k_cpu.

@@ -17,7 +17,7 @@ if "google.colab" in sys.modules:
     import subprocess
 
     REPO = "https://github.com/annotated-transformer/annotated-transformer-book"
-    REF = "v0.1.0"  # the tag or commit this notebook comes from
+    REF = "v0.2.0"  # the tag or commit this notebook comes from
     package = f"the-annotated-transformer[book] @ git+{REPO}@{REF}"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
 

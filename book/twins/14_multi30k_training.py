@@ -24,7 +24,7 @@ if "google.colab" in sys.modules:
     import subprocess
 
     REPO = "https://github.com/annotated-transformer/annotated-transformer-book"
-    REF = "v0.1.0"  # the tag or commit this notebook comes from
+    REF = "v0.2.0"  # the tag or commit this notebook comes from
     package = f"the-annotated-transformer[book] @ git+{REPO}@{REF}"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
 
@@ -1531,7 +1531,7 @@ import torch
 BOOK_REPOSITORY = "https://github.com/annotated-transformer/annotated-transformer-book"
 # The tag (or commit) of the repository that this copy of the book comes from: the shipped
 # model is downloaded from it, and Colab set-up cells install the package from it.
-BOOK_REPOSITORY_REF = "v0.1.0"
+BOOK_REPOSITORY_REF = "v0.2.0"
 # The shipped files' SHA-256 checksums (averaging.json holds chapter 16's measurements),
 # verified after a download; tests/test_shipped_model.py
 # fails when they differ from the files in book/models/multi30k_cpu.
