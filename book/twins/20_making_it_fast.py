@@ -507,9 +507,11 @@ for eps in (0.0, 0.1, 0.3):
 # rows translate the first 64 Multi30k validation sentences with the shipped model. Each row
 # repeats, and the table gives the median with the range. The numbers below come from
 # `book/data/bench_cpu.json`, written by one run on the machine it names; the chapter only reads
-# the file. The machine is a 2-core cloud CPU that other jobs shared while the benchmark ran,
-# so every absolute number is noisy (the ranges show how much); the ratios within one group,
-# measured minutes apart in the same process, are what the run can tell.
+# the file. The machine is a 2-core cloud CPU, otherwise idle but for one other
+# single-threaded job during the first minutes of the run; the ranges show how much each
+# row moved between repeats (a few percent at most). Absolute numbers belong to this machine;
+# the ratios within one group, measured minutes apart in the same process, are what the run
+# can tell.
 
 # %% tags=["export"]
 import json
@@ -615,9 +617,9 @@ for name, value, goal in goals:
 # What the run says, and what it does not:
 #
 # * **Decoding gains the most.** With the cache, batched greedy decoding translated about
-#   3.7 times as many sentences per second as batched greedy without it, and about 10 times
+#   4.3 times as many sentences per second as batched greedy without it, and about 10 times
 #   as many as the classic decoder that translates one sentence at a time; beam search with the
-#   cache ran about 2.7 times as fast as without. Those are the shipped model's sizes
+#   cache ran about 2.9 times as fast as without. Those are the shipped model's sizes
 #   (3 layers, $d_\text{model} = 256$) and its real outputs; the goal of 25 times the classic
 #   decoder was set for the base size, whose decoding this run did not measure (there is no
 #   trained base model to give outputs of Multi30k length). The beam gains less than greedy
@@ -627,17 +629,18 @@ for name, value, goal in goals:
 #   about 81% of the positions padding, against about 4% for the token budget, and the budget
 #   gave over 5 times the real tokens per second.
 # * **Training speed is decided by the matrix products.** On one CPU thread, attention is a small
-#   part of a step, and fusing it moves the total by about as much as the noise: the three
-#   implementations land within a factor of two of each other in both orders at the two sizes,
-#   which is the signature of a shared machine, not of the code. The counted FLOPs are the same
-#   for all three (the same matrices); the utilization of the measured matmul peak was
-#   between about 40% and 70% at base size and between about 30% and 50% at the cpu size,
-#   whose matrices are smaller.
+#   part of a step, and fusing it changes little: the fast path trained about 1% faster than
+#   the readable model at both sizes. `torch.nn.Transformer` was about 3% faster than either
+#   at the cpu size and about 12% faster at base size; it projects queries, keys and values
+#   with one packed matrix and uses PyTorch's native layer norm, which may explain the gap (we
+#   did not profile it). The counted FLOPs are the same for all three (the same matrices); the
+#   utilization of the measured matmul peak was about 47% to 52% at base size and about 33% at
+#   the cpu size, whose matrices are smaller.
 #   What the fast path removes, host syncs and the stored weight matrices, matters on a GPU,
 #   where the device would otherwise wait for the host and memory bandwidth is what attention
 #   spends.
-# * **Memory.** The fast path's peak was about 10% *higher* than the readable path's in this
-#   run, not lower. At Multi30k's lengths the (n_q, n_k) weights are small next to the
+# * **Memory.** The fast path's peak was about 11% to 13% *higher* than the readable path's in
+#   this run, not lower. At Multi30k's lengths the (n_q, n_k) weights are small next to the
 #   activations of the feed-forward layers and the generator, so there is little to save, and
 #   this run does not tell where the extra comes from; the CPU measure (the profiler's memory
 #   events) is itself approximate.
