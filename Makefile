@@ -37,11 +37,12 @@ DEVICES ?= 1
 # nbval runs these chapters with one thread and another CPU's kernels, and every other chapter
 # with one thread and this CPU's kernels, side by side (2 x 1 thread). All of them are chapters
 # whose numbers come from training or from float sums; the other chapters that train (15, 16,
-# 21, 23) run in the 1-thread half, so that the two halves take about as long (each about half
+# 21, 24) run in the 1-thread half, so that the two halves take about as long (each about half
 # of the chapters' nbval time).
 OTHER_KERNELS := $(addprefix book/,05_full_model.ipynb 08_training_loop.ipynb \
 	11_regularization.ipynb 12_copy_task.ipynb 13_sort_task.ipynb 14_multi30k_training.ipynb \
-	18_model_variations.ipynb 19_constituency_parsing.ipynb 22_attention_visualization.ipynb)
+	18_model_variations.ipynb 19_constituency_parsing.ipynb 22_attention_visualization.ipynb \
+	23_what_came_after.ipynb)
 
 .PHONY: book test nbval test-portable test-cli-layer sync lint lock clean distclean setup train \
 	translate bench bench-quick

@@ -4743,6 +4743,214 @@ def sample(
 
 
 # %% [markdown]
+# ## From book/24_universal_transformer.ipynb
+
+
+# %%
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+
+class AdaptiveComputationTime(nn.Module):
+    """Apply one shared layer up to max_steps times per position, halting adaptively (ACT).
+
+    At each step a halting unit gives every position a probability of stopping now; a position
+    stops once its probabilities add up to more than 1 - eps, and its last step gets the
+    remainder instead. The output is the steps' states weighted by these numbers, which sum
+    to 1 per position. A halted position is no longer updated.
+    """
+
+    def __init__(
+        self, d_model: int, max_steps: int, *, eps: float = 0.01, halting_bias: float = -1.0
+    ) -> None:
+        super().__init__()
+        if max_steps < 1:
+            raise ValueError(f"max_steps must be at least 1, got {max_steps}")
+        self.halt = nn.Linear(d_model, 1)
+        # a negative bias starts every position with a small halting probability: it ponders
+        nn.init.constant_(self.halt.bias, halting_bias)
+        self.max_steps, self.threshold = max_steps, 1.0 - eps
+        self.signal = PositionalEncoding(d_model, dropout=0.0, max_len=max(max_steps, 512))
+
+    def forward(
+        self, x: torch.Tensor, step: Callable[[torch.Tensor], torch.Tensor], real: torch.Tensor
+    ) -> tuple[torch.Tensor, dict]:
+        """x (batch, n, d_model); step(state) -> new state; real (batch, n) marks non-padding.
+
+        Returns the weighted state (batch, n, d_model) and a record with the number of steps
+        of each position, its halting weights (batch, n, max_steps) and its ponder cost.
+        """
+        batch, n, _ = x.shape
+        halted = ~real  # padding never runs
+        total = torch.zeros(batch, n, device=x.device)  # sum of halting probabilities so far
+        remainder = torch.zeros(batch, n, device=x.device)
+        steps = torch.zeros(batch, n, device=x.device)
+        weights, output = [], torch.zeros_like(x)
+        timestep = self.signal.pe[0, : self.max_steps]  # (max_steps, d_model)
+        for t in range(self.max_steps):
+            # 1) the position and timestep signal, then the halting probability
+            state = self.signal(x) + timestep[t]  # (batch, n, d_model)
+            p = torch.sigmoid(self.halt(state)).squeeze(-1)  # (batch, n)
+            running = ~halted
+            # 2) who stops now: their sum would pass the threshold, or this is the last step
+            stops = running & ((total + p > self.threshold) | (t == self.max_steps - 1))
+            goes_on = running & ~stops
+            # 3) weights: p while going on, the remainder 1 - total at the halting step
+            remainder = torch.where(stops, 1.0 - total, remainder)
+            w = torch.where(goes_on, p, torch.where(stops, remainder, torch.zeros_like(p)))
+            total = total + w
+            steps = steps + running.float()
+            # 4) one step of the shared layer; halted positions keep their state
+            new = step(state)
+            x = torch.where(running[..., None], new, x)
+            output = output + w[..., None] * new
+            weights.append(w)
+            halted = halted | stops
+            if bool(halted.all()):
+                break
+        unused = [torch.zeros_like(p)] * (self.max_steps - len(weights))  # steps never run
+        weights = torch.stack(weights + unused, dim=-1)  # (batch, n, max_steps)
+        ponder = ((steps + remainder) * real).sum() / real.sum()  # N(t) + R(t), Graves 2016
+        return output, {"steps": steps, "weights": weights, "ponder": ponder}
+
+
+# %%
+from copy import deepcopy
+
+
+class UniversalTransformer(nn.Module):
+    """One shared encoder layer and one shared decoder layer, each repeated with ACT.
+
+    Same interface as EncoderDecoder (encode, decode, generator), so greedy_decode works;
+    the last call's ACT records are kept in .act["encoder"] and .act["decoder"].
+    """
+
+    def __init__(
+        self, V: int, d_model: int = 64, d_ff: int = 128, h: int = 4, *,
+        max_steps: int = 4, dropout: float = 0.0, pad: int = 2,
+    ) -> None:
+        super().__init__()
+        attn = MultiHeadedAttention(h, d_model, dropout=dropout)
+        ff = PositionwiseFeedForward(d_model, d_ff, dropout=dropout)
+        c = deepcopy
+        self.encoder_layer = EncoderLayer(d_model, c(attn), c(ff), dropout)
+        self.decoder_layer = DecoderLayer(d_model, c(attn), c(attn), c(ff), dropout)
+        self.encoder_act = AdaptiveComputationTime(d_model, max_steps)
+        self.decoder_act = AdaptiveComputationTime(d_model, max_steps)
+        self.encoder_norm, self.decoder_norm = LayerNorm(d_model), LayerNorm(d_model)
+        self.src_embed, self.tgt_embed = Embeddings(d_model, V), Embeddings(d_model, V)
+        self.generator = Generator(d_model, V)
+        self.pad, self.act = pad, {}
+        for p in self.parameters():
+            if p.dim() > 1:
+                nn.init.xavier_uniform_(p)
+
+    def encode(self, src: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
+        """Memory (batch, n_src, d_model): the shared encoder layer, as often as ACT says."""
+        x, self.act["encoder"] = self.encoder_act(
+            self.src_embed(src), lambda s: self.encoder_layer(s, src_mask), src != self.pad
+        )
+        return self.encoder_norm(x)
+
+    def decode(
+        self, memory: torch.Tensor, src_mask: torch.Tensor, tgt: torch.Tensor,
+        tgt_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """Decoder output (batch, n_tgt, d_model), the shared decoder layer repeated by ACT."""
+        y, self.act["decoder"] = self.decoder_act(
+            self.tgt_embed(tgt),
+            lambda s: self.decoder_layer(s, memory, src_mask, tgt_mask),
+            tgt != self.pad,
+        )
+        return self.decoder_norm(y)
+
+    def forward(
+        self, src: torch.Tensor, tgt: torch.Tensor, src_mask: torch.Tensor, tgt_mask: torch.Tensor
+    ) -> torch.Tensor:
+        """Decoder output (batch, n_tgt, d_model), as EncoderDecoder.forward."""
+        return self.decode(self.encode(src, src_mask), src_mask, tgt, tgt_mask)
+
+    def ponder_cost(self) -> torch.Tensor:
+        """The ponder costs of the last forward pass, encoder plus decoder."""
+        return self.act["encoder"]["ponder"] + self.act["decoder"]["ponder"]
+
+
+# %%
+import torch.nn.functional as F
+
+
+def token_accuracy(model: nn.Module, batch: Batch) -> float:
+    """The fraction of target tokens (with `</s>`) that greedy decoding gets right in place."""
+    model.eval()
+    with torch.no_grad():
+        ys = greedy_decode(model, batch.src, batch.src_mask, batch.tgt_y.size(1) + 1, 0)
+    real = batch.tgt_y != 2  # (batch, n_tgt)
+    guess = ys[:, 1:]  # (batch, <= n_tgt)
+    hits = (guess == batch.tgt_y[:, : guess.size(1)]) & real[:, : guess.size(1)]
+    return hits.sum().item() / real.sum().item()
+
+
+def train_sorter(
+    model: nn.Module, *, V: int, epochs: int, ponder_weight: float = 0.0,
+    exclude: set | None = None, record_every: int = 10, probe: Batch | None = None,
+) -> list[dict]:
+    """Chapter 13's schedule; adds ponder_weight * ponder cost when the model has one.
+
+    Every record_every epochs, the mean steps per real position of encoder and decoder on the
+    probe batch (teacher-forced), for models that ponder.
+    """
+    torch.manual_seed(0)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: rate(step, model_size=64, factor=0.5, warmup=100)
+    )
+    data, history = torch.Generator().manual_seed(0), []
+    for epoch in range(1, epochs + 1):
+        model.train()
+        for batch in sort_batches(V, 64, 20, generator=data, exclude=exclude):
+            out = model(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask)
+            loss = F.nll_loss(model.generator(out).flatten(0, 1), batch.tgt_y.flatten(),
+                              ignore_index=2)
+            if ponder_weight:
+                loss = loss + ponder_weight * model.ponder_cost()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
+        if probe is not None and epoch % record_every == 0 and hasattr(model, "act"):
+            model.eval()
+            with torch.no_grad():
+                model(probe.src, probe.tgt, probe.src_mask, probe.tgt_mask)
+            for side, ids in (("encoder", probe.src), ("decoder", probe.tgt)):
+                steps = model.act[side]["steps"][ids != 2]
+                history.append({"epoch": epoch, "stack": side, "mean steps": steps.mean().item()})
+    return history
+
+
+# %%
+from typing import Any
+
+
+def steps_chart(cells: list[dict], *, title: str = "ACT steps per source position") -> Any:
+    """One row per sequence, one cell per position labelled with its digit, coloured by steps."""
+    import altair as alt
+
+    if not cells:
+        raise ValueError("cells is empty: nothing to draw")
+    base = alt.Chart(alt.Data(values=cells)).encode(
+        x=alt.X("position:O", title="source position"),
+        y=alt.Y("sequence:N", title="test sequence", sort=None),
+    )
+    squares = base.mark_rect().encode(
+        color=alt.Color("steps:O", title="steps", scale=alt.Scale(scheme="blues")),
+        tooltip=["sequence:N", "position:O", "digit:N", "steps:O"],
+    )
+    return (squares + base.mark_text().encode(text="digit:N")).properties(title=title)
+
+
+# %% [markdown]
 # ## From book/appendix_infrastructure.ipynb
 
 

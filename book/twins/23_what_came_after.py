@@ -453,7 +453,8 @@ for temperature, top_k in ((0.5, None), (1.0, None), (1.0, 10), (1.5, 10)):
 # chapters to what changed after 2017: the shapes (encoder-only, decoder-only) and the layer
 # changes (pre-norm, learned and rotary positions, RMSNorm, gated feed-forward layers, caching,
 # fused attention kernels).
-# The conclusion, next, looks back over the whole book and what it measured.
+# The next chapter builds one more descendant of the paper's model, the Universal Transformer,
+# whose depth adapts to each position; the conclusion then looks back over the whole book.
 #
 # ## Exercises
 #

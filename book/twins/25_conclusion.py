@@ -47,8 +47,9 @@ enable_book_charts()
 # (§6.3); chapter 20 measures how to make it run fast. **Part IV** went beyond the paper:
 # attention written as message passing on a graph, with the whole trained model run on packed
 # sentences and a sparse pattern timed against dense attention; tools that draw a trained
-# model's attention; and a decoder-only language model with rotary positions, built from the
-# same layers, with the changes that became standard after 2017.
+# model's attention; a decoder-only language model with rotary positions, built from the
+# same layers, with the changes that became standard after 2017; and the Universal
+# Transformer, one shared layer repeated with adaptive computation time.
 #
 # All of it is one module, `the_annotated_transformer.py`, assembled from the chapters' code
 # and checked by the tests, so the model that the last chapters trained is exactly the one
