@@ -809,16 +809,22 @@ MULTI30K_SHA256 = {
 }
 
 
-def multi30k_dir(data_dir: str | os.PathLike | None = None) -> Path:
-    """The Multi30k folder: data_dir, $MULTI30K_DIR, ../shared/data/multi30k, or the cache."""
+def dataset_dir(name: str, env: str, data_dir: str | os.PathLike | None = None) -> Path:
+    """A data set's folder: data_dir, $env, ../shared/data/<name> beside the repository, or the
+    cache ~/.cache/annotated-transformer/<name> (where a download goes)."""
     if data_dir is not None:
         return Path(data_dir).expanduser()
-    if os.environ.get("MULTI30K_DIR"):
-        return Path(os.environ["MULTI30K_DIR"]).expanduser()
+    if os.environ.get(env):
+        return Path(os.environ[env]).expanduser()
     root = repository_root()
-    if root is not None and (root.parent / "shared" / "data" / "multi30k").is_dir():
-        return (root.parent / "shared" / "data" / "multi30k").resolve()
-    return Path.home() / ".cache" / "annotated-transformer" / "multi30k"
+    if root is not None and (root.parent / "shared" / "data" / name).is_dir():
+        return (root.parent / "shared" / "data" / name).resolve()
+    return Path.home() / ".cache" / "annotated-transformer" / name
+
+
+def multi30k_dir(data_dir: str | os.PathLike | None = None) -> Path:
+    """The Multi30k folder: data_dir, $MULTI30K_DIR, ../shared/data/multi30k, or the cache."""
+    return dataset_dir("multi30k", "MULTI30K_DIR", data_dir)
 
 
 def multi30k_file(name: str, folder: Path) -> Path:
@@ -3572,14 +3578,7 @@ PTB_SAMPLE_SHA256 = "9da92d76c3666cfb6cddeaed0f7e86b344cce0f0928a286d439e555f19c
 
 def ptb_sample_dir(data_dir: str | os.PathLike | None = None) -> Path:
     """The treebank folder: data_dir, $PTB_SAMPLE_DIR, ../shared/data/ptb-sample, or the cache."""
-    if data_dir is not None:
-        return Path(data_dir).expanduser()
-    if os.environ.get("PTB_SAMPLE_DIR"):
-        return Path(os.environ["PTB_SAMPLE_DIR"]).expanduser()
-    root = repository_root()
-    if root is not None and (root.parent / "shared" / "data" / "ptb-sample").is_dir():
-        return (root.parent / "shared" / "data" / "ptb-sample").resolve()
-    return Path.home() / ".cache" / "annotated-transformer" / "ptb-sample"
+    return dataset_dir("ptb-sample", "PTB_SAMPLE_DIR", data_dir)
 
 
 def ptb_sample_file(folder: Path) -> Path:

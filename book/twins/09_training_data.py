@@ -74,16 +74,22 @@ MULTI30K_SHA256 = {
 }
 
 
-def multi30k_dir(data_dir: str | os.PathLike | None = None) -> Path:
-    """The Multi30k folder: data_dir, $MULTI30K_DIR, ../shared/data/multi30k, or the cache."""
+def dataset_dir(name: str, env: str, data_dir: str | os.PathLike | None = None) -> Path:
+    """A data set's folder: data_dir, $env, ../shared/data/<name> beside the repository, or the
+    cache ~/.cache/annotated-transformer/<name> (where a download goes)."""
     if data_dir is not None:
         return Path(data_dir).expanduser()
-    if os.environ.get("MULTI30K_DIR"):
-        return Path(os.environ["MULTI30K_DIR"]).expanduser()
+    if os.environ.get(env):
+        return Path(os.environ[env]).expanduser()
     root = repository_root()
-    if root is not None and (root.parent / "shared" / "data" / "multi30k").is_dir():
-        return (root.parent / "shared" / "data" / "multi30k").resolve()
-    return Path.home() / ".cache" / "annotated-transformer" / "multi30k"
+    if root is not None and (root.parent / "shared" / "data" / name).is_dir():
+        return (root.parent / "shared" / "data" / name).resolve()
+    return Path.home() / ".cache" / "annotated-transformer" / name
+
+
+def multi30k_dir(data_dir: str | os.PathLike | None = None) -> Path:
+    """The Multi30k folder: data_dir, $MULTI30K_DIR, ../shared/data/multi30k, or the cache."""
+    return dataset_dir("multi30k", "MULTI30K_DIR", data_dir)
 
 
 def multi30k_file(name: str, folder: Path) -> Path:

@@ -38,12 +38,12 @@ from the_annotated_transformer import (
     SimpleLossCompute,
     Vocab,
     beam_translate_batch,
+    dataset_dir,
     download_file,
     enable_book_charts,
     make_model,
     multi30k_loader,
     rate,
-    repository_root,
     run_epoch,
     sha256_of,
 )
@@ -81,14 +81,7 @@ PTB_SAMPLE_SHA256 = "9da92d76c3666cfb6cddeaed0f7e86b344cce0f0928a286d439e555f19c
 
 def ptb_sample_dir(data_dir: str | os.PathLike | None = None) -> Path:
     """The treebank folder: data_dir, $PTB_SAMPLE_DIR, ../shared/data/ptb-sample, or the cache."""
-    if data_dir is not None:
-        return Path(data_dir).expanduser()
-    if os.environ.get("PTB_SAMPLE_DIR"):
-        return Path(os.environ["PTB_SAMPLE_DIR"]).expanduser()
-    root = repository_root()
-    if root is not None and (root.parent / "shared" / "data" / "ptb-sample").is_dir():
-        return (root.parent / "shared" / "data" / "ptb-sample").resolve()
-    return Path.home() / ".cache" / "annotated-transformer" / "ptb-sample"
+    return dataset_dir("ptb-sample", "PTB_SAMPLE_DIR", data_dir)
 
 
 def ptb_sample_file(folder: Path) -> Path:
