@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import bench  # noqa: E402
@@ -29,3 +31,16 @@ def test_bench_quick_prints_every_row_and_writes_the_json(tmp_path):
     assert all(row["same_as_recompute"] is not False for row in results["decoding"])
     padding = [row["padding"] for row in results["batching"]]
     assert padding[0] < 0.2 < padding[1]  # the token budget pads far less than 72 tokens
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--repeats", "0"], "--repeats must be at least 1"),
+    (["--device", "nowhere"], "is not a torch device"),
+    (["--out", "/proc/no/such/folder/bench.json"], "cannot create its folder"),
+])
+def test_bench_refuses_bad_flags_in_one_line_before_running(flags, message):
+    done = subprocess.run([sys.executable, "tools/bench.py", "--quick", *flags], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert message in done.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in done.stderr and done.stdout == ""

@@ -414,20 +414,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save", action="store_true",
                         help="write the JSON to book/data/bench_<device type>.json")
     args = parser.parse_args(argv)
-    repeats = args.repeats or (2 if args.quick else 3)
+    repeats = args.repeats if args.repeats is not None else (2 if args.quick else 3)
     if repeats < 1:
         parser.error("--repeats must be at least 1")
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        parser.error(f"--device {args.device!r} is not a torch device (cpu, cuda, cuda:1, ...)")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: this machine has no CUDA GPU")
+    out = args.out or (str(ROOT / "book" / "data" / f"bench_{device.type}.json")
+                       if args.save else None)
+    if out:  # before the run, not after minutes of it
+        try:
+            Path(out).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            parser.error(f"--out {out}: cannot create its folder ({err.strerror})")
     start = time.perf_counter()
-    results = run(args.quick, repeats, torch.device(args.device))
+    results = run(args.quick, repeats, device)
     results["seconds"] = round(time.perf_counter() - start, 1)
     results["command"] = " ".join(["python tools/bench.py", *(argv or sys.argv[1:])])
     print(table(results))
-    if args.save and not args.out:
-        args.out = str(ROOT / "book" / "data" / f"bench_{torch.device(args.device).type}.json")
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
-        print(f"wrote {args.out}")
+    if out:
+        Path(out).write_text(json.dumps(results, indent=1) + "\n")
+        print(f"wrote {out}")
     return 0
 
 
