@@ -51,11 +51,17 @@ enable_book_charts()
 #   {cite}`elliott2016multi30k`, trained on a CPU or on one or many GPUs, with checkpoints that
 #   survive interruptions, and scored with sacreBLEU {cite}`post2018call`; then the three things
 #   the paper did to get more out of a trained model: beam search with a length penalty,
-#   averaging the last checkpoints, and subword vocabularies; and a miniature of the paper's
-#   table of model variations.
-# * **Part IV, beyond the paper**: the Transformer seen as a graph, with attention as message
-#   passing along edges, and what the trained translation model attends to, layer by layer and
-#   head by head.
+#   averaging the last checkpoints, and subword vocabularies; a miniature of the paper's table
+#   of model variations; English constituency parsing with the same model (section 6.3); and
+#   how to make the model fast, measured: a key/value cache for decoding, fused attention and
+#   a benchmark.
+# * **Part IV, beyond the paper**: the Transformer seen as a graph, run whole on packed
+#   sentences and with a sparse attention pattern; what the trained translation model attends
+#   to, layer by layer and head by head; what came after (encoder-only and decoder-only
+#   models, with a small language model and rotary positions trained in the book); and the
+#   Universal Transformer, whose depth adapts to each position.
+# * **Conclusion** (section 7): what the book built, what it measured next to the paper, and
+#   what a CPU could not reproduce.
 #
 # The whole model fits in one equation per idea. The one the paper is named after is
 # scaled dot-product attention: queries $Q$ are compared with keys $K$, and the scores weigh
