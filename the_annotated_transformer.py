@@ -526,6 +526,10 @@ def make_model(
 
 
 # %%
+import math
+from collections.abc import Sequence
+
+
 def greedy_decode(
     model: EncoderDecoder,
     src: torch.Tensor,
@@ -535,11 +539,13 @@ def greedy_decode(
     end_symbol: int | None = None,
     *,
     use_cache: bool = False,
+    banned: Sequence[int] = (),
 ) -> torch.Tensor:
     """Most likely token at each step for a batch; (batch, <= max_len) ids from start_symbol.
 
     A sequence that has produced `end_symbol` is padded with `end_symbol` until all have ended.
-    use_cache=True gives the same ids with chapter 20's key/value cache, one step per token.
+    Ids in banned are never chosen (chapter 14 bans <s>, padding and <unk>). use_cache=True
+    gives the same ids with chapter 20's key/value cache, one step per token.
     """
     if src.dim() != 2:
         raise ValueError(f"src must have shape (batch, n_src), got {tuple(src.shape)}")
@@ -547,7 +553,7 @@ def greedy_decode(
         raise ValueError(f"max_len must be at least 1 (the start symbol), got {max_len}")
     if use_cache:  # defined in chapter 20, which builds on this chapter
         return cached_greedy_decode(  # noqa: F821
-            model, src, src_mask, max_len, start_symbol, end_symbol
+            model, src, src_mask, max_len, start_symbol, end_symbol, banned=banned
         )
     batch = src.size(0)
     with torch.no_grad():
@@ -557,7 +563,9 @@ def greedy_decode(
         for _ in range(max_len - 1):
             tgt_mask = subsequent_mask(ys.size(1)).to(src.device)  # (1, n, n)
             out = model.decode(memory, src_mask, ys, tgt_mask)  # (batch, n, d_model)
-            next_word = model.generator(out[:, -1]).argmax(dim=-1)  # (batch,)
+            log_probs = model.generator(out[:, -1])  # (batch, vocab)
+            log_probs[:, list(banned)] = -math.inf
+            next_word = log_probs.argmax(dim=-1)  # (batch,)
             if end_symbol is not None:
                 next_word = next_word.masked_fill(done, end_symbol)
                 done = done | (next_word == end_symbol)
@@ -1701,6 +1709,8 @@ class TrainConfig:
     val_limit: int | None = None  # the same for the validation pairs
     keep_epochs: int = 0  # also keep the weights of the last keep_epochs epochs, for averaging
     bleu_every: int = 1  # greedy validation BLEU every bleu_every epochs (0: never); keeps best.pt
+    subwords: int = 0  # 0: two word vocabularies; else one joint sentencepiece vocabulary this big
+    share_embeddings: bool = False  # one matrix for both embeddings and the generator (§3.4)
 
     def __post_init__(self) -> None:
         for name in ("N", "d_model", "d_ff", "h", "max_tokens", "accum_iter", "epochs", "warmup"):
@@ -1709,10 +1719,12 @@ class TrainConfig:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.d_model % self.h:
             raise ValueError(f"d_model={self.d_model} is not divisible by h={self.h} heads")
-        for name in ("keep_epochs", "bleu_every"):
+        for name in ("keep_epochs", "bleu_every", "subwords"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        if self.share_embeddings and not self.subwords:
+            raise ValueError("share_embeddings=True needs one joint vocabulary: set subwords > 0")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
         if not 0.0 <= self.label_smoothing < 1.0:
@@ -1729,6 +1741,12 @@ def training_config(name: str, **overrides) -> TrainConfig:
         ),
         # The paper's base model; batch (per GPU) and warmup sized for Multi30k.
         "base": TrainConfig(),
+        # The cpu preset with one joint subword vocabulary and tied embeddings (chapter 17).
+        "cpu_subword": TrainConfig(
+            N=3, d_model=256, d_ff=1024, h=8, dropout=0.1, max_tokens=1500, accum_iter=1,
+            epochs=12, warmup=1000, lr_factor=0.5, subwords=8000, share_embeddings=True,
+            checkpoint_dir="checkpoints/multi30k_cpu_subword",
+        ),
     }
     if name not in presets:
         raise ValueError(f"name must be one of {', '.join(presets)}, got {name!r}")
@@ -1794,6 +1812,7 @@ PAD_ID = SPECIALS.index("<blank>")  # 2
 
 
 VOCAB_FILES = ("vocab_de.json", "vocab_en.json")
+SUBWORD_FILE = "subwords.model"  # one sentencepiece model for both languages (chapter 17)
 
 
 def multi30k_vocabularies(
@@ -1805,29 +1824,55 @@ def multi30k_vocabularies(
 ) -> tuple[Vocab, Vocab]:
     """German and English vocabularies built from the training pairs (Multi30k's by default).
 
-    With save=True they are also written into the checkpoint folder, replacing what is there.
+    Two word Vocabs, or with config.subwords one sentencepiece model (chapter 17) that serves
+    as both. With save=True they are also written into the checkpoint folder, replacing what
+    is there.
     """
     if pairs is None:  # train only: val and test stay unseen
         pairs = load_multi30k("train")[: config.train_limit]
-    token_pairs = tokenize_pairs(pairs, *tokenizers)
-    vocab_src = Vocab.build([src for src, _ in token_pairs], min_freq=config.min_freq)
-    vocab_tgt = Vocab.build([tgt for _, tgt in token_pairs], min_freq=config.min_freq)
+    if config.subwords:
+        sp = train_sentencepiece(  # noqa: F821 (chapter 17)
+            [sentence for pair in pairs for sentence in pair], vocab_size=config.subwords
+        )
+        vocabs = (sp, sp)
+        writers = {SUBWORD_FILE: lambda path: Path(path).write_bytes(sp.serialized_model_proto())}
+    else:
+        token_pairs = tokenize_pairs(pairs, *tokenizers)
+        vocabs = tuple(Vocab.build([pair[side] for pair in token_pairs], min_freq=config.min_freq)
+                       for side in (0, 1))
+        writers = dict(zip(VOCAB_FILES, (vocab.save for vocab in vocabs), strict=True))
     if save:
         folder = Path(config.checkpoint_dir)
         folder.mkdir(parents=True, exist_ok=True)
-        for vocab, name in zip((vocab_src, vocab_tgt), VOCAB_FILES, strict=True):
+        for name, write in writers.items():
             tmp = folder / f".{name}.{os.getpid()}.tmp"
-            vocab.save(tmp)
+            write(tmp)
             os.replace(tmp, folder / name)  # like checkpoints: a reader never sees half a file
-    return vocab_src, vocab_tgt
+    return vocabs
 
 
-def read_vocabularies(folder: str | os.PathLike) -> tuple[Vocab, Vocab]:
-    """The vocabularies a run wrote into its checkpoint folder (for resuming, translating)."""
-    paths = [Path(folder) / name for name in VOCAB_FILES]
+def load_subwords(path: str | os.PathLike) -> Any:
+    """A sentencepiece model from its file, or a one-line error that names the file."""
+    import sentencepiece as spm
+
+    try:
+        return spm.SentencePieceProcessor(model_file=str(path))
+    except (OSError, RuntimeError) as err:
+        raise ValueError(f"{path} is not a readable sentencepiece model ({err})") from err
+
+
+def read_vocabularies(folder: str | os.PathLike, *, subwords: bool = False
+                      ) -> tuple[Vocab, Vocab]:
+    """The vocabularies a run wrote into its checkpoint folder (for resuming, translating):
+    the two word vocabularies, or with subwords=True the one sentencepiece model, twice."""
+    names = [SUBWORD_FILE] if subwords else list(VOCAB_FILES)
+    paths = [Path(folder) / name for name in names]
     missing = [str(path) for path in paths if not path.is_file()]
     if missing:
         raise FileNotFoundError(f"the run's vocabularies are missing: {', '.join(missing)}")
+    if subwords:
+        sp = load_subwords(paths[0])
+        return sp, sp
     return Vocab.load(paths[0]), Vocab.load(paths[1])
 
 
@@ -1854,7 +1899,10 @@ def encode_examples(
     max_len: int,
 ) -> list[tuple[list[int], list[int]]]:
     """Sentence pairs as id lists, without pairs longer than max_len."""
-    examples = encode_pairs(tokenize_pairs(pairs, *tokenizers), vocab_src, vocab_tgt)
+    if isinstance(vocab_src, Vocab):
+        examples = encode_pairs(tokenize_pairs(pairs, *tokenizers), vocab_src, vocab_tgt)
+    else:  # sentencepiece: raw text in, ids out
+        examples = [(vocab_src.encode(de), vocab_tgt.encode(en)) for de, en in pairs]
     return filter_by_length(examples, max_len=max_len)[0]
 
 
@@ -2243,7 +2291,7 @@ def load_data(
 
     def vocabularies() -> tuple[Vocab, Vocab]:
         if resuming:  # the ids the checkpoint's embeddings were trained with
-            return read_vocabularies(config.checkpoint_dir)
+            return read_vocabularies(config.checkpoint_dir, subwords=config.subwords > 0)
         return multi30k_vocabularies(config, tokenizers, pairs=pairs["train"])
 
     vocab_src, vocab_tgt = from_rank0(process, vocabularies)
@@ -2265,7 +2313,7 @@ def build_training(
     torch.manual_seed(config.seed)
     model = make_model(
         src_vocab, tgt_vocab, N=config.N, d_model=config.d_model, d_ff=config.d_ff,
-        h=config.h, dropout=config.dropout,
+        h=config.h, dropout=config.dropout, share_embeddings=config.share_embeddings,
     ).to(process.device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -2611,6 +2659,12 @@ def source_batch(
     return src, (src != pad_id).unsqueeze(-2)  # (batch, n_src), (batch, 1, n_src)
 
 
+def never_generated(bos_id: int = 0, pad_id: int = 2, unk_id: int = 3, *,
+                    allow_unk: bool = False) -> list[int]:
+    """The ids a translation must not contain: <s> and padding, and <unk> unless allowed."""
+    return [bos_id, pad_id] + ([] if allow_unk else [unk_id])
+
+
 def translate_batch(
     model: nn.Module,
     src_ids: Sequence[Sequence[int]],
@@ -2619,17 +2673,38 @@ def translate_batch(
     bos_id: int = 0,
     eos_id: int = 1,
     pad_id: int = 2,
+    unk_id: int = 3,
+    allow_unk: bool = False,
 ) -> list[list[int]]:
-    """Greedy translations of a batch of id lists, without `<s>` and cut at `</s>`."""
+    """Greedy translations of a batch of id lists, without `<s>` and cut at `</s>`.
+
+    <s> and padding are never generated, and <unk> only with allow_unk=True.
+    """
     device = next(model.parameters()).device
     src, src_mask = source_batch(src_ids, device=device, bos_id=bos_id, eos_id=eos_id,
                                  pad_id=pad_id)
     model.eval()
-    out = greedy_decode(model, src, src_mask, max_len, bos_id, end_symbol=eos_id)
+    out = greedy_decode(model, src, src_mask, max_len, bos_id, end_symbol=eos_id,
+                        banned=never_generated(bos_id, pad_id, unk_id, allow_unk=allow_unk))
     results = []
     for row in out[:, 1:].tolist():  # drop <s>
         results.append(row[: row.index(eos_id)] if eos_id in row else row)
     return results
+
+
+def encode_text(text: str, vocab: Vocab, tokenizer: Any) -> list[int]:
+    """A sentence's ids: spaCy's tokens looked up in a word Vocab, or a sentencepiece model's
+    pieces of the raw text (tokenizer unused)."""
+    if isinstance(vocab, Vocab):
+        return vocab.encode(tokenize(text, tokenizer))
+    return vocab.encode(text)
+
+
+def decode_text(ids: Sequence[int], vocab: Vocab) -> str:
+    """Plain text from output ids: detokenized words, or the sentencepiece model's decoding."""
+    if isinstance(vocab, Vocab):
+        return detokenize(vocab.lookup_tokens(ids))
+    return vocab.decode(list(ids))
 
 
 def translate(
@@ -2642,26 +2717,27 @@ def translate(
     batch_size: int = 64,
     max_len: int = 72,
     decode_batch: Callable[[list[list[int]]], list[list[int]]] | None = None,
+    allow_unk: bool = False,
 ) -> list[str]:
     """One English line per German sentence, in input order (an empty line stays empty).
 
     decode_batch turns a batch of source id lists into output id lists: greedy translate_batch
-    by default; chapter 15 passes beam search.
+    (with allow_unk) by default; chapter 15 passes beam search.
     """
     if isinstance(sentences, str):
         raise TypeError("sentences must be a list of strings, got one str: wrap it in a list")
-    src_ids = [vocab_src.encode(tokenize(s, tokenizer))[: max_len - 2] for s in sentences]
+    src_ids = [encode_text(s, vocab_src, tokenizer)[: max_len - 2] for s in sentences]
     outputs = [""] * len(sentences)
     order = sorted((i for i, ids in enumerate(src_ids) if ids), key=lambda i: len(src_ids[i]))
     for start in range(0, len(order), batch_size):  # similar lengths together: less padding
         chunk = order[start : start + batch_size]
         batch = [src_ids[i] for i in chunk]
         if decode_batch is None:
-            results = translate_batch(model, batch, max_len=max_len)
+            results = translate_batch(model, batch, max_len=max_len, allow_unk=allow_unk)
         else:
             results = decode_batch(batch)
         for i, ids in zip(chunk, results, strict=True):
-            outputs[i] = detokenize(vocab_tgt.lookup_tokens(ids))
+            outputs[i] = decode_text(ids, vocab_tgt)
     return outputs
 
 
@@ -2704,6 +2780,7 @@ def translation_table(
 import functools
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -2781,14 +2858,18 @@ def export_for_shipping(
     """Write a training checkpoint's weights in half precision, its vocabularies and notes."""
     checkpoint, folder = Path(checkpoint), Path(folder)
     state = load_checkpoint(checkpoint)
-    weights = {
-        name: tensor.half() if tensor.is_floating_point() else tensor
-        for name, tensor in state["model"].items()
-    }  # half the size of float32; load_trained_model converts back
+    halves: dict[tuple, torch.Tensor] = {}  # tied weights stay one tensor, stored once
+    weights = {}
+    for name, tensor in state["model"].items():
+        key = (tensor.data_ptr(), tensor.shape, tensor.dtype)
+        if key not in halves:
+            halves[key] = tensor.half() if tensor.is_floating_point() else tensor
+        weights[name] = halves[key]  # half the size of float32; load_trained_model converts back
     folder.mkdir(parents=True, exist_ok=True)
     save_checkpoint({"model": weights, "config": state["config"]}, folder / "model.pt")
-    for name in ("vocab_de.json", "vocab_en.json"):
-        Vocab.save(Vocab.load(checkpoint.parent / name), folder / name)
+    subwords = state["config"].get("subwords", 0) > 0
+    for name in [SUBWORD_FILE] if subwords else VOCAB_FILES:
+        shutil.copyfile(checkpoint.parent / name, folder / name)
     info = {
         "config": state["config"],
         "command": command or state.get("command"),
@@ -2831,11 +2912,10 @@ def load_trained_model(
     state = load_checkpoint(file)
     fields = TrainConfig.__dataclass_fields__
     config = TrainConfig(**{k: v for k, v in state["config"].items() if k in fields})
-    vocab_src = Vocab.load(file.parent / "vocab_de.json")
-    vocab_tgt = Vocab.load(file.parent / "vocab_en.json")
+    vocab_src, vocab_tgt = read_vocabularies(file.parent, subwords=config.subwords > 0)
     model = make_model(
         len(vocab_src), len(vocab_tgt), N=config.N, d_model=config.d_model, d_ff=config.d_ff,
-        h=config.h, dropout=0.0,
+        h=config.h, dropout=0.0, share_embeddings=config.share_embeddings,
     )
     model.load_state_dict({name: tensor.float() if tensor.is_floating_point() else tensor
                            for name, tensor in state["model"].items()})
@@ -2894,6 +2974,7 @@ class TableModel(nn.Module):
 
 # %%
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -2946,6 +3027,8 @@ def beam_search(
     beam_size: int = 4,
     alpha: float = 0.6,
     use_cache: bool = False,
+    banned: Sequence[int] = (),
+    narrowing: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The best output per sentence by log P(Y | X) / lp(Y), searching beam_size at a time.
 
@@ -2954,8 +3037,14 @@ def beam_search(
     the start symbol and holds for every sentence (an int) or for each one (a (batch,) tensor);
     an output cut short by its own max_len is padded like one that ended. use_cache=True
     gives the same output with chapter 20's key/value cache, one decoder step per token.
+    Ids in banned are never generated. The beam keeps beam_size unfinished hypotheses after
+    some finish; narrowing=True lets each finished one keep its slot instead (this book's
+    first version), so that the beam narrows.
     """
     limits = _beam_limits(src, src_mask, max_len, beam_size, alpha)
+    if end_symbol in banned:
+        raise ValueError(f"banned holds the end symbol {end_symbol}: no output could end")
+    banned_ids = torch.tensor(sorted(set(banned)), dtype=torch.long, device=src.device)
     batch, k, device = src.size(0), beam_size, src.device
     steps = int(limits.max()) - 1 if batch else 0  # the most tokens any sentence may generate
     every = torch.arange(batch, device=device)
@@ -2967,7 +3056,7 @@ def beam_search(
         ys = torch.full((batch, k, 1), start_symbol, dtype=torch.long, device=device)
         live = torch.full((batch, k), -math.inf, device=device)  # log P; -inf: not live
         live[:, 0] = 0.0  # one hypothesis to begin with: <s>
-        n_finished = torch.zeros(batch, dtype=torch.long, device=device)  # slots they hold
+        n_finished = torch.zeros(batch, dtype=torch.long, device=device)
         best_ids = torch.full((batch, steps + 1), end_symbol, dtype=torch.long, device=device)
         best_ids[:, 0] = start_symbol
         best_score = torch.full((batch,), -math.inf, device=device)
@@ -2986,34 +3075,45 @@ def beam_search(
                 out = model.decode(memory[rows[0]], src_mask[rows[0]], ys[rows],
                                    subsequent_mask(t).to(device))  # (n_live, t, d_model)
                 log_probs = model.generator(out[:, -1])  # (n_live, V)
+            log_probs[:, banned_ids] = -math.inf
             V = log_probs.size(-1)
             # 2) every extension of every live hypothesis: log P(prefix) + log p(word | prefix)
             candidates = torch.full((batch, k, V), -math.inf, device=device)
             candidates[rows] = live[rows].unsqueeze(-1) + log_probs
-            # 3) the best candidates fill the slots that finished hypotheses do not hold
-            top, index = candidates.view(batch, k * V).topk(k, dim=-1)  # (batch, k), best first
-            free = (k - n_finished).unsqueeze(-1)  # (batch, 1)
-            kept = (torch.arange(k, device=device) < free) & (top > -math.inf)  # (batch, k)
-            slot, word = index // V, index % V  # (batch, k) each
-            ys = torch.cat([ys[every.unsqueeze(-1), slot], word.unsqueeze(-1)], dim=-1)
-            if use_cache:  # the cache row of the hypothesis that each slot extends
-                row_of = torch.zeros(batch, k, dtype=torch.long, device=device)
-                row_of[rows] = torch.arange(rows[0].numel(), device=device)
-                parent = row_of[every.unsqueeze(-1), slot]  # (batch, k)
-            # 4) a kept candidate finishes with </s> or at its sentence's max_len
+            # 3) the best 2k candidates, best first: k of them may end, k others can go on
+            top, index = candidates.view(batch, k * V).topk(min(2 * k, k * V), dim=-1)
+            slot, word = index // V, index % V  # (batch, 2k) each
+            rank = torch.arange(top.size(-1), device=device)
             at_limit = (t + 1 >= limits).unsqueeze(-1)  # (batch, 1)
-            finished = kept & ((word == end_symbol) | at_limit)  # (batch, k)
+            ends = (top > -math.inf) & ((word == end_symbol) | at_limit)
+            goes = (top > -math.inf) & ~ends
+            if narrowing:  # the best candidates fill the slots that finished ones do not hold
+                kept = rank < (k - n_finished).unsqueeze(-1)  # (batch, 2k)
+                finished, goes = kept & ends, kept & goes
+            else:  # an ending candidate among the best k finishes; the best k others go on
+                finished = ends & (rank < k)
+                goes = goes & (goes.cumsum(dim=-1) <= k)
+            # 4) the finished candidates: the best of them may beat the best output so far
+            ys = torch.cat([ys[every.unsqueeze(-1), slot], word.unsqueeze(-1)], dim=-1)
             n_finished += finished.sum(dim=-1)
             score = torch.where(finished, top / length_penalty(t, alpha=alpha), -math.inf)
-            new_best, new_slot = score.max(dim=-1)  # (batch,)
+            new_best, new_pos = score.max(dim=-1)  # (batch,)
             better = new_best > best_score
             best_score = torch.where(better, new_best, best_score)
             best_len = torch.where(better, t, best_len)
-            best_ids[better, : t + 1] = ys[every, new_slot][better]
-            live = torch.where(kept & ~finished, top, -math.inf)  # (batch, k)
-            # 5) stop early: no live hypothesis can beat the best finished one any more
+            best_ids[better, : t + 1] = ys[every, new_pos][better]
+            # 5) the candidates that go on fill the k slots, in the order of their scores
+            pick = torch.argsort((~goes).to(torch.int8), dim=-1, stable=True)[:, :k]  # (batch, k)
+            live = torch.where(goes.gather(-1, pick), top.gather(-1, pick), -math.inf)
+            ys = ys[every.unsqueeze(-1), pick]  # (batch, k, t + 1)
+            if use_cache:  # the cache row of the hypothesis that each slot extends
+                row_of = torch.zeros(batch, k, dtype=torch.long, device=device)
+                row_of[rows] = torch.arange(rows[0].numel(), device=device)
+                parent = row_of[every.unsqueeze(-1), slot.gather(-1, pick)]  # (batch, k)
+            # 6) a sentence stops with k finished outputs, or when no live hypothesis can
+            # beat its best finished one any more
             bound = live.max(dim=-1).values / length_penalty(limits - 1, alpha=alpha)
-            live[best_score >= bound] = -math.inf
+            live[(best_score >= bound) | (n_finished >= k)] = -math.inf
     n_out = int(best_len.max()) + 1 if batch else 1
     return best_ids[:, :n_out], best_score  # (batch, n_out), (batch,)
 
@@ -3037,9 +3137,15 @@ def beam_translate_batch(
     bos_id: int = 0,
     eos_id: int = 1,
     pad_id: int = 2,
+    unk_id: int = 3,
     use_cache: bool = False,
+    allow_unk: bool = False,
+    narrowing: bool = False,
 ) -> list[list[int]]:
-    """Beam-search translations of id lists, each at most len(source) + extra_len tokens."""
+    """Beam-search translations of id lists, each at most len(source) + extra_len tokens.
+
+    Never <s> or padding, and <unk> only with allow_unk=True (as translate_batch).
+    """
     device = next(model.parameters()).device
     src, src_mask = source_batch(src_ids, device=device, bos_id=bos_id, eos_id=eos_id,
                                  pad_id=pad_id)
@@ -3047,7 +3153,8 @@ def beam_translate_batch(
     model.eval()
     out, _ = beam_search(model, src, src_mask, max_len=limits, start_symbol=bos_id,
                          end_symbol=eos_id, beam_size=beam_size, alpha=alpha,
-                         use_cache=use_cache)
+                         use_cache=use_cache, narrowing=narrowing,
+                         banned=never_generated(bos_id, pad_id, unk_id, allow_unk=allow_unk))
     results = []
     for row in out[:, 1:].tolist():  # drop <s>
         results.append(row[: row.index(eos_id)] if eos_id in row else row)
@@ -3066,10 +3173,13 @@ def beam_translate(
     extra_len: int = 50,
     batch_size: int = 32,
     use_cache: bool = False,
+    allow_unk: bool = False,
+    narrowing: bool = False,
 ) -> list[str]:
     """translate with beam search: one English line per German sentence, in input order."""
     decode = partial(beam_translate_batch, model, beam_size=beam_size, alpha=alpha,
-                     extra_len=extra_len, use_cache=use_cache)
+                     extra_len=extra_len, use_cache=use_cache, allow_unk=allow_unk,
+                     narrowing=narrowing)
     return translate(model, sentences, vocab_src, vocab_tgt, tokenizer, batch_size=batch_size,
                      decode_batch=decode)
 
@@ -4031,6 +4141,10 @@ def decode_step(
 
 
 # %%
+import math
+from collections.abc import Sequence
+
+
 def cached_greedy_decode(
     model: EncoderDecoder,
     src: torch.Tensor,
@@ -4038,6 +4152,8 @@ def cached_greedy_decode(
     max_len: int,
     start_symbol: int,
     end_symbol: int | None = None,
+    *,
+    banned: Sequence[int] = (),
 ) -> torch.Tensor:
     """greedy_decode's output, computed one new position per step with a DecoderCache."""
     batch = src.size(0)
@@ -4050,7 +4166,9 @@ def cached_greedy_decode(
         rows = torch.arange(batch, device=src.device)  # the sentence of each cache row
         tokens, length = ys[:, 0], 1
         for t in range(1, max_len):
-            tokens = decode_step(model, cache, tokens, t - 1).argmax(dim=-1)  # (rows,)
+            log_probs = decode_step(model, cache, tokens, t - 1)  # (rows, V)
+            log_probs[:, list(banned)] = -math.inf
+            tokens = log_probs.argmax(dim=-1)  # (rows,)
             ys[rows, t] = tokens
             length = t + 1
             if end_symbol is None:

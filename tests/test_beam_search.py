@@ -250,3 +250,69 @@ def test_beam_translate_with_beam_size_one_matches_translate_on_the_shipped_mode
     assert beam4[1] == "" and all(beam4[i] for i in (0, 2, 3))
     with pytest.raises(TypeError, match="wrap it in a list"):
         beam_translate(model, "Ein Hund.", vocab_src, vocab_tgt, tokenizer)
+
+
+def test_the_beam_keeps_k_live_hypotheses_after_one_finishes_and_narrowing_does_not():
+    # ids: 0 <s>, 1 </s>, 2 "A", 3 "B", 4 "x"; alpha=1 lets a longer output win
+    table = {
+        (): [0.0, 0.3, 0.45, 0.25, 0.0],  # the empty output takes a slot at the first step
+        (2,): [0.0, 0.33, 0.0, 0.33, 0.34],
+        (2, 4): [0.0, 1.0, 0.0, 0.0, 0.0],
+        (2, 3): [0.0, 1.0, 0.0, 0.0, 0.0],
+        (3,): [0.0, 1.0, 0.0, 0.0, 0.0],  # "B </s>": 0.25, scored log(0.25) / (7/6)
+    }
+    model = TableModel(table, vocab=5, end_symbol=EOS)
+    src, src_mask = torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 1, 3, dtype=torch.bool)
+    kwargs = {"max_len": 6, "start_symbol": BOS, "end_symbol": EOS, "beam_size": 2, "alpha": 1.0}
+    ids, score = beam_search(model, src, src_mask, **kwargs)
+    assert generated(ids[0]) == [3, EOS]  # "B" stayed in the beam beside "A"
+    assert score.item() == pytest.approx(math.log(0.25) / length_penalty(2, alpha=1.0))
+    narrow, narrow_score = beam_search(model, src, src_mask, narrowing=True, **kwargs)
+    assert generated(narrow[0]) == [EOS]  # "B" lost its slot to the empty output
+    assert narrow_score.item() == pytest.approx(math.log(0.3))
+    assert score.item() > narrow_score.item()
+
+
+@pytest.mark.parametrize("narrowing", [False, True])
+def test_with_the_cache_both_beams_give_the_same_outputs_as_without(narrowing):
+    model = tiny_model(seed=8)
+    src, src_mask = padded_batch(seed=9)
+    kwargs = {"max_len": 9, "start_symbol": BOS, "end_symbol": EOS, "beam_size": 3,
+              "narrowing": narrowing}
+    ids, score = beam_search(model, src, src_mask, **kwargs)
+    cached, cached_score = beam_search(model, src, src_mask, use_cache=True, **kwargs)
+    assert torch.equal(ids, cached)
+    assert torch.allclose(score, cached_score, atol=1e-5)
+
+
+def test_banned_ids_are_never_generated_by_greedy_or_beam_search_with_or_without_cache():
+    model = tiny_model(seed=10, eos_bias=0.0)
+    with torch.no_grad():  # make the banned ids the model's favourites
+        model.generator.proj.bias[[BOS, PAD, 3]] += 6.0
+    src, src_mask = padded_batch(seed=11)
+    banned = [BOS, PAD, 3]
+    plain = greedy_decode(model, src, src_mask, 8, BOS, end_symbol=EOS)
+    assert any(i in banned for row in plain for i in row[1:].tolist()), "test needs favourites"
+    outputs = [greedy_decode(model, src, src_mask, 8, BOS, end_symbol=EOS, banned=banned,
+                             use_cache=cache) for cache in (False, True)]
+    outputs += [beam_search(model, src, src_mask, max_len=8, start_symbol=BOS, end_symbol=EOS,
+                            banned=banned, use_cache=cache)[0] for cache in (False, True)]
+    for out in outputs:
+        assert not any(i in banned for row in out for i in row[1:].tolist())
+    assert torch.equal(outputs[0], outputs[1]) and torch.equal(outputs[2], outputs[3])
+    with pytest.raises(ValueError, match="end symbol"):
+        beam_search(model, src, src_mask, max_len=8, start_symbol=BOS, end_symbol=EOS,
+                    banned=[EOS])
+
+
+def test_translate_never_writes_unk_unless_asked_on_the_shipped_model():
+    model, vocab_src, vocab_tgt, _ = load_trained_model()
+    tokenizer = load_tokenizers()[0]
+    with torch.no_grad():  # a model that would rather say <unk> than anything else
+        model.generator.proj.bias[3] += 20.0
+    sentence = ["Ein Hund rennt durch den Schnee."]
+    for decode in (translate, beam_translate):
+        assert "<unk>" in decode(model, sentence, vocab_src, vocab_tgt, tokenizer,
+                                 allow_unk=True)[0]
+        text = decode(model, sentence, vocab_src, vocab_tgt, tokenizer)[0]
+        assert text and not any(s in text for s in ("<unk>", "<s>", "<blank>"))

@@ -411,6 +411,10 @@ line_chart(rows, x="layer:O", y="gradient norm:Q", color="model:N", column="stac
 # the simple version here is the one to read.
 
 # %% tags=["export"]
+import math
+from collections.abc import Sequence
+
+
 def greedy_decode(
     model: EncoderDecoder,
     src: torch.Tensor,
@@ -420,11 +424,13 @@ def greedy_decode(
     end_symbol: int | None = None,
     *,
     use_cache: bool = False,
+    banned: Sequence[int] = (),
 ) -> torch.Tensor:
     """Most likely token at each step for a batch; (batch, <= max_len) ids from start_symbol.
 
     A sequence that has produced `end_symbol` is padded with `end_symbol` until all have ended.
-    use_cache=True gives the same ids with chapter 20's key/value cache, one step per token.
+    Ids in banned are never chosen (chapter 14 bans <s>, padding and <unk>). use_cache=True
+    gives the same ids with chapter 20's key/value cache, one step per token.
     """
     if src.dim() != 2:
         raise ValueError(f"src must have shape (batch, n_src), got {tuple(src.shape)}")
@@ -432,7 +438,7 @@ def greedy_decode(
         raise ValueError(f"max_len must be at least 1 (the start symbol), got {max_len}")
     if use_cache:  # defined in chapter 20, which builds on this chapter
         return cached_greedy_decode(  # noqa: F821
-            model, src, src_mask, max_len, start_symbol, end_symbol
+            model, src, src_mask, max_len, start_symbol, end_symbol, banned=banned
         )
     batch = src.size(0)
     with torch.no_grad():
@@ -442,7 +448,9 @@ def greedy_decode(
         for _ in range(max_len - 1):
             tgt_mask = subsequent_mask(ys.size(1)).to(src.device)  # (1, n, n)
             out = model.decode(memory, src_mask, ys, tgt_mask)  # (batch, n, d_model)
-            next_word = model.generator(out[:, -1]).argmax(dim=-1)  # (batch,)
+            log_probs = model.generator(out[:, -1])  # (batch, vocab)
+            log_probs[:, list(banned)] = -math.inf
+            next_word = log_probs.argmax(dim=-1)  # (batch,)
             if end_symbol is not None:
                 next_word = next_word.masked_fill(done, end_symbol)
                 done = done | (next_word == end_symbol)

@@ -123,6 +123,8 @@ class TrainConfig:
     val_limit: int | None = None  # the same for the validation pairs
     keep_epochs: int = 0  # also keep the weights of the last keep_epochs epochs, for averaging
     bleu_every: int = 1  # greedy validation BLEU every bleu_every epochs (0: never); keeps best.pt
+    subwords: int = 0  # 0: two word vocabularies; else one joint sentencepiece vocabulary this big
+    share_embeddings: bool = False  # one matrix for both embeddings and the generator (§3.4)
 
     def __post_init__(self) -> None:
         for name in ("N", "d_model", "d_ff", "h", "max_tokens", "accum_iter", "epochs", "warmup"):
@@ -131,10 +133,12 @@ class TrainConfig:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.d_model % self.h:
             raise ValueError(f"d_model={self.d_model} is not divisible by h={self.h} heads")
-        for name in ("keep_epochs", "bleu_every"):
+        for name in ("keep_epochs", "bleu_every", "subwords"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        if self.share_embeddings and not self.subwords:
+            raise ValueError("share_embeddings=True needs one joint vocabulary: set subwords > 0")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
         if not 0.0 <= self.label_smoothing < 1.0:
@@ -151,6 +155,12 @@ def training_config(name: str, **overrides) -> TrainConfig:
         ),
         # The paper's base model; batch (per GPU) and warmup sized for Multi30k.
         "base": TrainConfig(),
+        # The cpu preset with one joint subword vocabulary and tied embeddings (chapter 17).
+        "cpu_subword": TrainConfig(
+            N=3, d_model=256, d_ff=1024, h=8, dropout=0.1, max_tokens=1500, accum_iter=1,
+            epochs=12, warmup=1000, lr_factor=0.5, subwords=8000, share_embeddings=True,
+            checkpoint_dir="checkpoints/multi30k_cpu_subword",
+        ),
     }
     if name not in presets:
         raise ValueError(f"name must be one of {', '.join(presets)}, got {name!r}")
@@ -341,6 +351,7 @@ PAD_ID = SPECIALS.index("<blank>")  # 2
 
 
 VOCAB_FILES = ("vocab_de.json", "vocab_en.json")
+SUBWORD_FILE = "subwords.model"  # one sentencepiece model for both languages (chapter 17)
 
 
 def multi30k_vocabularies(
@@ -352,29 +363,55 @@ def multi30k_vocabularies(
 ) -> tuple[Vocab, Vocab]:
     """German and English vocabularies built from the training pairs (Multi30k's by default).
 
-    With save=True they are also written into the checkpoint folder, replacing what is there.
+    Two word Vocabs, or with config.subwords one sentencepiece model (chapter 17) that serves
+    as both. With save=True they are also written into the checkpoint folder, replacing what
+    is there.
     """
     if pairs is None:  # train only: val and test stay unseen
         pairs = load_multi30k("train")[: config.train_limit]
-    token_pairs = tokenize_pairs(pairs, *tokenizers)
-    vocab_src = Vocab.build([src for src, _ in token_pairs], min_freq=config.min_freq)
-    vocab_tgt = Vocab.build([tgt for _, tgt in token_pairs], min_freq=config.min_freq)
+    if config.subwords:
+        sp = train_sentencepiece(  # noqa: F821 (chapter 17)
+            [sentence for pair in pairs for sentence in pair], vocab_size=config.subwords
+        )
+        vocabs = (sp, sp)
+        writers = {SUBWORD_FILE: lambda path: Path(path).write_bytes(sp.serialized_model_proto())}
+    else:
+        token_pairs = tokenize_pairs(pairs, *tokenizers)
+        vocabs = tuple(Vocab.build([pair[side] for pair in token_pairs], min_freq=config.min_freq)
+                       for side in (0, 1))
+        writers = dict(zip(VOCAB_FILES, (vocab.save for vocab in vocabs), strict=True))
     if save:
         folder = Path(config.checkpoint_dir)
         folder.mkdir(parents=True, exist_ok=True)
-        for vocab, name in zip((vocab_src, vocab_tgt), VOCAB_FILES, strict=True):
+        for name, write in writers.items():
             tmp = folder / f".{name}.{os.getpid()}.tmp"
-            vocab.save(tmp)
+            write(tmp)
             os.replace(tmp, folder / name)  # like checkpoints: a reader never sees half a file
-    return vocab_src, vocab_tgt
+    return vocabs
 
 
-def read_vocabularies(folder: str | os.PathLike) -> tuple[Vocab, Vocab]:
-    """The vocabularies a run wrote into its checkpoint folder (for resuming, translating)."""
-    paths = [Path(folder) / name for name in VOCAB_FILES]
+def load_subwords(path: str | os.PathLike) -> Any:
+    """A sentencepiece model from its file, or a one-line error that names the file."""
+    import sentencepiece as spm
+
+    try:
+        return spm.SentencePieceProcessor(model_file=str(path))
+    except (OSError, RuntimeError) as err:
+        raise ValueError(f"{path} is not a readable sentencepiece model ({err})") from err
+
+
+def read_vocabularies(folder: str | os.PathLike, *, subwords: bool = False
+                      ) -> tuple[Vocab, Vocab]:
+    """The vocabularies a run wrote into its checkpoint folder (for resuming, translating):
+    the two word vocabularies, or with subwords=True the one sentencepiece model, twice."""
+    names = [SUBWORD_FILE] if subwords else list(VOCAB_FILES)
+    paths = [Path(folder) / name for name in names]
     missing = [str(path) for path in paths if not path.is_file()]
     if missing:
         raise FileNotFoundError(f"the run's vocabularies are missing: {', '.join(missing)}")
+    if subwords:
+        sp = load_subwords(paths[0])
+        return sp, sp
     return Vocab.load(paths[0]), Vocab.load(paths[1])
 
 
@@ -401,7 +438,10 @@ def encode_examples(
     max_len: int,
 ) -> list[tuple[list[int], list[int]]]:
     """Sentence pairs as id lists, without pairs longer than max_len."""
-    examples = encode_pairs(tokenize_pairs(pairs, *tokenizers), vocab_src, vocab_tgt)
+    if isinstance(vocab_src, Vocab):
+        examples = encode_pairs(tokenize_pairs(pairs, *tokenizers), vocab_src, vocab_tgt)
+    else:  # sentencepiece: raw text in, ids out
+        examples = [(vocab_src.encode(de), vocab_tgt.encode(en)) for de, en in pairs]
     return filter_by_length(examples, max_len=max_len)[0]
 
 
@@ -913,7 +953,7 @@ def load_data(
 
     def vocabularies() -> tuple[Vocab, Vocab]:
         if resuming:  # the ids the checkpoint's embeddings were trained with
-            return read_vocabularies(config.checkpoint_dir)
+            return read_vocabularies(config.checkpoint_dir, subwords=config.subwords > 0)
         return multi30k_vocabularies(config, tokenizers, pairs=pairs["train"])
 
     vocab_src, vocab_tgt = from_rank0(process, vocabularies)
@@ -935,7 +975,7 @@ def build_training(
     torch.manual_seed(config.seed)
     model = make_model(
         src_vocab, tgt_vocab, N=config.N, d_model=config.d_model, d_ff=config.d_ff,
-        h=config.h, dropout=config.dropout,
+        h=config.h, dropout=config.dropout, share_embeddings=config.share_embeddings,
     ).to(process.device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -1343,6 +1383,12 @@ def source_batch(
     return src, (src != pad_id).unsqueeze(-2)  # (batch, n_src), (batch, 1, n_src)
 
 
+def never_generated(bos_id: int = 0, pad_id: int = 2, unk_id: int = 3, *,
+                    allow_unk: bool = False) -> list[int]:
+    """The ids a translation must not contain: <s> and padding, and <unk> unless allowed."""
+    return [bos_id, pad_id] + ([] if allow_unk else [unk_id])
+
+
 def translate_batch(
     model: nn.Module,
     src_ids: Sequence[Sequence[int]],
@@ -1351,17 +1397,38 @@ def translate_batch(
     bos_id: int = 0,
     eos_id: int = 1,
     pad_id: int = 2,
+    unk_id: int = 3,
+    allow_unk: bool = False,
 ) -> list[list[int]]:
-    """Greedy translations of a batch of id lists, without `<s>` and cut at `</s>`."""
+    """Greedy translations of a batch of id lists, without `<s>` and cut at `</s>`.
+
+    <s> and padding are never generated, and <unk> only with allow_unk=True.
+    """
     device = next(model.parameters()).device
     src, src_mask = source_batch(src_ids, device=device, bos_id=bos_id, eos_id=eos_id,
                                  pad_id=pad_id)
     model.eval()
-    out = greedy_decode(model, src, src_mask, max_len, bos_id, end_symbol=eos_id)
+    out = greedy_decode(model, src, src_mask, max_len, bos_id, end_symbol=eos_id,
+                        banned=never_generated(bos_id, pad_id, unk_id, allow_unk=allow_unk))
     results = []
     for row in out[:, 1:].tolist():  # drop <s>
         results.append(row[: row.index(eos_id)] if eos_id in row else row)
     return results
+
+
+def encode_text(text: str, vocab: Vocab, tokenizer: Any) -> list[int]:
+    """A sentence's ids: spaCy's tokens looked up in a word Vocab, or a sentencepiece model's
+    pieces of the raw text (tokenizer unused)."""
+    if isinstance(vocab, Vocab):
+        return vocab.encode(tokenize(text, tokenizer))
+    return vocab.encode(text)
+
+
+def decode_text(ids: Sequence[int], vocab: Vocab) -> str:
+    """Plain text from output ids: detokenized words, or the sentencepiece model's decoding."""
+    if isinstance(vocab, Vocab):
+        return detokenize(vocab.lookup_tokens(ids))
+    return vocab.decode(list(ids))
 
 
 def translate(
@@ -1374,26 +1441,27 @@ def translate(
     batch_size: int = 64,
     max_len: int = 72,
     decode_batch: Callable[[list[list[int]]], list[list[int]]] | None = None,
+    allow_unk: bool = False,
 ) -> list[str]:
     """One English line per German sentence, in input order (an empty line stays empty).
 
     decode_batch turns a batch of source id lists into output id lists: greedy translate_batch
-    by default; chapter 15 passes beam search.
+    (with allow_unk) by default; chapter 15 passes beam search.
     """
     if isinstance(sentences, str):
         raise TypeError("sentences must be a list of strings, got one str: wrap it in a list")
-    src_ids = [vocab_src.encode(tokenize(s, tokenizer))[: max_len - 2] for s in sentences]
+    src_ids = [encode_text(s, vocab_src, tokenizer)[: max_len - 2] for s in sentences]
     outputs = [""] * len(sentences)
     order = sorted((i for i, ids in enumerate(src_ids) if ids), key=lambda i: len(src_ids[i]))
     for start in range(0, len(order), batch_size):  # similar lengths together: less padding
         chunk = order[start : start + batch_size]
         batch = [src_ids[i] for i in chunk]
         if decode_batch is None:
-            results = translate_batch(model, batch, max_len=max_len)
+            results = translate_batch(model, batch, max_len=max_len, allow_unk=allow_unk)
         else:
             results = decode_batch(batch)
         for i, ids in zip(chunk, results, strict=True):
-            outputs[i] = detokenize(vocab_tgt.lookup_tokens(ids))
+            outputs[i] = decode_text(ids, vocab_tgt)
     return outputs
 
 
@@ -1523,6 +1591,7 @@ line_chart(losses, x="epoch:O", y="loss:Q", color="split:N", y_scale={"zero": Fa
 import functools
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -1600,14 +1669,18 @@ def export_for_shipping(
     """Write a training checkpoint's weights in half precision, its vocabularies and notes."""
     checkpoint, folder = Path(checkpoint), Path(folder)
     state = load_checkpoint(checkpoint)
-    weights = {
-        name: tensor.half() if tensor.is_floating_point() else tensor
-        for name, tensor in state["model"].items()
-    }  # half the size of float32; load_trained_model converts back
+    halves: dict[tuple, torch.Tensor] = {}  # tied weights stay one tensor, stored once
+    weights = {}
+    for name, tensor in state["model"].items():
+        key = (tensor.data_ptr(), tensor.shape, tensor.dtype)
+        if key not in halves:
+            halves[key] = tensor.half() if tensor.is_floating_point() else tensor
+        weights[name] = halves[key]  # half the size of float32; load_trained_model converts back
     folder.mkdir(parents=True, exist_ok=True)
     save_checkpoint({"model": weights, "config": state["config"]}, folder / "model.pt")
-    for name in ("vocab_de.json", "vocab_en.json"):
-        Vocab.save(Vocab.load(checkpoint.parent / name), folder / name)
+    subwords = state["config"].get("subwords", 0) > 0
+    for name in [SUBWORD_FILE] if subwords else VOCAB_FILES:
+        shutil.copyfile(checkpoint.parent / name, folder / name)
     info = {
         "config": state["config"],
         "command": command or state.get("command"),
@@ -1650,11 +1723,10 @@ def load_trained_model(
     state = load_checkpoint(file)
     fields = TrainConfig.__dataclass_fields__
     config = TrainConfig(**{k: v for k, v in state["config"].items() if k in fields})
-    vocab_src = Vocab.load(file.parent / "vocab_de.json")
-    vocab_tgt = Vocab.load(file.parent / "vocab_en.json")
+    vocab_src, vocab_tgt = read_vocabularies(file.parent, subwords=config.subwords > 0)
     model = make_model(
         len(vocab_src), len(vocab_tgt), N=config.N, d_model=config.d_model, d_ff=config.d_ff,
-        h=config.h, dropout=0.0,
+        h=config.h, dropout=0.0, share_embeddings=config.share_embeddings,
     )
     model.load_state_dict({name: tensor.float() if tensor.is_floating_point() else tensor
                            for name, tensor in state["model"].items()})

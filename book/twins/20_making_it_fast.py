@@ -174,6 +174,10 @@ def decode_step(
 # `greedy_decode(..., use_cache=True)` calls it.
 
 # %% tags=["export"]
+import math
+from collections.abc import Sequence
+
+
 def cached_greedy_decode(
     model: EncoderDecoder,
     src: torch.Tensor,
@@ -181,6 +185,8 @@ def cached_greedy_decode(
     max_len: int,
     start_symbol: int,
     end_symbol: int | None = None,
+    *,
+    banned: Sequence[int] = (),
 ) -> torch.Tensor:
     """greedy_decode's output, computed one new position per step with a DecoderCache."""
     batch = src.size(0)
@@ -193,7 +199,9 @@ def cached_greedy_decode(
         rows = torch.arange(batch, device=src.device)  # the sentence of each cache row
         tokens, length = ys[:, 0], 1
         for t in range(1, max_len):
-            tokens = decode_step(model, cache, tokens, t - 1).argmax(dim=-1)  # (rows,)
+            log_probs = decode_step(model, cache, tokens, t - 1)  # (rows, V)
+            log_probs[:, list(banned)] = -math.inf
+            tokens = log_probs.argmax(dim=-1)  # (rows,)
             ys[rows, t] = tokens
             length = t + 1
             if end_symbol is None:
