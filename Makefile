@@ -10,7 +10,7 @@
 #   make clean   remove what the build made (keeps .venv; `make distclean` removes it too)
 #   make train   train the Multi30k model: CONFIG=cpu|base DEVICES=1 EPOCHS= RESUME=1
 #   make translate   German on stdin, English on stdout (CHECKPOINT= to pick another model)
-#   make bench   training and decoding speed of the readable and fast paths (chapter 20),
+#   make bench   training and decoding speed of the readable and fast paths (chapter 21),
 #                about 10 minutes on a CPU; writes book/data/bench_cpu.json (or _cuda)
 #   make bench-quick   the same rows at tiny sizes, in under a minute
 # Each target first sets up .venv (tools/setup_env.sh) with the layer it needs, so any of them
@@ -41,8 +41,8 @@ DEVICES ?= 1
 # of the chapters' nbval time).
 OTHER_KERNELS := $(addprefix book/,05_full_model.ipynb 08_training_loop.ipynb \
 	11_regularization.ipynb 12_copy_task.ipynb 13_sort_task.ipynb 14_multi30k_training.ipynb \
-	18_model_variations.ipynb 19_constituency_parsing.ipynb 22_attention_visualization.ipynb \
-	23_what_came_after.ipynb)
+	19_model_variations.ipynb 20_constituency_parsing.ipynb 23_attention_visualization.ipynb \
+	24_what_came_after.ipynb)
 
 .PHONY: book test nbval test-portable test-cli-layer sync lint lock clean distclean setup train \
 	translate bench bench-quick

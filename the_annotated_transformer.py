@@ -545,13 +545,13 @@ def greedy_decode(
 
     A sequence that has produced `end_symbol` is padded with `end_symbol` until all have ended.
     Ids in banned are never chosen (chapter 14 bans <s>, padding and <unk>). use_cache=True
-    gives the same ids with chapter 20's key/value cache, one step per token.
+    gives the same ids with chapter 21's key/value cache, one step per token.
     """
     if src.dim() != 2:
         raise ValueError(f"src must have shape (batch, n_src), got {tuple(src.shape)}")
     if max_len < 1:
         raise ValueError(f"max_len must be at least 1 (the start symbol), got {max_len}")
-    if use_cache:  # defined in chapter 20, which builds on this chapter
+    if use_cache:  # defined in chapter 21, which builds on this chapter
         return cached_greedy_decode(  # noqa: F821
             model, src, src_mask, max_len, start_symbol, end_symbol, banned=banned
         )
@@ -3036,7 +3036,7 @@ def beam_search(
     end_symbol after the end as greedy_decode's are, and their scores (batch,). max_len counts
     the start symbol and holds for every sentence (an int) or for each one (a (batch,) tensor);
     an output cut short by its own max_len is padded like one that ended. use_cache=True
-    gives the same output with chapter 20's key/value cache, one decoder step per token.
+    gives the same output with chapter 21's key/value cache, one decoder step per token.
     Ids in banned are never generated. The beam keeps beam_size unfinished hypotheses after
     some finish; narrowing=True lets each finished one keep its slot instead (this book's
     first version), so that the beam narrows.
@@ -3050,7 +3050,7 @@ def beam_search(
     every = torch.arange(batch, device=device)
     with torch.no_grad():
         memory = model.encode(src, src_mask)  # (batch, n_src, d_model), once per sentence
-        if use_cache:  # chapter 20's cache: a row per sentence, then per live hypothesis
+        if use_cache:  # chapter 21's cache: a row per sentence, then per live hypothesis
             cache = DecoderCache(model, memory, src_mask)  # noqa: F821
             parent = every.unsqueeze(-1).expand(batch, k)  # (batch, k): each slot's row
         ys = torch.full((batch, k, 1), start_symbol, dtype=torch.long, device=device)
@@ -3531,7 +3531,7 @@ def vocabulary_chart(rows: Sequence[Mapping[str, Any]], *, title: str, subtitle:
 
 
 # %% [markdown]
-# ## From book/18_model_variations.ipynb
+# ## From book/19_model_variations.ipynb
 
 
 # %%
@@ -3670,7 +3670,7 @@ def variations_chart(
 
 
 # %% [markdown]
-# ## From book/19_constituency_parsing.ipynb
+# ## From book/20_constituency_parsing.ipynb
 
 
 # %%
@@ -4046,7 +4046,7 @@ def data_fraction_chart(records: Sequence[dict]) -> Any:
 
 
 # %% [markdown]
-# ## From book/20_making_it_fast.ipynb
+# ## From book/21_making_it_fast.ipynb
 
 
 # %%
@@ -4247,7 +4247,7 @@ def use_fast_path(model: nn.Module, enabled: bool = True) -> nn.Module:
     """Switch the model's attention and embeddings to the fast classes (or back), in place.
 
     Only each module's class changes: parameters, buffers and the state dict stay as they are,
-    so a checkpoint of either path loads into the other. Subclasses (chapter 18's
+    so a checkpoint of either path loads into the other. Subclasses (chapter 19's
     KeySizeAttention) are left alone. Returns the model.
     """
     for module in model.modules():
@@ -4347,7 +4347,7 @@ def bench_chart(results: dict[str, Any]) -> Any:
 
 
 # %% [markdown]
-# ## From book/21_transformer_as_a_graph.ipynb
+# ## From book/22_transformer_as_a_graph.ipynb
 
 
 # %%
@@ -4557,7 +4557,7 @@ class SparseEncoder(nn.Module):
 
 
 # %% [markdown]
-# ## From book/22_attention_visualization.ipynb
+# ## From book/23_attention_visualization.ipynb
 
 
 # %%
@@ -4664,7 +4664,7 @@ def attention_summary_chart(summary: Sequence[dict[str, Any]], *, cell: int = 26
 
 
 # %% [markdown]
-# ## From book/23_what_came_after.ipynb
+# ## From book/24_what_came_after.ipynb
 
 
 # %%
@@ -4860,7 +4860,7 @@ def sample(
 
 
 # %% [markdown]
-# ## From book/24_universal_transformer.ipynb
+# ## From book/25_universal_transformer.ipynb
 
 
 # %%

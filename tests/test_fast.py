@@ -1,4 +1,4 @@
-"""Chapter 20's fast paths give the readable path's results: cache, fused attention, loss."""
+"""Chapter 21's fast paths give the readable path's results: cache, fused attention, loss."""
 
 import copy
 

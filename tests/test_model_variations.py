@@ -1,4 +1,4 @@
-"""Chapter 18's model variants: a key size d_k of its own (Table 3, row B), other positions (E)."""
+"""Chapter 19's model variants: a key size d_k of its own (Table 3, row B), other positions (E)."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Chapter 19: the treebank reader, linearization, repair, the file split and bracket F1."""
+"""Chapter 20: the treebank reader, linearization, repair, the file split and bracket F1."""
 
 import zipfile
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""Measure what chapter 20's fast paths buy: training and decoding speed, in one process.
+"""Measure what chapter 21's fast paths buy: training and decoding speed, in one process.
 
     python tools/bench.py          # `make bench`: the cpu preset and the paper's base size
     python tools/bench.py --quick  # `make bench-quick`: the same rows, tiny, in seconds

@@ -12,7 +12,7 @@ the model translates at once is split into pieces, translated piece by piece, an
 By default the book's shipped model (book/models/multi30k_cpu) translates; --checkpoint takes a
 folder from export_for_shipping or a model.pt / last.pt file with vocab_de.json and
 vocab_en.json beside it. Decoding is the paper's beam search (beam 4, length penalty alpha
-0.6; chapter 15) with chapter 20's key/value cache; --beam 1 gives greedy decoding. A user
+0.6; chapter 15) with chapter 21's key/value cache; --beam 1 gives greedy decoding. A user
 error (a bad flag, a missing or corrupt checkpoint, bad input with --stop-on-bad-input) ends
 with one line on stderr and exit status 1 (2 for a bad flag).
 """
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None, stdin: BinaryIO | None = None,
     print(f"translating {len(lines)} lines", file=sys.stderr)
     outputs = beam_translate(model, pieces, vocab_src, vocab_tgt, german, beam_size=args.beam,
                              alpha=args.alpha, batch_size=args.batch_size,
-                             use_cache=True)  # chapter 20's key/value cache
+                             use_cache=True)  # chapter 21's key/value cache
     joined = [[] for _ in lines]
     for number, text in zip(owner, outputs, strict=True):
         joined[number].append(text.replace("\n", " "))

@@ -218,7 +218,7 @@ print("and variance 1:", torch.allclose(y.var(-1, unbiased=False), torch.ones(2,
 # In pre-norm the residual path from the embeddings to the top of the stack is never
 # normalized, just added to; {cite:t}`xiong2020layer` show that this keeps the gradients at the
 # start of training well-scaled, so pre-norm models need less care with the learning-rate
-# warm-up, whereas post-norm models can diverge without it (chapter 18 trains both, with and
+# warm-up, whereas post-norm models can diverge without it (chapter 19 trains both, with and
 # without warm-up, and shows it happen). Because nothing normalizes the
 # residual stream in pre-norm, each stack then ends with one final layer norm; in post-norm the
 # last block's output is already normalized and the extra norm would be redundant.

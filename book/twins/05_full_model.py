@@ -388,7 +388,7 @@ line_chart(rows, x="layer:O", y="gradient norm:Q", color="model:N", column="stac
 # (chapter 10): at full learning rate, the large gradients near the output would make steps
 # too big for the top layers. In the pre-norm model the gradients stay within a factor of
 # about 2.5 of each other, decreasing slowly with depth, and {cite:t}`xiong2020layer` train
-# such models without warm-up. Gradients at initialization are only a prediction; chapter 18
+# such models without warm-up. Gradients at initialization are only a prediction; chapter 19
 # trains both models on the sort task, with and without warm-up, and the post-norm model
 # without warm-up is the one that fails to learn.
 #
@@ -407,7 +407,7 @@ line_chart(rows, x="layer:O", y="gradient norm:Q", color="model:N", column="stac
 #
 # Decoding recomputes the decoder over the whole prefix at every step, so it costs
 # $O(n^2)$ decoder positions for $n$ tokens. Production implementations cache each layer's keys
-# and values to avoid that; chapter 20 does so (`greedy_decode(..., use_cache=True)`), and
+# and values to avoid that; chapter 21 does so (`greedy_decode(..., use_cache=True)`), and
 # the simple version here is the one to read.
 
 # %% tags=["export"]
@@ -430,13 +430,13 @@ def greedy_decode(
 
     A sequence that has produced `end_symbol` is padded with `end_symbol` until all have ended.
     Ids in banned are never chosen (chapter 14 bans <s>, padding and <unk>). use_cache=True
-    gives the same ids with chapter 20's key/value cache, one step per token.
+    gives the same ids with chapter 21's key/value cache, one step per token.
     """
     if src.dim() != 2:
         raise ValueError(f"src must have shape (batch, n_src), got {tuple(src.shape)}")
     if max_len < 1:
         raise ValueError(f"max_len must be at least 1 (the start symbol), got {max_len}")
-    if use_cache:  # defined in chapter 20, which builds on this chapter
+    if use_cache:  # defined in chapter 21, which builds on this chapter
         return cached_greedy_decode(  # noqa: F821
             model, src, src_mask, max_len, start_symbol, end_symbol, banned=banned
         )

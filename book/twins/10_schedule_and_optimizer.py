@@ -209,7 +209,7 @@ for name, config in configs.items():
 # full-size updates then can throw a Transformer into a region it does not recover from.
 # {cite:t}`xiong2020layer` trace this to where the layer norms sit, and show that the layer
 # arrangement this book uses (norm before each sub-layer, chapter 2) depends on warmup less.
-# Chapter 18 puts this to the test on the sort task: without warm-up, the paper's post-norm
+# Chapter 19 puts this to the test on the sort task: without warm-up, the paper's post-norm
 # model learns nothing in 250 steps, while the pre-norm model still learns, only more slowly.
 # The factor $d_{\text{model}}^{-0.5}$ makes wider models take smaller steps.
 #

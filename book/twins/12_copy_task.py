@@ -347,7 +347,7 @@ for src_row, out_row in zip(sample.src.tolist(), ys.tolist(), strict=True):
 # decoder-to-source attention (target positions look at the encoder's output). One forward pass
 # fills all of them. `attention_maps` makes that pass, *teacher-forced* on a known target and
 # in evaluation mode, stacks the layers, and cuts each sequence of a padded batch back to its
-# real length, so that no row or column belongs to padding. Chapter 22 uses the same functions
+# real length, so that no row or column belongs to padding. Chapter 23 uses the same functions
 # on translation and reads the maps in more depth.
 
 # %% tags=["export"]

@@ -293,7 +293,7 @@ def beam_search(
     end_symbol after the end as greedy_decode's are, and their scores (batch,). max_len counts
     the start symbol and holds for every sentence (an int) or for each one (a (batch,) tensor);
     an output cut short by its own max_len is padded like one that ended. use_cache=True
-    gives the same output with chapter 20's key/value cache, one decoder step per token.
+    gives the same output with chapter 21's key/value cache, one decoder step per token.
     Ids in banned are never generated. The beam keeps beam_size unfinished hypotheses after
     some finish; narrowing=True lets each finished one keep its slot instead (this book's
     first version), so that the beam narrows.
@@ -307,7 +307,7 @@ def beam_search(
     every = torch.arange(batch, device=device)
     with torch.no_grad():
         memory = model.encode(src, src_mask)  # (batch, n_src, d_model), once per sentence
-        if use_cache:  # chapter 20's cache: a row per sentence, then per live hypothesis
+        if use_cache:  # chapter 21's cache: a row per sentence, then per live hypothesis
             cache = DecoderCache(model, memory, src_mask)  # noqa: F821
             parent = every.unsqueeze(-1).expand(batch, k)  # (batch, k): each slot's row
         ys = torch.full((batch, k, 1), start_symbol, dtype=torch.long, device=device)

@@ -51,7 +51,8 @@ enable_book_charts()
 #   {cite}`elliott2016multi30k`, trained on a CPU or on one or many GPUs, with checkpoints that
 #   survive interruptions, and scored with sacreBLEU {cite}`post2018call`; then the three things
 #   the paper did to get more out of a trained model: beam search with a length penalty,
-#   averaging the last checkpoints, and subword vocabularies; a miniature of the paper's table
+#   averaging the last checkpoints, and subword vocabularies; all of them together in the
+#   paper's own recipe, with a table of results (section 6.1); a miniature of the paper's table
 #   of model variations; English constituency parsing with the same model (section 6.3); and
 #   how to make the model fast, measured: a key/value cache for decoding, fused attention and
 #   a benchmark.

@@ -712,4 +712,4 @@ data_fraction_chart(records)
 # repairing delinearization (tested on all 3,914 trees of the sample), a file-based split, an
 # `evalb`-style scorer tested on hand-made trees, training with `make_model` and decoding with
 # chapter 15's beam search, and pictures of the trees it predicts. The next chapter turns from
-# what the model can learn to how fast it runs: chapter 20 makes it fast.
+# what the model can learn to how fast it runs: chapter 21 makes it fast.

@@ -286,7 +286,7 @@ for row in beam[1][:, 1:].tolist():
 # `FastMultiHeadedAttention` is `MultiHeadedAttention` with only its `forward` changed: the
 # same four linear maps, so a state dict moves between the two unchanged, and the fused call
 # in place of `attention`. It does not keep the weights, which is the point; but chapter 12's
-# `attention_maps` and chapter 22's pictures read `.attn` after a forward pass. So the module
+# `attention_maps` and chapter 23's pictures read `.attn` after a forward pass. So the module
 # keeps a reference to the last queries and keys (tensors the pass made anyway) and `.attn`
 # computes the weights from them when, and only when, someone reads it. Those are the weights
 # before dropout, which is what `attention_maps` wants (it runs the model in eval mode).
@@ -364,7 +364,7 @@ def use_fast_path(model: nn.Module, enabled: bool = True) -> nn.Module:
     """Switch the model's attention and embeddings to the fast classes (or back), in place.
 
     Only each module's class changes: parameters, buffers and the state dict stay as they are,
-    so a checkpoint of either path loads into the other. Subclasses (chapter 18's
+    so a checkpoint of either path loads into the other. Subclasses (chapter 19's
     KeySizeAttention) are left alone. Returns the model.
     """
     for module in model.modules():

@@ -44,7 +44,7 @@ enable_book_charts()
 # model can be watched learning in seconds. **Part III** applied it to real data: German to
 # English translation on Multi30k, the beam search and checkpoint averaging of §6.1, subword
 # vocabularies, a miniature of the variations of Table 3 (§6.2), and constituency parsing
-# (§6.3); chapter 20 measures how to make it run fast. **Part IV** went beyond the paper:
+# (§6.3); chapter 21 measures how to make it run fast. **Part IV** went beyond the paper:
 # attention written as message passing on a graph, with the whole trained model run on packed
 # sentences and a sparse pattern timed against dense attention; tools that draw a trained
 # model's attention; a decoder-only language model with rotary positions, built from the
@@ -125,16 +125,16 @@ pd.DataFrame(rows, columns=["what", "paper", "this book", "chapter"]).set_index(
 #   book was executed without them.
 # - **The big model and English-French.** The same code builds them; training them is out of
 #   reach for the same reason, 36 million English-French sentence pairs.
-# - **Table 3 on translation.** Each row of Table 3 is a full training run on WMT; chapter 18
+# - **Table 3 on translation.** Each row of Table 3 is a full training run on WMT; chapter 19
 #   replaced translation by sorting to run all rows in minutes, and some of its findings do
 #   not transfer (dropout and learned positions behaved differently on the small task).
 # - **Parsing at the paper's scale.** The full Wall Street Journal treebank is licensed, and
-#   the semi-supervised 92.7 needs 17 million automatically parsed sentences. Chapter 19 uses
+#   the semi-supervised 92.7 needs 17 million automatically parsed sentences. Chapter 20 uses
 #   NLTK's free 10% sample, short sentences and gold part-of-speech tags as input.
 #
 # ## Where to go next
 #
-# Chapter 23 sketched what came after the paper; here is where to read more. The paper's plan
+# Chapter 24 sketched what came after the paper; here is where to read more. The paper's plan
 # came true within a few years. Pre-training a Transformer on raw text and
 # then fine-tuning it became the standard recipe: the encoder alone in BERT
 # {cite}`devlin2019bert`, the decoder alone in GPT-2 {cite}`radford2019language`, and the full

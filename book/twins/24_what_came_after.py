@@ -31,7 +31,7 @@
 # one of the paper.
 #
 # * **Pre-norm** (chapter 2): layer norm before each sublayer instead of after the residual
-#   sum {cite}`xiong2020layer`. It trains without warm-up and in deep stacks; chapter 18 shows
+#   sum {cite}`xiong2020layer`. It trains without warm-up and in deep stacks; chapter 19 shows
 #   the paper's post-norm stuck without warm-up. This book uses pre-norm by default.
 # * **Learned and rotary positions** (chapter 4): learned position vectors (GPT, BERT; chapter
 #   18's row E) and, later, *rotary* positions {cite}`su2021roformer`, which rotate queries and
@@ -43,9 +43,9 @@
 #   `PositionwiseFeedForward`): the hidden layer is the product of two projections, one passed
 #   through a smooth activation, which gates the other; $d_{ff}$ is shrunk by about a third to
 #   keep the parameter count.
-# * **Key/value caching** (chapter 20): when generating, each step's keys and values are kept
+# * **Key/value caching** (chapter 21): when generating, each step's keys and values are kept
 #   instead of recomputed, so a step costs one position, not the whole prefix.
-# * **Efficient attention kernels** (chapter 20): FlashAttention {cite}`dao2022flashattention`
+# * **Efficient attention kernels** (chapter 21): FlashAttention {cite}`dao2022flashattention`
 #   computes exact attention in tiles that stay in fast on-chip memory and never writes the
 #   $n \times n$ weights out; PyTorch's `scaled_dot_product_attention` picks such a kernel.
 #
@@ -442,7 +442,7 @@ for temperature, top_k in ((0.5, None), (1.0, None), (1.0, 10), (1.5, 10)):
 # further from the typical caption and the grammar slips more often; top-k keeps each choice
 # among the likelier words. A 2-million-parameter model that has read 29,000 captions once
 # writes plausible captions and little else, but the loop is the one every chatbot runs: the
-# same next-token prediction, with the key/value cache of chapter 20 so that each new token
+# same next-token prediction, with the key/value cache of chapter 21 so that each new token
 # costs one position.
 #
 # ## What we have
