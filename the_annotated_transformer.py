@@ -2790,24 +2790,30 @@ BOOK_REPOSITORY = "https://github.com/annotated-transformer/annotated-transforme
 # The tag (or commit) of the repository that this copy of the book comes from: the shipped
 # model is downloaded from it, and Colab set-up cells install the package from it.
 BOOK_REPOSITORY_REF = "v0.2.0"
-# The shipped files' SHA-256 checksums (averaging.json holds chapter 16's measurements),
-# verified after a download; tests/test_shipped_model.py
-# fails when they differ from the files in book/models/multi30k_cpu.
-SHIPPED_MODEL_SHA256 = {
-    "model.pt": "7f5e9f5e59a49d401656ed2332705f93d86d118921e8494f36532f743e696548",
-    "vocab_de.json": "6f0d3385a8223f9e43922604b4d9b421394968cfc64257893065b3dd88e15066",
-    "vocab_en.json": "6e22d0081b9e032fbce602f62bc5a56aa78326cce2e50fe722217285380daebf",
-    "info.json": "42dd9ae2952004f9a461c1db8c68f8fc48619115bc5646f12f5a708832e4219e",
-    "averaging.json": "3f30d9507d5da87fbfa50dbc63290913bb912a88c31e22ca1eb748ea8af6e27f",
+# Each shipped model's files and their SHA-256 checksums, verified after a download;
+# tests/test_shipped_model.py fails when they differ from the files in book/models/<name>.
+# multi30k_cpu is this chapter's word-level model (averaging.json holds chapter 16's
+# measurements); multi30k_cpu_subword is chapter 18's subword model, the best of the book.
+SHIPPED_MODELS = {
+    "multi30k_cpu": {
+        "model.pt": "7f5e9f5e59a49d401656ed2332705f93d86d118921e8494f36532f743e696548",
+        "vocab_de.json": "6f0d3385a8223f9e43922604b4d9b421394968cfc64257893065b3dd88e15066",
+        "vocab_en.json": "6e22d0081b9e032fbce602f62bc5a56aa78326cce2e50fe722217285380daebf",
+        "info.json": "42dd9ae2952004f9a461c1db8c68f8fc48619115bc5646f12f5a708832e4219e",
+        "averaging.json": "3f30d9507d5da87fbfa50dbc63290913bb912a88c31e22ca1eb748ea8af6e27f",
+    },
 }
+SHIPPED_PRESETS = {"multi30k_cpu": "cpu", "multi30k_cpu_subword": "cpu_subword"}  # for training
 
 
-def shipped_model_dir() -> Path:
-    """book/models/multi30k_cpu in a copy of the repository; else a cache folder (Colab)."""
+def shipped_model_dir(name: str = "multi30k_cpu") -> Path:
+    """book/models/<name> in a copy of the repository; else a cache folder (Colab)."""
+    if name not in SHIPPED_MODELS:
+        raise ValueError(f"name must be one of {', '.join(SHIPPED_MODELS)}, got {name!r}")
     root = repository_root()
     if root is not None and (root / "book" / "models").is_dir():
-        return root / "book" / "models" / "multi30k_cpu"
-    return Path.home() / ".cache" / "annotated-transformer" / "multi30k_cpu"
+        return root / "book" / "models" / name
+    return Path.home() / ".cache" / "annotated-transformer" / name
 
 
 @functools.cache
@@ -2818,36 +2824,36 @@ def verified_file(path: Path, sha256: str, size: int, mtime_ns: int) -> None:
         raise ValueError(
             f"{path} is not the shipped file (SHA-256 {actual}, expected {sha256}): delete it "
             "to download it again, restore it with `git checkout`, or, after retraining, put "
-            "its new checksum in SHIPPED_MODEL_SHA256"
+            "its new checksum in SHIPPED_MODELS"
         )
 
 
-def fetch_shipped_model(folder: str | os.PathLike | None = None, *, base_url: str | None = None
-                        ) -> Path:
-    """The folder holding the shipped model, every file present and verified.
+def fetch_shipped_model(folder: str | os.PathLike | None = None, *, name: str = "multi30k_cpu",
+                        base_url: str | None = None) -> Path:
+    """The folder holding the shipped model `name`, every file present and verified.
 
-    Files already there are checked against SHIPPED_MODEL_SHA256 (once per process); each
+    Files already there are checked against SHIPPED_MODELS[name] (once per process); each
     missing one comes from the book's repository at BOOK_REPOSITORY_REF (base_url replaces
     the address) through download_file, which keeps it only when its checksum is right.
     """
-    folder = shipped_model_dir() if folder is None else Path(folder)
-    base_url = base_url or f"{BOOK_REPOSITORY}/raw/{BOOK_REPOSITORY_REF}/book/models/multi30k_cpu"
-    for name, sha256 in SHIPPED_MODEL_SHA256.items():
-        path = folder / name
+    folder = shipped_model_dir(name) if folder is None else Path(folder)
+    base_url = base_url or f"{BOOK_REPOSITORY}/raw/{BOOK_REPOSITORY_REF}/book/models/{name}"
+    for file_name, sha256 in SHIPPED_MODELS[name].items():
+        path = folder / file_name
         if path.is_file():
             stat = path.stat()
             verified_file(path.resolve(), sha256, stat.st_size, stat.st_mtime_ns)
             continue
-        url = f"{base_url}/{name}"
+        url = f"{base_url}/{file_name}"
         print(f"downloading {url}", file=sys.stderr)
         try:
             download_file(url, path, sha256=sha256)
         except OSError as err:  # no network, an HTTP error, a timeout, a read-only folder
             raise FileNotFoundError(
-                f"the trained model's {name} is not in {folder} and could not be downloaded "
-                f"from {url} ({err}): connect to the internet and try again, or train a model "
-                "with `make train` (about two hours on a CPU) and pass its checkpoint, or call "
-                "load_trained_model(train_if_missing=True)"
+                f"the trained model's {file_name} is not in {folder} and could not be "
+                f"downloaded from {url} ({err}): connect to the internet and try again, or "
+                "train a model with `make train` (about two hours on a CPU) and pass its "
+                "checkpoint, or call load_trained_model(train_if_missing=True)"
             ) from err
     return folder
 
@@ -2858,13 +2864,15 @@ def export_for_shipping(
     """Write a training checkpoint's weights in half precision, its vocabularies and notes."""
     checkpoint, folder = Path(checkpoint), Path(folder)
     state = load_checkpoint(checkpoint)
-    halves: dict[tuple, torch.Tensor] = {}  # tied weights stay one tensor, stored once
+    stored: list[tuple[torch.Tensor, torch.Tensor]] = []  # (weights, their stored copy)
     weights = {}
     for name, tensor in state["model"].items():
-        key = (tensor.data_ptr(), tensor.shape, tensor.dtype)
-        if key not in halves:
-            halves[key] = tensor.half() if tensor.is_floating_point() else tensor
-        weights[name] = halves[key]  # half the size of float32; load_trained_model converts back
+        same = [copy for seen, copy in stored
+                if seen.shape == tensor.shape and torch.equal(seen, tensor)]
+        if not same:  # tied weights (equal, also after averaging) are stored once
+            same = [tensor.half() if tensor.is_floating_point() else tensor]
+            stored.append((tensor, same[0]))
+        weights[name] = same[0]  # half the size of float32; load_trained_model converts back
     folder.mkdir(parents=True, exist_ok=True)
     save_checkpoint({"model": weights, "config": state["config"]}, folder / "model.pt")
     subwords = state["config"].get("subwords", 0) > 0
@@ -2884,26 +2892,28 @@ def export_for_shipping(
 
 
 def load_trained_model(
-    path: str | os.PathLike | None = None, *, device: str | torch.device = "cpu",
-    train_if_missing: bool = False,
+    path: str | os.PathLike | None = None, *, name: str = "multi30k_cpu",
+    device: str | torch.device = "cpu", train_if_missing: bool = False,
 ) -> tuple[EncoderDecoder, Vocab, Vocab, TrainConfig]:
     """A trained model in float32 (eval mode) with its vocabularies and configuration.
 
     path: a folder from export_for_shipping, or a model.pt / last.pt file with the
-    vocabularies beside it; by default the book's shipped model, downloaded when it is
-    missing (outside a copy of the repository). Only with train_if_missing=True does a
-    missing model that cannot be downloaded get trained (about two hours on a CPU).
+    vocabularies beside it; by default the book's shipped model `name` (this chapter's, or
+    chapter 18's "multi30k_cpu_subword"), downloaded when it is missing (outside a copy of
+    the repository). Only with train_if_missing=True does a missing model that cannot be
+    downloaded get trained, with its preset (about two hours on a CPU).
     """
     if path is None:
-        path = shipped_model_dir()
+        path = shipped_model_dir(name)
         try:
-            fetch_shipped_model(path)
+            fetch_shipped_model(path, name=name)
         except FileNotFoundError as err:
             if not train_if_missing:
                 raise
-            config = training_config("cpu")
-            print(f"{err}\ntraining a model with the cpu configuration instead (about two "
-                  f"hours on a CPU; checkpoints in {config.checkpoint_dir})", file=sys.stderr)
+            config = training_config(SHIPPED_PRESETS[name])
+            print(f"{err}\ntraining a model with the {SHIPPED_PRESETS[name]} configuration "
+                  f"instead (about two hours on a CPU; checkpoints in {config.checkpoint_dir})",
+                  file=sys.stderr)
             resume = (Path(config.checkpoint_dir) / "last.pt").is_file()  # an earlier try
             train_worker(0, 1, config, resume=resume)
             export_for_shipping(Path(config.checkpoint_dir) / "last.pt", path)
@@ -2917,8 +2927,8 @@ def load_trained_model(
         len(vocab_src), len(vocab_tgt), N=config.N, d_model=config.d_model, d_ff=config.d_ff,
         h=config.h, dropout=0.0, share_embeddings=config.share_embeddings,
     )
-    model.load_state_dict({name: tensor.float() if tensor.is_floating_point() else tensor
-                           for name, tensor in state["model"].items()})
+    model.load_state_dict({key: tensor.float() if tensor.is_floating_point() else tensor
+                           for key, tensor in state["model"].items()})
     return model.to(device).eval(), vocab_src, vocab_tgt, config
 
 

@@ -14,7 +14,7 @@ import torch
 
 import the_annotated_transformer as book
 from the_annotated_transformer import (
-    SHIPPED_MODEL_SHA256,
+    SHIPPED_MODELS,
     bleu,
     fetch_shipped_model,
     free_port,
@@ -31,10 +31,13 @@ ROOT = Path(__file__).resolve().parents[1]
 FOLDER = shipped_model_dir()
 
 
-def test_module_records_the_checksums_of_the_shipped_files():
-    for name, expected in SHIPPED_MODEL_SHA256.items():
-        assert sha256_of(FOLDER / name) == expected, (
-            f"{FOLDER / name} changed: put its new SHA-256 in SHIPPED_MODEL_SHA256 "
+@pytest.mark.parametrize("model", sorted(SHIPPED_MODELS))
+def test_module_records_the_checksums_of_the_shipped_files(model):
+    folder = shipped_model_dir(model)
+    assert sorted(p.name for p in folder.iterdir()) == sorted(SHIPPED_MODELS[model])
+    for name, expected in SHIPPED_MODELS[model].items():
+        assert sha256_of(folder / name) == expected, (
+            f"{folder / name} changed: put its new SHA-256 in SHIPPED_MODELS[{model!r}] "
             "(chapter 14), or Colab readers will be refused the download"
         )
 
@@ -58,7 +61,7 @@ def test_fetch_shipped_model_downloads_every_file_and_verifies_it(server, tmp_pa
     site, url = server
     shutil.copytree(FOLDER, site / "model")
     target = fetch_shipped_model(tmp_path / "cache", base_url=f"{url}/model")
-    for name in SHIPPED_MODEL_SHA256:
+    for name in SHIPPED_MODELS["multi30k_cpu"]:
         assert (target / name).read_bytes() == (FOLDER / name).read_bytes(), name
 
 
@@ -119,7 +122,7 @@ def test_fetch_shipped_model_checks_present_files_once_per_process(tmp_path, mon
         sha256_of(path)))
     fetch_shipped_model(folder)
     fetch_shipped_model(folder)
-    assert sorted(hashed) == sorted(SHIPPED_MODEL_SHA256)  # each file hashed once, not twice
+    assert sorted(hashed) == sorted(SHIPPED_MODELS["multi30k_cpu"])  # each hashed once
     vocab = folder / "vocab_en.json"
     vocab.write_text(vocab.read_text().replace('"a"', '"b"', 1))  # changed: checked again
     with pytest.raises(ValueError, match=r"vocab_en\.json is not the shipped file"):
