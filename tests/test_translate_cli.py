@@ -76,7 +76,7 @@ def test_translate_splits_a_500_token_line_and_says_so(greedy, capsys):
     assert status == 0 and len(lines) == 2
     assert lines[0] == greedy(["Ein Mann."])[0]
     pieces = translate_cli.split_long(tokenize(line, german), 70,
-                                      lambda text: tokenize(text, german))
+                                      lambda text: len(tokenize(text, german)))
     assert lines[1] == " ".join(greedy(pieces))  # every piece translated, none dropped
     assert "line 2 has 500 tokens, more than the model's 70: translated in 8 pieces" in (
         capsys.readouterr().err)
@@ -85,7 +85,7 @@ def test_translate_splits_a_500_token_line_and_says_so(greedy, capsys):
 def test_split_long_keeps_every_token_and_each_piece_within_the_limit():
     german = load_tokenizers()[0]
     tokens = tokenize("Der Mann (z. B. ein Koch) trägt 3,5 kg Äpfel - und lacht! " * 20, german)
-    pieces = translate_cli.split_long(tokens, 9, lambda text: tokenize(text, german))
+    pieces = translate_cli.split_long(tokens, 9, lambda text: len(tokenize(text, german)))
     assert [t for piece in pieces for t in tokenize(piece, german)] == tokens
     assert all(len(tokenize(piece, german)) <= 9 for piece in pieces)
 

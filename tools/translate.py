@@ -9,12 +9,13 @@ empty); messages go to stderr. Input is read as bytes: a byte-order mark is drop
 endings are accepted, and a line that is not valid UTF-8 is reported by its number and gives an
 empty output line (--stop-on-bad-input stops instead, with nothing written). A line longer than
 the model translates at once is split into pieces, translated piece by piece, and reported.
-By default the book's shipped model (book/models/multi30k_cpu) translates; --checkpoint takes a
-folder from export_for_shipping or a model.pt / last.pt file with vocab_de.json and
-vocab_en.json beside it. Decoding is the paper's beam search (beam 4, length penalty alpha
-0.6; chapter 15) with chapter 21's key/value cache; --beam 1 gives greedy decoding. A user
-error (a bad flag, a missing or corrupt checkpoint, bad input with --stop-on-bad-input) ends
-with one line on stderr and exit status 1 (2 for a bad flag).
+By default the book's best shipped model (BEST_SHIPPED_MODEL: chapter 18's subword model in
+book/models/multi30k_cpu_subword) translates; --checkpoint takes a folder from
+export_for_shipping or a model.pt / last.pt file with its vocabularies beside it (vocab_de.json
+and vocab_en.json, or subwords.model). Decoding is the paper's beam search (beam 4, length
+penalty alpha 0.6; chapter 15) with chapter 21's key/value cache; --beam 1 gives greedy
+decoding. A user error (a bad flag, a missing or corrupt checkpoint, bad input with
+--stop-on-bad-input) ends with one line on stderr and exit status 1 (2 for a bad flag).
 """
 
 import argparse
@@ -86,12 +87,13 @@ def decode_lines(data: bytes) -> tuple[list[str], list[str]]:
     return lines, problems
 
 
-def split_long(tokens: list[str], limit: int, tokenize: Callable[[str], list[str]]) -> list[str]:
-    """Pieces of a tokenized line as text, each of them at most `limit` tokens once tokenized."""
+def split_long(words: list[str], limit: int, count: Callable[[str], int]) -> list[str]:
+    """Pieces of a line (its words, joined by spaces), each at most `limit` of the model's
+    tokens as `count` counts them (a word vocabulary's tokens, or subword pieces)."""
     pieces, start, step = [], 0, limit
-    while start < len(tokens):
-        piece = " ".join(tokens[start : start + step])
-        if step > 1 and len(tokenize(piece)) > limit:  # spaces made more tokens: take fewer
+    while start < len(words):
+        piece = " ".join(words[start : start + step])
+        if step > 1 and count(piece) > limit:  # too many tokens: take fewer words
             step -= 1
             continue
         pieces.append(piece)
@@ -106,7 +108,9 @@ def main(argv: list[str] | None = None, stdin: BinaryIO | None = None,
     stdin = sys.stdin.buffer if stdin is None else stdin
     stdout = stdout or io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", newline="\n")
     from the_annotated_transformer import (
+        BEST_SHIPPED_MODEL,
         beam_translate,
+        encode_text,
         load_tokenizers,
         load_trained_model,
         tokenize,
@@ -115,7 +119,8 @@ def main(argv: list[str] | None = None, stdin: BinaryIO | None = None,
 
     try:
         with contextlib.redirect_stdout(sys.stderr):  # anything printed while loading
-            model, vocab_src, vocab_tgt, _ = load_trained_model(args.checkpoint)
+            model, vocab_src, vocab_tgt, config = load_trained_model(
+                args.checkpoint, name=BEST_SHIPPED_MODEL)
     except (OSError, ValueError) as err:  # missing, truncated or corrupt files
         print("translate.py: " + " ".join(str(err).split()), file=sys.stderr)
         return 1
@@ -128,14 +133,19 @@ def main(argv: list[str] | None = None, stdin: BinaryIO | None = None,
     german = load_tokenizers()[0]
     # beam_translate reads at most translate's max_len tokens, less <s> and </s>, at once.
     limit = inspect.signature(translate).parameters["max_len"].default - 2
+
+    def model_tokens(text: str) -> int:  # words, or subword pieces
+        return len(encode_text(text, vocab_src, german))
+
     pieces, owner = [], []  # each piece of text to translate, and the line it belongs to
     for number, line in enumerate(lines):
-        tokens = tokenize(line, german)
+        tokens = model_tokens(line)
         parts = [line]
-        if len(tokens) > limit:
-            parts = split_long(tokens, limit, lambda text: tokenize(text, german))
+        if tokens > limit:
+            words = line.split() if config.subwords else tokenize(line, german)
+            parts = split_long(words, limit, model_tokens)
         if len(parts) > 1:
-            print(f"translate.py: line {number + 1} has {len(tokens)} tokens, more than the "
+            print(f"translate.py: line {number + 1} has {tokens} tokens, more than the "
                   f"model's {limit}: translated in {len(parts)} pieces", file=sys.stderr)
         pieces += parts
         owner += [number] * len(parts)
