@@ -1672,11 +1672,17 @@ def fetch_shipped_model(folder: str | os.PathLike | None = None, *, name: str = 
 
 
 def export_for_shipping(
-    checkpoint: str | os.PathLike, folder: str | os.PathLike, *, command: str | None = None
+    checkpoint: str | os.PathLike, folder: str | os.PathLike, *, command: str | None = None,
+    run: str | os.PathLike | None = None,
 ) -> Path:
-    """Write a training checkpoint's weights in half precision, its vocabularies and notes."""
+    """Write a training checkpoint's weights in half precision, its vocabularies and notes.
+
+    run: the run's last.pt, for the notes (training time, hardware, history) when checkpoint
+    holds averaged weights, which have none of their own (chapter 16).
+    """
     checkpoint, folder = Path(checkpoint), Path(folder)
     state = load_checkpoint(checkpoint)
+    notes = state if run is None else load_checkpoint(run)
     stored: list[tuple[torch.Tensor, torch.Tensor]] = []  # (weights, their stored copy)
     weights = {}
     for name, tensor in state["model"].items():
@@ -1693,13 +1699,15 @@ def export_for_shipping(
         shutil.copyfile(checkpoint.parent / name, folder / name)
     info = {
         "config": state["config"],
-        "command": command or state.get("command"),
-        "training_seconds": round(state.get("elapsed_s", 0.0), 1),
-        "hardware": state.get("hardware"),
-        "epochs": state.get("epoch"),
-        "history": state.get("history", []),
+        "command": command or notes.get("command"),
+        "training_seconds": round(notes.get("elapsed_s", 0.0), 1),
+        "hardware": notes.get("hardware"),
+        "epochs": notes.get("epoch"),
+        "history": notes.get("history", []),
         "torch": torch.__version__,
     }
+    if "averaged_from" in state:
+        info["averaged_from"] = [Path(path).name for path in state["averaged_from"]]
     (folder / "info.json").write_text(json.dumps(info, indent=1) + "\n", "utf-8")
     return folder / "model.pt"
 
