@@ -158,23 +158,26 @@ print("\ngreedy decoding:", " ".join(words[i] for i in ys[0].tolist()))
 # 1. Start with one hypothesis, `<s>` alone, with $\log P = 0$.
 # 2. Extend every unfinished hypothesis by every word of the vocabulary:
 #    at most $k \cdot V$ candidates, each scored by $\log P$ of its prefix plus $\log p$ of the new word.
-# 3. Keep the best candidates for the slots that finished hypotheses do not already hold.
-# 4. A kept candidate that ends with `</s>` is finished: it keeps its slot and is never
-#    extended again, so the beam narrows as outputs finish. A hypothesis that reaches the
+# 3. Take the $2k$ best candidates. Those among the best $k$ that end with `</s>` are
+#    finished: they are set aside and never extended again. A candidate that reaches the
 #    maximum length is finished too.
-# 5. Repeat from 2 until every slot is finished. Among the finished hypotheses, the one with
-#    the best score wins.
+# 4. The $k$ best candidates that did not finish fill the $k$ slots, so the beam holds $k$
+#    unfinished hypotheses at every step, however many have finished ($2k$ candidates are
+#    enough: at most $k$ of them can end).
+# 5. Repeat from 2 until $k$ hypotheses have finished. Among the finished hypotheses, the
+#    one with the best score wins.
 #
 # With $k = 1$ this is greedy decoding exactly: one slot, the best word at each step, and the
 # search ends with the first `</s>`. With $k$ larger than the number of all possible outputs
 # it is exhaustive search. In between, it is a bet that the best output stays among the $k$
 # best prefixes at every step; the example above needs $k = 2$.
 #
-# The paper's code, tensor2tensor {cite}`vaswani2018tensor2tensor`, handles finished hypotheses
-# differently: it keeps $k$ unfinished ones at every step and gathers the finished ones on the
-# side, so its beam never narrows. Ours gives a finished hypothesis a slot of its own, which
-# makes $k = 1$ exactly greedy and lets a search end as soon as its beam is full of finished
-# outputs.
+# Keeping $k$ hypotheses alive is what the paper's code, tensor2tensor
+# {cite}`vaswani2018tensor2tensor`, and fairseq {cite}`ott2019fairseq` do, and stopping after
+# $k$ finished outputs is fairseq's rule. The first version of this book let a finished
+# hypothesis keep its slot instead, so that the beam narrowed as outputs finished and the last
+# unfinished hypothesis was searched with a beam of one; `beam_search(..., narrowing=True)`
+# still does that, and chapter 18 measures the difference on the trained models.
 #
 # ### Why raw log-probability favours short outputs
 #
@@ -202,8 +205,8 @@ print("\ngreedy decoding:", " ".join(words[i] for i in ys[0].tolist()))
 # penalty raises the score, so longer outputs are helped.
 #
 # Within one step of beam search every candidate has the same length, so the penalty does not
-# change which candidates survive step 3; it decides only step 5, the choice between finished
-# outputs of different lengths.
+# change which candidates survive steps 3 and 4; it decides only step 5, the choice between
+# finished outputs of different lengths.
 #
 # ### The paper's settings, and stopping early
 #
@@ -213,8 +216,8 @@ print("\ngreedy decoding:", " ".join(words[i] for i in ys[0].tolist()))
 # grows, and its penalty can grow at most to that of the maximum length $m$. Its best
 # conceivable final score is therefore $L / \mathrm{lp}(m)$ (for $\alpha \ge 0$). Once the best
 # finished score of a sentence is at least this bound for every unfinished hypothesis in its
-# beam, nothing left can win, and the sentence stops. This never changes the result, only the
-# time it takes. With $\alpha = 0$ the bound is tight (the penalty is 1 at every length), and
+# beam, nothing left can win, and the sentence stops before it has $k$ finished outputs. This
+# never changes the result, only the time it takes. With $\alpha = 0$ the bound is tight (the penalty is 1 at every length), and
 # stopping early saves the most; the timings at the end of the chapter show it.
 #
 # The implementation below works on a batch of sentences at once. It encodes each source
