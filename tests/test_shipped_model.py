@@ -2,6 +2,8 @@
 
 import functools
 import http.server
+import importlib.util
+import io
 import json
 import shutil
 import subprocess
@@ -14,6 +16,7 @@ import torch
 
 import the_annotated_transformer as book
 from the_annotated_transformer import (
+    BEST_SHIPPED_MODEL,
     SHIPPED_MODELS,
     bleu,
     fetch_shipped_model,
@@ -156,8 +159,8 @@ def test_shipped_model_scores_at_least_30_bleu_on_the_first_200_test_sentences(s
     assert score >= 30, f"BLEU {score:.2f} on test_2016_flickr[:200] is below 30"
 
 
-def test_translate_script_decodes_greedily_with_beam_1_and_differently_with_beam_4(shipped):
-    model, vocab_src, vocab_tgt, _ = shipped
+def test_translate_script_decodes_greedily_with_beam_1_and_differently_with_beam_4():
+    model, vocab_src, vocab_tgt, _ = load_trained_model(name=BEST_SHIPPED_MODEL)
     pairs = load_multi30k("val")[:40]
     german = [de for de, _ in pairs]
     outputs = {}
@@ -170,3 +173,30 @@ def test_translate_script_decodes_greedily_with_beam_1_and_differently_with_beam
         assert len(outputs[beam]) == len(german)
     assert outputs[1] == translate(model, german, vocab_src, vocab_tgt, load_tokenizers()[0])
     assert outputs[4] != outputs[1]  # the default is the paper's beam search
+
+
+def test_the_best_shipped_model_is_small_and_ties_its_three_matrices():
+    folder = shipped_model_dir(BEST_SHIPPED_MODEL)
+    assert (folder / "model.pt").stat().st_size < 30e6, "the shipped weights must stay under 30 MB"
+    model, vocab_src, vocab_tgt, config = load_trained_model(name=BEST_SHIPPED_MODEL)
+    assert config.subwords and config.share_embeddings and vocab_src is vocab_tgt
+    assert model.generator.proj.weight is model.src_embed[0].lut.weight
+    assert model.tgt_embed[0].lut.weight is model.src_embed[0].lut.weight
+
+
+def test_make_translate_on_the_test_set_writes_no_special_token_and_keeps_38_bleu(capsys):
+    """make translate's path (tools/translate.py, best model, beam 4) on test_2016_flickr."""
+    spec = importlib.util.spec_from_file_location("translate_cli", ROOT / "tools" / "translate.py")
+    translate_cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(translate_cli)
+    pairs = load_multi30k("test_2016_flickr")
+    stdout = io.StringIO()
+    stdin = io.BytesIO(("\n".join(de for de, _ in pairs) + "\n").encode())
+    assert translate_cli.main([], stdin=stdin, stdout=stdout) == 0
+    lines = stdout.getvalue().split("\n")[:-1]
+    assert len(lines) == len(pairs) and all(lines)
+    special = [line for line in lines if any(t in line for t in ("<s>", "<blank>", "<unk>"))]
+    assert not special, f"{len(special)} outputs hold a special token, e.g. {special[0]!r}"
+    score, signature = bleu(lines[:200], [en for _, en in pairs[:200]])
+    print(f"BLEU {score:.2f} on test_2016_flickr[:200] ({signature})")
+    assert score >= 38, f"BLEU {score:.2f} on test_2016_flickr[:200] is below 38"

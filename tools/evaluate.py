@@ -9,7 +9,8 @@ Each model is NAME=PATH, where PATH is anything load_trained_model reads (a ship
 model.pt, last.pt or an averaged checkpoint with its vocabularies beside it). Each decoding is
 one of DECODINGS below. Every (model, decoding, split) gets one entry in --results, replacing
 an entry with the same three names, with its BLEU, sacreBLEU's signature, the time it took and
-the mean output length; a line per entry is printed as it is measured.
+the mean output length (and with --keep-outputs the translations); a line per entry is
+printed as it is measured.
 """
 
 import argparse
@@ -80,6 +81,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="Multi30k splits to score (the other test sets stay unused)")
     parser.add_argument("--threads", type=int, help="CPU threads for torch")
     parser.add_argument("--results", type=Path, required=True, help="JSON file to add to")
+    parser.add_argument("--keep-outputs", action="store_true",
+                        help="store the translations too, for scoring them in other ways")
     args = parser.parse_args(argv)
     if args.threads is not None:
         if args.threads < 1:
@@ -113,6 +116,8 @@ def main(argv: list[str] | None = None) -> None:
             "threads": torch.get_num_threads(), "torch": torch.__version__,
             "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         }
+        if args.keep_outputs:
+            entry["outputs"] = outputs
         record(args.results, [entry])
         tqdm.write(f"{name:>12} {decoding:>16} {split:>16}: BLEU {score:5.2f} "
                    f"({seconds:.0f} s, {entry['mean_words']} words per output)")

@@ -1573,8 +1573,9 @@ line_chart(losses, x="epoch:O", y="loss:Q", color="split:N", y_scale={"zero": Fa
 # %% [markdown]
 # ## The trained model
 #
-# The book ships one trained model, so that later chapters (and readers without two hours to
-# spare) can load it. `export_for_shipping` takes a training checkpoint and keeps only what
+# The book ships this chapter's trained model, so that later chapters (and readers without two
+# hours to spare) can load it; chapter 18 ships a second, better one, trained on subwords, and
+# `load_trained_model(name=...)` picks between them. `export_for_shipping` takes a training checkpoint and keeps only what
 # translation needs: the weights in half precision (half the bytes; a translation does not
 # notice), the two vocabularies, and an `info.json` with the configuration, the command that
 # trained it, its training time and the hardware. `load_trained_model` converts the weights

@@ -13,8 +13,8 @@
 # This chapter measures what word vocabularies cost on Multi30k, writes byte-pair encoding from
 # scratch, and then turns to the maintained tool, sentencepiece {cite}`kudo2018sentencepiece`,
 # to compare vocabulary sizes and to count what one shared vocabulary changes in the model and
-# in the batches. It does not train a translation model on subwords; the last section says why,
-# and what such a run would change.
+# in the batches. It does not train a translation model on subwords: the last section says what
+# such a run changes, and chapter 18 makes it, with the rest of the paper's recipe.
 
 # %% tags=["setup", "hide-cell"]
 # Setup (hidden in the book): in Colab, install the book's package; everywhere, import what
@@ -739,9 +739,9 @@ for row in budget_rows:  # the cpu preset's warmup is counted in optimizer steps
 #
 # We stop before training a model on subwords. Chapter 14's `cpu` preset took 67 minutes on
 # one core of this machine; a subword run, with more tokens and more steps per epoch, would not
-# be shorter, and a chapter of this book runs in a minute or two. We have not made that run, so
-# this chapter has no BLEU score for subwords and does not guess one. What the run would
-# change is clear, though:
+# be shorter, and a chapter of this book runs in a minute or two. Chapter 18 reports that run
+# (the `cpu_subword` preset of the training script), so this chapter gives no BLEU score for
+# subwords. What the run changes, written before it was made:
 #
 # 1. **Data.** `train_sentencepiece` on the training sentences of both languages replaces the
 #    two `Vocab.build` calls, and its model (`sp.serialized_model_proto()`, bytes that
@@ -786,4 +786,5 @@ for row in budget_rows:  # the cpu preset's warmup is counted in optimizer steps
 # makes sentences 10% to 22% longer, batches 11% smaller in sentences, and, with the three
 # matrices tied, the model almost 30% smaller.
 #
-# One chapter of Part III remains: the paper's table of model variations, in miniature.
+# The next chapter trains on this vocabulary, with the three matrices tied, and puts the whole
+# recipe of the paper's section 6.1 into one table.
