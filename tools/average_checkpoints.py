@@ -26,6 +26,8 @@ from pathlib import Path
 import torch
 
 from the_annotated_transformer import (
+    SUBWORD_FILE,
+    VOCAB_FILES,
     average_checkpoints,
     bleu,
     hardware_name,
@@ -36,8 +38,6 @@ from the_annotated_transformer import (
     save_checkpoint,
     translate,
 )
-
-VOCABULARIES = ("vocab_de.json", "vocab_en.json")
 
 
 def write_average(checkpoints: list[Path], output: Path) -> None:
@@ -51,7 +51,8 @@ def write_average(checkpoints: list[Path], output: Path) -> None:
          "averaged_from": [str(path) for path in checkpoints]},
         output,
     )
-    for name in VOCABULARIES:
+    names = [SUBWORD_FILE] if first["config"].get("subwords") else VOCAB_FILES
+    for name in names:
         source, target = checkpoints[0].parent / name, output.parent / name
         if not source.is_file():
             raise FileNotFoundError(f"no {name} beside {checkpoints[0]}: the model needs it")
