@@ -398,17 +398,18 @@ for kind in ATTENTION_KINDS:
 #   {cite:t}`voita2019analyzing`. Layer 3's broadest head (head 6, 2.96 bits) spreads its
 #   weight about as much as an even split over eight tokens would.
 # * **The decoder looks at itself, then further back.** Its sharpest head, layer 1 head 6,
-#   puts 0.70 of its weight on its own position, and head 5 of the same layer 0.35 on the
-#   previous one; the mean distance grows from 1.74 in layer 1 to 3.13 in layer 3.
+#   puts about 0.7 of its weight on its own position, and head 5 of the same layer about a
+#   third on the previous one; the mean distance grows from 1.78 in layer 1 to 3.16 in layer 3.
 # * **The decoder-to-source attention aligns in layers 2 and 3, not in layer 1.** Layer 1's
-#   heads are the broadest (mean 2.05 bits, up to 2.53), layers 2 and 3 are sharp (1.17 and
-#   1.29 bits). The strongest head on the monotone diagonal, layer 2 head 1, puts 0.35 of its
-#   weight there on average: a word order that is mostly, but not entirely, the same in both
+#   heads are the broadest (mean 2.06 bits, up to 2.52), layers 2 and 3 are sharp (1.18 and
+#   1.30 bits). The strongest head on the monotone diagonal, layer 2 head 1, puts about a third
+#   of its weight there on average: a word order that is mostly, but not entirely, the same in both
 #   languages (a target row $i$ chooses the word after position $i$, so the diagonal of the
 #   alignment is the key at $i + 1$, which the table calls "next").
 # * **No head parks on `</s>` or on punctuation.** {cite:t}`clark2019what` found heads in BERT
 #   that put most of their weight on the separator token and on punctuation, a way to do
-#   nothing. Here no head averages more than 0.10 on `</s>` or 0.11 on `.` and `,`.
+#   nothing. Here no head averages more than about a tenth of its weight on `</s>` or on `.`
+#   and `,`.
 
 # %% [markdown]
 # ## Your own sentence
