@@ -52,10 +52,9 @@ def model_spec(text: str) -> tuple[str, Path]:
     return name, Path(path)
 
 
-def decode(model, sources: list[str], vocabs: tuple, decoding: str) -> list[str]:
+def decode(model, sources: list[str], vocabs: tuple, tokenizer, decoding: str) -> list[str]:
     """The model's translations of sources with the named decoding."""
     kwargs = DECODINGS[decoding][1]
-    tokenizer = load_tokenizers()[0]
     if "beam_size" in kwargs:
         return beam_translate(model, sources, *vocabs, tokenizer, use_cache=True, **kwargs)
     return translate(model, sources, *vocabs, tokenizer, **kwargs)
@@ -92,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     pairs = {split: load_multi30k(split) for split in args.splits}
     jobs = [(name, path, decoding, split) for name, path in args.model
             for decoding in args.decodings for split in args.splits]
-    loaded = {}
+    loaded, tokenizer = {}, load_tokenizers()[0]
     for name, path, decoding, split in tqdm(jobs, desc="evaluating", unit="run"):
         if name not in loaded:
             try:
@@ -102,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
         model, vocab_src, vocab_tgt, _ = loaded[name]
         sources, references = zip(*pairs[split], strict=True)
         start = time.perf_counter()
-        outputs = decode(model, list(sources), (vocab_src, vocab_tgt), decoding)
+        outputs = decode(model, list(sources), (vocab_src, vocab_tgt), tokenizer, decoding)
         seconds = time.perf_counter() - start
         score, signature = bleu(outputs, list(references))
         entry = {

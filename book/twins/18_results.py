@@ -164,11 +164,15 @@ measured = json.loads((folder / "results.json").read_text())
 entries = measured["results"]
 
 
-def score(model_name: str, decoding: str, split: str) -> float:
-    """The measured BLEU of one (model, decoding, split) entry of results.json."""
+def measurement(model_name: str, decoding: str, split: str) -> dict:
+    """The one (model, decoding, split) entry of results.json."""
     [entry] = [e for e in entries if (e["model"], e["decoding"], e["split"])
                == (model_name, decoding, split)]
-    return entry["bleu"]
+    return entry
+
+
+def score(model_name: str, decoding: str, split: str) -> float:
+    return measurement(model_name, decoding, split)["bleu"]
 
 
 splits = ("val", "test_2016_flickr")
@@ -219,8 +223,7 @@ for vocabulary, weights, name in [("words", "epoch 12", "words"),
                                   ("subwords", "epoch 12", "subwords-last"),
                                   ("subwords", "average of epochs 8-12", "subwords-average")]:
     for decoding, label in (("greedy", "greedy"), ("beam4", "beam 4, α = 0.6")):
-        [entry] = [e for e in entries if (e["model"], e["decoding"], e["split"])
-                   == (name, decoding, "val")]
+        entry = measurement(name, decoding, "val")
         rows.append({"vocabulary": vocabulary, "weights": weights, "decoding": label,
                      "val BLEU": score(name, decoding, "val"),
                      "test BLEU": score(name, decoding, "test_2016_flickr"),
@@ -270,8 +273,7 @@ print("make translate uses:", BEST_SHIPPED_MODEL, "with beam 4, alpha 0.6")
 # %%
 from sacrebleu.metrics import BLEU
 
-[shipped_greedy] = [e for e in entries if (e["model"], e["decoding"], e["split"])
-                    == ("subwords-last", "greedy", "test_2016_flickr")]
+shipped_greedy = measurement("subwords-last", "greedy", "test_2016_flickr")
 english = load_tokenizers()[1]
 test = load_multi30k("test_2016_flickr")
 
