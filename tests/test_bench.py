@@ -18,13 +18,15 @@ def test_bench_quick_prints_every_row_and_writes_the_json(tmp_path):
                          cwd=ROOT, capture_output=True, text=True, timeout=300, check=True)
     lines = run.stdout.splitlines()
     expected = [f"{size.name:>6} {kind:<22}" for size in bench.QUICK_SIZES
-                for kind in ("readable", "fast", "torch.nn.Transformer")]
-    expected += ["token budget", "every batch padded to 72", *bench.decoders(12, 4)]
+                for kind in bench.TRAINING_KINDS]
+    expected += ["token budget", "every batch padded to 72"]
+    expected += [f"{size.name:>6} {label:<40}" for size in bench.QUICK_SIZES
+                 for label in bench.decoders(12, 4)]
     for label in expected:
         assert any(label in line for line in lines), f"no row {label!r} in:\n{run.stdout}"
     results = json.loads(out.read_text())
     assert {"cpu", "threads", "torch"} <= set(results["hardware"])
-    assert len(results["training"]) == 6 and len(results["decoding"]) == 6
+    assert len(results["training"]) == 8 and len(results["decoding"]) == 14
     for row in results["training"]:
         spread = row["tokens_per_s"]
         assert spread["min"] <= spread["median"] <= spread["max"] and 0 < row["mfu"] < 1

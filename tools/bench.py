@@ -10,8 +10,13 @@ are what another machine reproduces, not the absolute numbers. Training rows tim
 (forward, backward, optimizer step) on batches of random token ids whose lengths follow
 Multi30k's (a gamma distribution fitted to its sentence lengths; no text is read); their MFU is
 the counted matmul FLOPs (torch.utils.flop_counter, forward and backward) per second over the
-float32 matmul peak measured at the start of the same run. Decoding rows translate Multi30k's
-validation sentences with the shipped model when both are present (random ids otherwise).
+float32 matmul peak measured at the start of the same run (the bfloat16 row's, over the bfloat16
+peak). The fast rows and torch.nn.Transformer's use the fused loss and Adam's fused step; the
+readable row is chapter 8's step as it is. Decoding rows translate Multi30k's validation
+sentences with the shipped model at the cpu size, when both are present (random ids otherwise);
+at the base size, for which no trained model exists, an untrained model translates random ids
+of Multi30k's lengths, with </s> made impossible so that every output has BASE_OUTPUT_LEN tokens,
+about the length of a Multi30k translation.
 Peak memory is the most tensor memory allocated at once during one step (training) or one batch
 (decoding), from torch.profiler's memory events on a CPU, and torch.cuda.max_memory_allocated on
 a GPU, above what was allocated before it.
@@ -69,6 +74,8 @@ FULL_SIZES = [Size("cpu", 3, 256, 1024, 8, 1500, 6), Size("base", 6, 512, 2048, 
 QUICK_SIZES = [Size("tiny", 1, 32, 64, 2, 300, 2), Size("tiny-2", 2, 64, 128, 4, 300, 2)]
 VOCAB = (8316, 6384)  # about the shipped model's German and English vocabularies
 QUICK_VOCAB = (500, 400)
+TRAINING_KINDS = ("readable", "fast", "torch.nn.Transformer", "fast, bf16 autocast")
+BASE_OUTPUT_LEN = 15  # <s> and 14 tokens: Multi30k's mean English length with </s>, about
 
 
 # 1) the machine
@@ -94,9 +101,10 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def matmul_peak(device: torch.device, n: int, repeats: int) -> float:
-    """The best float32 matmul rate (FLOP/s) of an n x n product on this device, now."""
-    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+def matmul_peak(device: torch.device, n: int, repeats: int,
+                dtype: torch.dtype = torch.float32) -> float:
+    """The best matmul rate (FLOP/s) of an n x n product in dtype on this device, now."""
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
     a @ b  # warm-up
     best = float("inf")
     for _ in range(repeats):
@@ -203,26 +211,29 @@ def training_step(kind: str, size: Size, vocab: tuple[int, int], device: torch.d
     model = make_model(vocab[0], vocab[1], N=size.N, d_model=size.d_model, d_ff=size.d_ff,
                        h=size.h, dropout=0.1)
     criterion = LabelSmoothing(vocab[1], PAD, smoothing=0.1)
-    if kind == "fast":
+    if kind.startswith("fast"):
         use_fast_path(model)
     elif kind == "torch.nn.Transformer":
         model = TorchTransformer(model, size, dropout=0.1)
     model.to(device).train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9,
+                                 fused=kind != "readable")  # one kernel for all parameters
+    bf16 = torch.autocast(device.type, dtype=torch.bfloat16, enabled="bf16" in kind)
 
     def step(batch: Batch) -> None:
         if kind == "readable":  # chapter 8's loss: generator log-probs, then LabelSmoothing
             out = model(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask)
             log_probs = model.generator(out)
             loss = criterion(log_probs.reshape(-1, vocab[1]), batch.tgt_y.reshape(-1))
-        else:  # the fused loss on the logits
-            if kind == "fast":
-                out = model(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask)
-            else:
-                out = model(batch)
-            logits = model.generator.proj(out)
-            loss = label_smoothing_loss(logits.reshape(-1, vocab[1]), batch.tgt_y.reshape(-1),
-                                        padding_idx=PAD, smoothing=0.1)
+        else:  # the fused loss on the logits, in float32
+            with bf16:  # matrix products in bfloat16 for that row, float32 weights
+                if kind == "torch.nn.Transformer":
+                    out = model(batch)
+                else:
+                    out = model(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask)
+                logits = model.generator.proj(out)
+            loss = label_smoothing_loss(logits.float().reshape(-1, vocab[1]),
+                                        batch.tgt_y.reshape(-1), padding_idx=PAD, smoothing=0.1)
         (loss / batch.ntokens).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -251,9 +262,12 @@ def time_training(step: Callable[[Batch], None], batches: list[Batch], repeats: 
 
 
 # 4) decoding
-def decoding_sources(quick: bool, device: torch.device, count: int, seed: int = 0):
-    """A model, its source id lists and where they came from."""
-    if not quick:
+def decoding_sources(size: Size, trained: bool, vocab: tuple[int, int], device: torch.device,
+                     count: int, seed: int = 0) -> tuple[nn.Module, list[list[int]], str, int]:
+    """A model of the size, its source id lists, where they came from and the max_len to decode
+    them with: the shipped model (trained=True, if it and Multi30k are here), or an untrained
+    model that never ends."""
+    if trained:
         try:
             from the_annotated_transformer import (
                 load_multi30k,
@@ -266,19 +280,20 @@ def decoding_sources(quick: bool, device: torch.device, count: int, seed: int = 
             german = load_tokenizers()[0]
             pairs = load_multi30k("val")[:count]
             ids = [vocab_src.encode(tokenize(de, german))[:70] for de, _ in pairs]
-            return model, ids, "the shipped model on the first Multi30k validation sentences"
+            return model, ids, "the shipped model on the first Multi30k validation sentences", 72
         except (OSError, ValueError, ImportError) as err:
             print(f"bench: no shipped model or Multi30k ({err}); random ids instead",
                   file=sys.stderr)
     g = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    vocab = QUICK_VOCAB if quick else VOCAB
-    size = QUICK_SIZES[0] if quick else FULL_SIZES[0]
     model = make_model(vocab[0], vocab[1], N=size.N, d_model=size.d_model, d_ff=size.d_ff,
                        h=size.h, dropout=0.0).to(device).eval()
+    with torch.no_grad():  # an untrained model's outputs would end anywhere: never end them
+        model.generator.proj.bias[EOS] = -1e4
     src_len, _ = multi30k_lengths(count, g)
     ids = [torch.randint(3, vocab[0], (n - 2,), generator=g).tolist() for n in src_len]
-    return model, ids, "an untrained model on random ids of Multi30k-like lengths"
+    return model, ids, ("an untrained model on random ids of Multi30k-like lengths, every "
+                        f"output {BASE_OUTPUT_LEN} tokens long"), BASE_OUTPUT_LEN
 
 
 def decoders(max_len: int, batch_size: int) -> dict[str, tuple[Callable, int]]:
@@ -286,6 +301,12 @@ def decoders(max_len: int, batch_size: int) -> dict[str, tuple[Callable, int]]:
     def greedy(cache: bool) -> Callable:
         return lambda m, s, mask: greedy_decode(m, s, mask, max_len, BOS, end_symbol=EOS,
                                                 use_cache=cache)
+
+    def bf16(decode: Callable) -> Callable:
+        def run(m: nn.Module, s: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            with torch.autocast(s.device.type, dtype=torch.bfloat16):
+                return decode(m, s, mask)
+        return run
 
     def beam(cache: bool) -> Callable:
         return lambda m, s, mask: beam_search(m, s, mask, max_len=max_len, start_symbol=BOS,
@@ -296,6 +317,7 @@ def decoders(max_len: int, batch_size: int) -> dict[str, tuple[Callable, int]]:
         "greedy, batched": (greedy(False), batch_size),
         "greedy, batched, cache": (greedy(True), batch_size),
         "greedy, batched, cache, fast attention": (greedy(True), batch_size),
+        "greedy, batched, cache, fast, bf16": (bf16(greedy(True)), batch_size),
         "beam 4, batched": (beam(False), batch_size),
         "beam 4, batched, cache": (beam(True), batch_size),
     }
@@ -323,20 +345,25 @@ def time_decoding(model: nn.Module, decode: Callable, ids: list[list[int]], per_
 def run(quick: bool, repeats: int, device: torch.device) -> dict:
     sizes, vocab = (QUICK_SIZES, QUICK_VOCAB) if quick else (FULL_SIZES, VOCAB)
     peak = matmul_peak(device, 256 if quick else 2048, 3 if quick else 10)
-    print(f"float32 matmul peak: {peak / 1e9:.1f} GFLOP/s", flush=True)
+    peak_bf16 = matmul_peak(device, 256 if quick else 2048, 3 if quick else 10, torch.bfloat16)
+    print(f"matmul peak: {peak / 1e9:.1f} GFLOP/s float32, {peak_bf16 / 1e9:.1f} bfloat16",
+          flush=True)
     results = {"hardware": hardware(device), "quick": quick, "repeats": repeats,
-               "matmul_peak_gflops": peak / 1e9, "training": [], "batching": [], "decoding": []}
+               "matmul_peak_gflops": peak / 1e9, "matmul_peak_bf16_gflops": peak_bf16 / 1e9,
+               "training": [], "batching": [], "decoding": [], "decoding_sources": {}}
     for size in sizes:
         batches = budget_batches(size, vocab, size.steps)
-        for kind in ("readable", "fast", "torch.nn.Transformer"):
+        for kind in TRAINING_KINDS:
             _, step = training_step(kind, size, vocab, device)
             rates, flops = time_training(step, batches, repeats, device)
             memory = peak_memory(lambda s=step, b=batches[0]: s(b), device)
             tokens = sum(batch.ntokens for batch in batches)
             median = statistics.median(rates)
+            against = peak_bf16 if "bf16" in kind else peak
             results["training"].append({
                 "size": size.name, "model": kind, "tokens_per_s": spread(rates),
-                "mfu": flops / (tokens / median) / peak, "flops_per_token": flops / tokens,
+                "mfu": flops / (tokens / median) / against, "flops_per_token": flops / tokens,
+                "mfu_of": "bfloat16" if "bf16" in kind else "float32",
                 "peak_memory_mb": memory, "steps": len(batches), "tokens": tokens,
             })
             print(f"trained {size.name} {kind}", flush=True)
@@ -351,24 +378,38 @@ def run(quick: bool, repeats: int, device: torch.device) -> dict:
             "padding": 1 - sum(b.ntokens for b in batches) / padded,
         })
         print(f"batched {label}", flush=True)
-    model, ids, source = decoding_sources(quick, device, 12 if quick else 64)
-    results["decoding_source"] = source
+    for size, trained in ((sizes[0], not quick), (sizes[1], False)):
+        model, ids, source, max_len = decoding_sources(size, trained, vocab, device,
+                                                       12 if quick else 64)
+        results["decoding_sources"][size.name] = source
+        results["decoding"] += decoding_rows(size.name, model, ids, decoders(
+            max_len, 4 if quick else 32), repeats, device)
+    return results
+
+
+def decoding_rows(size: str, model: nn.Module, ids: list[list[int]],
+                  rows: dict[str, tuple[Callable, int]], repeats: int, device: torch.device
+                  ) -> list[dict]:
+    """Each decoder's row, and whether the cached decoders gave the recomputing ones' tokens."""
     fast_model = use_fast_path(copy.deepcopy(model))
-    reference = None
-    for label, (decode, per_batch) in decoders(12 if quick else 72, 4 if quick else 32).items():
+    results, reference = [], {}
+    for label, (decode, per_batch) in rows.items():
         which = fast_model if "fast" in label else model
         rates, memory, outputs = time_decoding(which, decode, ids, per_batch, repeats, device)
-        same = None
+        same = agree = None
         if label.startswith("greedy, batched") or label.startswith("beam"):
             key = "greedy" if label.startswith("greedy") else "beam"
             tokens = [row for out in outputs for row in (out[0] if key == "beam" else out)
                       .tolist()]
-            reference = reference or {}
-            same = reference.setdefault(key, tokens) == tokens
-        results["decoding"].append({"decoder": label, "sentences_per_s": spread(rates),
-                                    "peak_memory_mb": memory, "sentences": len(ids),
-                                    "batch": per_batch, "same_as_recompute": same})
-        print(f"decoded {label}", flush=True)
+            if "bf16" in label:  # other rounding, so not the same tokens: how many agree
+                agree = statistics.mean(a == b for a, b in zip(tokens, reference[key],
+                                                               strict=True))
+            else:
+                same = reference.setdefault(key, tokens) == tokens
+        results.append({"size": size, "decoder": label, "sentences_per_s": spread(rates),
+                        "peak_memory_mb": memory, "sentences": len(ids), "batch": per_batch,
+                        "same_as_recompute": same, "same_as_float32": agree})
+        print(f"decoded {size} {label}", flush=True)
     return results
 
 
@@ -379,9 +420,10 @@ def table(results: dict) -> str:
         return f"{s['median']:10.1f}  ({s['min']:.1f}-{s['max']:.1f})"
 
     lines = [f"hardware: {results['hardware']}",
-             f"float32 matmul peak: {results['matmul_peak_gflops']:.1f} GFLOP/s"]
-    lines.append("\ntraining (fwd+bwd+Adam), target tokens/s: median (min-max), ratio, MFU, "
-                 "peak MB")
+             f"matmul peak: {results['matmul_peak_gflops']:.1f} GFLOP/s float32, "
+             f"{results['matmul_peak_bf16_gflops']:.1f} bfloat16"]
+    lines.append("\ntraining (fwd+bwd+Adam), target tokens/s: median (min-max), ratio, MFU "
+                 "(of the peak in its dtype), peak MB")
     first = {}
     for row in results["training"]:
         base = first.setdefault(row["size"], row["tokens_per_s"]["median"])
@@ -394,12 +436,17 @@ def table(results: dict) -> str:
         lines.append(f"  {row['batching']:<28}{rate(row, 'real_tokens_per_s')}  "
                      f"x{row['real_tokens_per_s']['median'] / base:5.2f}  "
                      f"{100 * row['padding']:4.1f}% padding")
-    lines.append(f"\ndecoding ({results['decoding_source']}), sentences/s, ratio, peak MB, "
-                 "same tokens as without the cache")
-    base = results["decoding"][0]["sentences_per_s"]["median"]
+    lines.append("\ndecoding, sentences/s, ratio, peak MB, same tokens as without the cache "
+                 "(bf16: the sentences that float32 decodes the same)")
+    first = {}
     for row in results["decoding"]:
+        if row["size"] not in first:
+            lines.append(f"  {row['size']}: {results['decoding_sources'][row['size']]}")
+        base = first.setdefault(row["size"], row["sentences_per_s"]["median"])
         same = {None: "", True: "same", False: "DIFFERENT"}[row["same_as_recompute"]]
-        lines.append(f"  {row['decoder']:<40}{rate(row, 'sentences_per_s')}  "
+        if row["same_as_float32"] is not None:
+            same = f"{100 * row['same_as_float32']:.0f}% the same"
+        lines.append(f"  {row['size']:>6} {row['decoder']:<40}{rate(row, 'sentences_per_s')}  "
                      f"x{row['sentences_per_s']['median'] / base:6.2f}  "
                      f"{row['peak_memory_mb']:8.1f}  {same}")
     return "\n".join(lines)

@@ -94,22 +94,33 @@ class DecoderCache:
         self, model: EncoderDecoder, memory: torch.Tensor, src_mask: torch.Tensor | None
     ) -> None:
         self.layers = list(model.decoder.layers)
-        self.src_mask = None if src_mask is None else src_mask.unsqueeze(1)  # (rows, 1, 1, n)
         self.self_k: list[torch.Tensor | None] = [None] * len(self.layers)  # (rows, h, t, d_k)
         self.self_v: list[torch.Tensor | None] = [None] * len(self.layers)
-        # the memory's keys and values for attention to the source: projected once
-        self.cross_k = [split_heads(layer.src_attn, layer.src_attn.linears[1](memory))
-                        for layer in self.layers]  # (rows, h, n_src, d_k)
-        self.cross_v = [split_heads(layer.src_attn, layer.src_attn.linears[2](memory))
-                        for layer in self.layers]
+        # the memory's keys and values for attention to the source, one row per sentence:
+        # projected once
+        self.memory_k = [split_heads(layer.src_attn, layer.src_attn.linears[1](memory))
+                         for layer in self.layers]  # (sentences, h, n_src, d_k)
+        self.memory_v = [split_heads(layer.src_attn, layer.src_attn.linears[2](memory))
+                         for layer in self.layers]
+        self.memory_mask = None if src_mask is None else src_mask.unsqueeze(1)  # (sentences,
+        # 1, 1, n_src); and what each row attends to, while each row is its own sentence
+        self.sentence = torch.arange(memory.size(0), device=memory.device)  # (rows,)
+        self.cross_k, self.cross_v, self.src_mask = self.memory_k, self.memory_v, self.memory_mask
 
     def select(self, index: torch.Tensor) -> None:
         """Keep the rows `index` (rows_kept,), in that order: drop the finished ones (greedy)
         or follow each hypothesis to the one it extends (beam search)."""
-        for name in ("self_k", "self_v", "cross_k", "cross_v"):
-            setattr(self, name, [None if t is None else t[index] for t in getattr(self, name)])
-        if self.src_mask is not None:
-            self.src_mask = self.src_mask[index]
+        self.self_k = [None if t is None else t[index] for t in self.self_k]
+        self.self_v = [None if t is None else t[index] for t in self.self_v]
+        sentence = self.sentence[index]
+        # the rows of one sentence share its memory, so a beam that only reorders hypotheses
+        # within their sentences leaves the memory's rows as they are, uncopied
+        if not torch.equal(sentence, self.sentence):
+            self.sentence = sentence
+            self.cross_k = [k[sentence] for k in self.memory_k]  # (rows, h, n_src, d_k)
+            self.cross_v = [v[sentence] for v in self.memory_v]
+            if self.memory_mask is not None:
+                self.src_mask = self.memory_mask[sentence]  # (rows, 1, 1, n_src)
 
 
 # %% tags=["export"]
@@ -321,10 +332,10 @@ class FastMultiHeadedAttention(MultiHeadedAttention):
             if mask.dim() == 3:
                 mask = mask.unsqueeze(1)  # (batch, 1, n_q or 1, n_k)
         batch = query.size(0)
-        # 1) project and split into heads, as the readable module does
+        # 1) project (one matmul for inputs that are the same tensor) and split into heads
         query, key, value = [
-            linear(x).view(batch, -1, self.h, self.d_k).transpose(1, 2)  # (batch, h, n, d_k)
-            for linear, x in zip(self.linears, (query, key, value), strict=False)
+            x.view(batch, -1, self.h, self.d_k).transpose(1, 2)  # (batch, h, n, d_k)
+            for x in self.project(query, key, value)
         ]
         self._last = (query.detach(), key.detach(), mask)  # for .attn, if it is read
         # 2) softmax(Q K^T / sqrt(d_k)) V in one call, with attention dropout in training
@@ -332,6 +343,22 @@ class FastMultiHeadedAttention(MultiHeadedAttention):
         x = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=p)
         # 3) merge the heads, 4) W^O
         return self.linears[-1](x.transpose(1, 2).reshape(batch, -1, self.h * self.d_k))
+
+    def project(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+    ) -> list[torch.Tensor]:
+        """W^Q query, W^K key, W^V value, each (batch, n, d_model). Self-attention passes one
+        tensor three times and attention to the memory passes it twice: their projections
+        become one matmul with the weights side by side, which a CPU runs faster."""
+        q, k, v = self.linears[:3]
+        if query is key and key is value:
+            weight = torch.cat([q.weight, k.weight, v.weight])  # (3 d_model, d_model)
+            bias = torch.cat([q.bias, k.bias, v.bias])
+            return list(F.linear(query, weight, bias).chunk(3, dim=-1))
+        if key is value:
+            weight, bias = torch.cat([k.weight, v.weight]), torch.cat([k.bias, v.bias])
+            return [q(query), *F.linear(key, weight, bias).chunk(2, dim=-1)]
+        return [q(query), k(key), v(value)]
 
     @property
     def attn(self) -> torch.Tensor | None:
@@ -357,11 +384,20 @@ class FastEmbeddings(Embeddings):
         return self.lut(x) * self.d_model**0.5
 
 
-FAST_CLASSES = {MultiHeadedAttention: FastMultiHeadedAttention, Embeddings: FastEmbeddings}
+class FastLayerNorm(LayerNorm):
+    """LayerNorm through PyTorch's fused kernel: chapter 2's formula in one operation."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., features) -> (..., features), normalized over the last dimension."""
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
+
+
+FAST_CLASSES = {MultiHeadedAttention: FastMultiHeadedAttention, Embeddings: FastEmbeddings,
+                LayerNorm: FastLayerNorm}
 
 
 def use_fast_path(model: nn.Module, enabled: bool = True) -> nn.Module:
-    """Switch the model's attention and embeddings to the fast classes (or back), in place.
+    """Switch the model's attention, embeddings and layer norms to the fast classes (or back), in place.
 
     Only each module's class changes: parameters, buffers and the state dict stay as they are,
     so a checkpoint of either path loads into the other. Subclasses (chapter 19's
