@@ -9,8 +9,10 @@ import torch.nn.functional as F
 from the_annotated_transformer import (
     DecoderCache,
     FastEmbeddings,
+    FastLayerNorm,
     FastMultiHeadedAttention,
     LabelSmoothing,
+    LayerNorm,
     MultiHeadedAttention,
     attention_maps,
     beam_search,
@@ -180,6 +182,57 @@ def test_fast_attention_equals_readable_attention_with_a_float_mask_and_padding(
     mask[0, :, 4:] = 0  # a float mask: 0 = hidden, as the readable module reads it
     torch.testing.assert_close(fast(x, x, x, mask), readable(x, x, x, mask))
     torch.testing.assert_close(fast.attn, readable.attn)
+
+
+@pytest.mark.parametrize("inputs", ["self", "memory", "separate"])
+def test_fast_attention_packs_projections_without_changing_outputs_or_gradients(inputs):
+    torch.manual_seed(0)
+    readable = MultiHeadedAttention(4, 32, dropout=0.0)
+    fast = use_fast_path(copy.deepcopy(readable))
+    x, m, v = torch.randn(3, 5, 32), torch.randn(3, 7, 32), torch.randn(3, 7, 32)
+    args = {"self": (x, x, x), "memory": (x, m, m), "separate": (x, m, v)}[inputs]
+    results = []
+    for module in (readable, fast):
+        out = module(*args)
+        results.append((out, torch.autograd.grad(out.pow(2).sum(), list(module.parameters()))))
+    (out_r, grads_r), (out_f, grads_f) = results
+    torch.testing.assert_close(out_f, out_r, atol=1e-5, rtol=1e-5)
+    for g_f, g_r in zip(grads_f, grads_r, strict=True):  # each of W^Q, W^K, W^V its own
+        torch.testing.assert_close(g_f, g_r, atol=1e-4, rtol=1e-4)
+
+
+def test_fast_layer_norm_equals_chapter_2s_layer_norm_and_switches_back():
+    torch.manual_seed(0)
+    readable = LayerNorm(16)
+    with torch.no_grad():
+        readable.weight.uniform_(0.5, 1.5), readable.bias.uniform_(-1, 1)
+    fast = use_fast_path(copy.deepcopy(readable))
+    assert type(fast) is FastLayerNorm
+    x = torch.randn(4, 3, 16) * 5 + 2
+    results = []
+    for module in (readable, fast):
+        out = module(x)
+        results.append((out, torch.autograd.grad(out.sin().sum(), list(module.parameters()))))
+    torch.testing.assert_close(results[1][0], results[0][0], atol=1e-5, rtol=1e-5)
+    for g_f, g_r in zip(results[1][1], results[0][1], strict=True):
+        torch.testing.assert_close(g_f, g_r, atol=1e-4, rtol=1e-4)
+    assert type(use_fast_path(fast, False)) is LayerNorm
+
+
+def test_decoder_cache_copies_the_memory_only_when_the_rows_sentences_change():
+    model = random_model(0)
+    src, src_mask = padded_source(0)
+    memory = model.encode(src, src_mask)
+    cache = DecoderCache(model, memory, src_mask)
+    cache.select(torch.tensor([0, 0, 2, 2]))  # two hypotheses each for sentences 0 and 2
+    shared = cache.cross_k
+    cache.select(torch.tensor([1, 0, 3, 3]))  # reordered within each sentence: nothing to copy
+    assert cache.cross_k is shared
+    cache.select(torch.tensor([2, 3]))  # sentence 0 is done: the memory's rows follow
+    assert cache.sentence.tolist() == [2, 2] and cache.src_mask.shape == (2, 1, 1, 9)
+    fresh = DecoderCache(model, memory, src_mask)
+    for got, full in zip(cache.cross_v, fresh.cross_v, strict=True):
+        assert torch.equal(got, full[[2, 2]])
 
 
 def test_fast_attention_keeps_no_weights_until_read_and_attention_maps_still_work():
