@@ -4,9 +4,10 @@
     python tools/bench.py --quick  # `make bench-quick`: the same rows, tiny, in seconds
     python tools/bench.py --save   # and write book/data/bench_cpu.json (bench_cuda.json on a GPU)
 
-Every row runs `--repeats` times after a warm-up; the table gives the median and the range
-(min-max) and each row's ratio to the first row of its group, since ratios measured in one run
-are what another machine reproduces, not the absolute numbers. Training rows time a full step
+Every row runs `--repeats` times after a warm-up (the training rows of one group take turns);
+the table gives the median and the range (min-max) and each row's ratio to the first row of its
+group, since ratios measured in one run are what another machine reproduces, not the absolute
+numbers. Training rows time a full step
 (forward, backward, optimizer step) on batches of random token ids whose lengths follow
 Multi30k's (a gamma distribution fitted to its sentence lengths; no text is read); their MFU is
 the counted matmul FLOPs (torch.utils.flop_counter, forward and backward) per second over the
@@ -241,24 +242,30 @@ def training_step(kind: str, size: Size, vocab: tuple[int, int], device: torch.d
     return model, step
 
 
-def time_training(step: Callable[[Batch], None], batches: list[Batch], repeats: int,
-                  device: torch.device) -> tuple[list[float], float]:
-    """Real target tokens/s of each repeat over `batches`, and the FLOPs of one pass."""
+def time_training(runs: dict[str, tuple[Callable[[Batch], None], list[Batch]]], repeats: int,
+                  device: torch.device) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """Real target tokens/s of each repeat of each run (a step and its batches), and the FLOPs
+    of one pass of each. The repeats take turns, one pass of every run and then the next, so
+    that a slow minute of a shared machine slows every row alike, not only the one it hits."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    with FlopCounterMode(display=False) as counter:  # the warm-up pass, counted
-        for batch in batches:
-            step(batch)
-    tokens = sum(batch.ntokens for batch in batches)
-    rates = []
+    flops = {}
+    for name, (step, batches) in runs.items():
+        with FlopCounterMode(display=False) as counter:  # the warm-up pass, counted
+            for batch in batches:
+                step(batch)
+        flops[name] = counter.get_total_flops()
+    rates: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(repeats):
-        sync(device)
-        start = time.perf_counter()
-        for batch in batches:
-            step(batch)
-        sync(device)
-        rates.append(tokens / (time.perf_counter() - start))
-    return rates, counter.get_total_flops()
+        for name, (step, batches) in runs.items():
+            sync(device)
+            start = time.perf_counter()
+            for batch in batches:
+                step(batch)
+            sync(device)
+            tokens = sum(batch.ntokens for batch in batches)
+            rates[name].append(tokens / (time.perf_counter() - start))
+    return rates, flops
 
 
 # 4) decoding
@@ -353,31 +360,35 @@ def run(quick: bool, repeats: int, device: torch.device) -> dict:
                "training": [], "batching": [], "decoding": [], "decoding_sources": {}}
     for size in sizes:
         batches = budget_batches(size, vocab, size.steps)
-        for kind in TRAINING_KINDS:
-            _, step = training_step(kind, size, vocab, device)
-            rates, flops = time_training(step, batches, repeats, device)
+        runs = {kind: (training_step(kind, size, vocab, device)[1], batches)
+                for kind in TRAINING_KINDS}
+        rates, flops = time_training(runs, repeats, device)
+        tokens = sum(batch.ntokens for batch in batches)
+        for kind, (step, _) in runs.items():
             memory = peak_memory(lambda s=step, b=batches[0]: s(b), device)
-            tokens = sum(batch.ntokens for batch in batches)
-            median = statistics.median(rates)
+            median = statistics.median(rates[kind])
             against = peak_bf16 if "bf16" in kind else peak
             results["training"].append({
-                "size": size.name, "model": kind, "tokens_per_s": spread(rates),
-                "mfu": flops / (tokens / median) / against, "flops_per_token": flops / tokens,
+                "size": size.name, "model": kind, "tokens_per_s": spread(rates[kind]),
+                "mfu": flops[kind] / (tokens / median) / against,
+                "flops_per_token": flops[kind] / tokens,
                 "mfu_of": "bfloat16" if "bf16" in kind else "float32",
                 "peak_memory_mb": memory, "steps": len(batches), "tokens": tokens,
             })
-            print(f"trained {size.name} {kind}", flush=True)
+        del runs  # the models and their optimizers, before the next size's
+        print(f"trained {size.name}", flush=True)
     size = sizes[0]  # token budget against padding to 72, the fast path at the first size
-    for label, pad_to in (("token budget", None), ("every batch padded to 72", 72)):
-        batches = budget_batches(size, vocab, size.steps, pad_to=pad_to, seed=1)
-        _, step = training_step("fast", size, vocab, device)
-        rates, _ = time_training(step, batches, repeats, device)
+    runs = {label: (training_step("fast", size, vocab, device)[1],
+                    budget_batches(size, vocab, size.steps, pad_to=pad_to, seed=1))
+            for label, pad_to in (("token budget", None), ("every batch padded to 72", 72))}
+    rates, _ = time_training(runs, repeats, device)
+    for label, (_, batches) in runs.items():
         padded = sum(b.tgt_y.numel() for b in batches)
         results["batching"].append({
-            "size": size.name, "batching": label, "real_tokens_per_s": spread(rates),
+            "size": size.name, "batching": label, "real_tokens_per_s": spread(rates[label]),
             "padding": 1 - sum(b.ntokens for b in batches) / padded,
         })
-        print(f"batched {label}", flush=True)
+    print("batched", flush=True)
     for size, trained in ((sizes[0], not quick), (sizes[1], False)):
         model, ids, source, max_len = decoding_sources(size, trained, vocab, device,
                                                        12 if quick else 64)
@@ -385,6 +396,11 @@ def run(quick: bool, repeats: int, device: torch.device) -> dict:
         results["decoding"] += decoding_rows(size.name, model, ids, decoders(
             max_len, 4 if quick else 32), repeats, device)
     return results
+
+
+def until_end(ids: list[int]) -> list[int]:
+    """A decoded row without the padding after its first </s>."""
+    return ids[: ids.index(EOS) + 1] if EOS in ids else ids
 
 
 def decoding_rows(size: str, model: nn.Module, ids: list[list[int]],
@@ -401,9 +417,10 @@ def decoding_rows(size: str, model: nn.Module, ids: list[list[int]],
             key = "greedy" if label.startswith("greedy") else "beam"
             tokens = [row for out in outputs for row in (out[0] if key == "beam" else out)
                       .tolist()]
-            if "bf16" in label:  # other rounding, so not the same tokens: how many agree
-                agree = statistics.mean(a == b for a, b in zip(tokens, reference[key],
-                                                               strict=True))
+            if "bf16" in label:  # other rounding, so not always the same tokens: how many
+                agree = statistics.mean(  # sentences agree up to their </s>
+                    until_end(a) == until_end(b)
+                    for a, b in zip(tokens, reference[key], strict=True))
             else:
                 same = reference.setdefault(key, tokens) == tokens
         results.append({"size": size, "decoder": label, "sentences_per_s": spread(rates),

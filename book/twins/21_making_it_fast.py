@@ -5,7 +5,8 @@
 # print, decoding recomputes the whole prefix at every step, and the loss builds the smoothed
 # target distribution in full. This chapter keeps all of that and adds, beside it, the paths
 # that a production Transformer takes: a key/value cache for decoding, PyTorch's fused attention
-# kernel, a loss in one call, and batches cut by a token budget. Each one is a switch, each one
+# kernel and layer norm, packed projections, a loss in one call, batches cut by a token budget,
+# and bfloat16 arithmetic where the hardware has it. Each one is a switch, each one
 # is checked here, live, to give the same result as the readable code, and what each one buys is
 # measured by `make bench` (`tools/bench.py`), whose results this chapter reads from a file.
 
@@ -233,9 +234,13 @@ def cached_greedy_decode(
 # all sentences, and they change at every step: a hypothesis in slot 2 may extend the one that
 # sat in slot 0. So after choosing the best candidates, `beam_search(..., use_cache=True)`
 # records for each slot the cache row of the hypothesis it extends, and at the next step
-# `DecoderCache.select` gathers those rows, the memory's keys and values included. The source
-# is encoded once per sentence and its keys and values projected once per sentence; a step
-# copies them to the rows of that sentence's live hypotheses instead of projecting them again.
+# `DecoderCache.select` gathers those rows of the self-attention keys and values. The memory's
+# keys and values need no such gather. Every hypothesis of a sentence attends to the same
+# source, so they depend only on which sentence a row belongs to: `DecoderCache` keeps them
+# once per sentence, with a tensor `sentence` that names each row's sentence, and copies them
+# to the rows only when that tensor changes, which happens when the beam first widens from one
+# hypothesis to $k$ and when a sentence finishes. A step that only reorders hypotheses within
+# their sentences, which is most steps, copies nothing of the memory.
 #
 # The check: on a small untrained model, with padding in the source, the cached decoders give
 # exactly the ids of the recomputing ones, greedy and beam, with and without an end symbol.
@@ -308,6 +313,19 @@ for row in beam[1][:, 1:].tolist():
 # waits for the device to catch up (a host sync) before it can go on queueing work. The check
 # is not lost entirely: `nn.Embedding` itself fails on an id out of range, with an `IndexError`
 # on a CPU and a device-side assertion on a GPU, only with a less helpful message.
+#
+# Two more changes do the same arithmetic in fewer calls. In self-attention the query, key and
+# value are one tensor, so their three projections can be one matrix product with $W^Q$, $W^K$
+# and $W^V$ side by side, a $(3 d_\text{model}, d_\text{model})$ matrix whose output is cut in
+# three; attention to the memory packs $W^K$ and $W^V$ the same way. One product of three times
+# the width keeps a CPU's vector units busier than three small ones. The weights stay three
+# `nn.Linear` modules, so the state dict does not change: the packed matrix is concatenated at
+# every call, a copy of $3 d_\text{model}^2$ numbers that is small beside the product, and its
+# gradient flows back into the three. (`torch.nn.MultiheadAttention` stores a single packed
+# `in_proj_weight` instead, which is one reason its state dict does not match ours.) And
+# `FastLayerNorm` computes chapter 2's layer norm with `F.layer_norm`, one kernel forward and
+# one backward, where the readable version takes a mean, a variance, a subtraction, a square
+# root, a division, a product and a sum, each writing a full tensor.
 #
 # `use_fast_path(model)` switches a built model to the fast classes in place, and
 # `use_fast_path(model, False)` back.
@@ -542,21 +560,50 @@ for eps in (0.0, 0.1, 0.3):
 # padding, which costs as much to compute as real tokens. `make bench` compares the two at the
 # same padded size per batch, counting only real target tokens per second.
 #
+# ## bfloat16 on a CPU
+#
+# Chapter 14 trains under bfloat16 autocast on GPUs that compute in it natively, and leaves it
+# off on CPUs, whose float32 numbers are the book's reference. But some CPUs have bfloat16
+# matrix units as well: Intel's AVX-512 BF16 instructions and its AMX tile units (Xeon from
+# the Sapphire Rapids generation on), which PyTorch's oneDNN kernels use for matrix products
+# under `torch.autocast("cpu", dtype=torch.bfloat16)`. Nothing in the model changes: autocast
+# runs each matrix product on bfloat16 copies of its inputs, and keeps the weights, the
+# optimizer state, and reductions such as softmax and layer norm in float32. `make bench`
+# measures the bfloat16 matmul peak beside the float32 one and runs the fast path under
+# autocast, for training (with the loss computed in float32 from the logits) and for cached
+# greedy decoding. Rounding to 8 mantissa bits changes some logits enough to change an argmax,
+# so bfloat16 decoding is not token for token the float32 decoding; the bench counts how many
+# sentences come out the same. On a CPU without such units bfloat16 is emulated, and may well
+# be slower than float32; this book has not measured one.
+#
 # ## What it buys
 #
-# `make bench` runs every row in one process: training steps (forward, backward and an Adam
-# step, with dropout 0.1) of the readable model, the fast path (fused attention, unchecked
-# embeddings and `label_smoothing_loss`) and `torch.nn.Transformer` between the same
-# embeddings and generator; the two batchings; and five decoders. The training batches are
-# random token ids with lengths drawn to match Multi30k's, not Multi30k itself; the decoding
-# rows translate the first 64 Multi30k validation sentences with the shipped model. Each row
-# repeats, and the table gives the median with the range. The numbers below come from
-# `book/data/bench_cpu.json`, written by one run on the machine it names; the chapter only reads
-# the file. The machine is a 2-core cloud CPU, otherwise idle but for one other
-# single-threaded job during the first minutes of the run; the ranges show how much each
-# row moved between repeats (a few percent at most). Absolute numbers belong to this machine;
-# the ratios within one group, measured minutes apart in the same process, are what the run
-# can tell.
+# `make bench` runs every row in one process. The training rows time steps (forward, backward
+# and an Adam step, with dropout 0.1) of four models:
+#
+# * the readable model, with chapter 8's loss and a plain Adam step;
+# * the fast path: fused attention and layer norm, packed projections, unchecked embeddings,
+#   `label_smoothing_loss`, and Adam's fused step (`fused=True`), which updates every
+#   parameter in one kernel instead of a loop of small operations per parameter;
+# * `torch.nn.Transformer` between the same embeddings and generator, with the fast path's loss
+#   and optimizer, so that the two differ only in the layers;
+# * the fast path under bfloat16 autocast.
+#
+# Then come the two batchings and seven decoders, at two sizes. At the cpu size the decoders
+# translate the first 64 Multi30k validation sentences with the shipped model. No trained model
+# of the base size exists, so there an untrained one translates random ids of Multi30k's
+# source lengths, with its generator's bias for `</s>` set so low that no output ends early:
+# every output has 15 tokens, about a Multi30k translation with `<s>` and `</s>`. The
+# decoders do the work they would do on real outputs of that length, except that no sentence
+# leaves the batch early, which only the cached decoder would have gained from. The training
+# batches are random ids whose lengths are drawn to match Multi30k's.
+#
+# Each row repeats, and the table gives the median with the range. The numbers below come from
+# `book/data/bench_cpu.json`, written by one run on the machine it names; the chapter only
+# reads the file. That machine is a 2-core cloud CPU with AMX, run with one thread and
+# otherwise idle; the ranges show how much each row moved between repeats. Absolute numbers
+# belong to that machine; the ratios within one group, measured minutes apart in the same
+# process, are what the run can tell.
 
 # %% tags=["export"]
 import json
@@ -675,34 +722,56 @@ for name, value, goal in goals:
 # %% [markdown]
 # What the run says, and what it does not:
 #
-# * **Decoding gains the most.** With the cache, batched greedy decoding translated about
-#   4.3 times as many sentences per second as batched greedy without it, and about 10 times
-#   as many as the classic decoder that translates one sentence at a time; beam search with the
-#   cache ran about 2.9 times as fast as without. Those are the shipped model's sizes
-#   (3 layers, $d_\text{model} = 256$) and its real outputs; the goal of 25 times the classic
-#   decoder was set for the base size, whose decoding this run did not measure (there is no
-#   trained base model to give outputs of Multi30k length). The beam gains less than greedy
-#   because each of its steps still copies every live hypothesis's cache rows, the memory's
-#   keys and values included, to follow the hypotheses it extends.
+# * **Decoding gains the most.** At the cpu size, on the shipped model's real outputs, the
+#   cache made batched greedy decoding about 4.8 times as fast as batched greedy without it,
+#   and about 8 times as fast as the classic decoder that translates one sentence at a time
+#   (about 10 times with fused attention). Beam search with the cache ran about 3.4 times as
+#   fast as without at the cpu size, and about 4.6 times at the base size. The beam gains
+#   less than greedy decoding because every step still gathers each live hypothesis's
+#   self-attention rows to follow the hypothesis it extends.
+# * **The goal of 25 times the classic decoder at the base size is met only in bfloat16.** In
+#   float32 the cache gave about 12 times, and 15 with fused attention. The arithmetic explains
+#   most of the gap. By our count (approximate: matrix products only), a sentence of 15 source
+#   and 14 output tokens costs the classic decoder about 3.3 billion multiply-adds at the base
+#   size, and the cached one about 0.7 billion. The prefix that is decoded again
+#   ($1 + \dots + 14 = 105$ positions against 14) and the memory's keys and values, projected
+#   again at every step, make the difference, while the encoder and the generator cost both the
+#   same. So the cache removes about four fifths of the work, and the rest of the speed-up has
+#   to come from batching. The cached decoder's products, 32 rows against matrices of 512 or
+#   2,048 columns, ran at roughly a third of the measured float32 peak. Under bfloat16 autocast
+#   on this CPU's AMX units the same decoder with fused attention ran about 30 times as fast
+#   as the classic one. Its translations are not all the float32 ones: the table gives the
+#   share of sentences that came out the same. In a separate check on all 1,014 validation
+#   sentences (not run by this chapter), about 95% of the shipped word model's greedy
+#   translations were identical and BLEU moved by less than 0.2.
 # * **Batching by tokens is the cheapest large gain.** Padding every batch to 72 tokens made
 #   about 81% of the positions padding, against about 4% for the token budget, and the budget
 #   gave over 5 times the real tokens per second.
-# * **Training speed is decided by the matrix products.** On one CPU thread, attention is a small
-#   part of a step, and fusing it changes little: the fast path trained about 1% faster than
-#   the readable model at both sizes. `torch.nn.Transformer` was about 3% faster than either
-#   at the cpu size and about 12% faster at base size; it projects queries, keys and values
-#   with one packed matrix and uses PyTorch's native layer norm, which may explain the gap (we
-#   did not profile it). The counted FLOPs are the same for all three (the same matrices); the
-#   utilization of the measured matmul peak was about 47% to 52% at base size and about 33% at
-#   the cpu size, whose matrices are smaller.
-#   What the fast path removes, host syncs and the stored weight matrices, matters on a GPU,
-#   where the device would otherwise wait for the host and memory bandwidth is what attention
+# * **Training: the fast path now matches `torch.nn.Transformer`.** The fast path trained about
+#   1.2 times as fast as the readable model at the cpu size, and 1.1 times at the base size,
+#   which is level with `torch.nn.Transformer` at the base size and a little ahead of it at the
+#   cpu size. An earlier version of this chapter's fast path, without packed projections, fused
+#   layer norm and the fused optimizer, trained 2% to 10% slower than `torch.nn.Transformer`.
+#   A profile showed the readable layer norm's separate operations where PyTorch's layers use
+#   one kernel; the fused optimizer then sped up both models by a few percent. The counted
+#   FLOPs are the same for all
+#   three (the same matrices). At the base size the fast path used about 60% of the measured
+#   float32 matmul peak, and at the cpu size, whose matrices are smaller, about 40%. What the
+#   fast path also removes, host syncs and the stored weight matrices, matters more on a GPU,
+#   where the device would otherwise wait for the host, and memory bandwidth is what attention
 #   spends.
-# * **Memory.** The fast path's peak was about 11% to 13% *higher* than the readable path's in
-#   this run, not lower. At Multi30k's lengths the (n_q, n_k) weights are small next to the
+# * **bfloat16 doubles training speed on this CPU.** The fast path under autocast trained about
+#   1.8 times as fast as the readable model in float32 at the cpu size and about 2.4 times at
+#   the base size. Its MFU, counted against the bfloat16 peak, is low, about 10% to 20%. The
+#   matrix units run about 6.7 times as fast as float32, so the work that stays in float32
+#   (dropout, softmax, layer norm, the loss and the optimizer) becomes most of the step. This
+#   run measured speed only, not what bfloat16 does to a training run's BLEU.
+# * **Memory.** In float32 the fast path's peak was a few percent *higher* than the readable
+#   path's, not lower. At Multi30k's lengths the (n_q, n_k) weights are small next to the
 #   activations of the feed-forward layers and the generator, so there is little to save, and
 #   this run does not tell where the extra comes from; the CPU measure (the profiler's memory
-#   events) is itself approximate.
+#   events) is itself approximate. Under bfloat16 the peak fell by a quarter, since the
+#   activations kept for the backward pass are half as large.
 #
 # Not measured yet: a GPU. `make bench` on a machine with CUDA runs the same rows there and
 # writes `book/data/bench_cuda.json` with the GPU named; `bench_results("bench_cuda.json")`
@@ -714,7 +783,9 @@ for name, value, goal in goals:
 # Beside the readable model, a fast one that is the same model: `greedy_decode` and
 # `beam_search` with `use_cache=True` decode one new position per step from a `DecoderCache`,
 # give the same tokens (checked here on a random and on the trained model) and are what
-# `make translate` uses; `use_fast_path` switches a model to fused attention and unchecked
-# embeddings without touching its state dict, and still hands out attention maps on request;
-# `label_smoothing_loss` is chapter 11's loss through `F.cross_entropy`. `make bench` measures
-# them in one process, and `make bench-quick` runs the same rows in seconds as a test.
+# `make translate` uses; `use_fast_path` switches a model to fused attention, packed
+# projections, fused layer norm and unchecked embeddings without touching its state dict, and
+# still hands out attention maps on request; `label_smoothing_loss` is chapter 11's loss
+# through `F.cross_entropy`. `make bench` measures them in one process, with Adam's fused step
+# and bfloat16 autocast beside them, and `make bench-quick` runs the same rows in seconds as a
+# test.
