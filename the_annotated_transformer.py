@@ -343,19 +343,24 @@ class MultiHeadedAttention(nn.Module):
         """query (batch, n_q, d_model), key/value (batch, n_k, d_model) -> (batch, n_q, d_model)."""
         if mask is not None and mask.dim() == 3:
             mask = mask.unsqueeze(1)  # (batch, 1, n_q or 1, n_k): the same mask for every head
-        batch = query.size(0)
         # 1) project, and split d_model into h heads of width d_k
         query, key, value = [
-            linear(x).view(batch, -1, self.h, self.d_k).transpose(1, 2)  # (batch, h, n, d_k)
+            self.split_heads(linear(x))  # (batch, h, n, d_k)
             for linear, x in zip(self.linears, (query, key, value), strict=False)
         ]
         # 2) attend, in all heads at once
         x, weights = attention(query, key, value, mask=mask, dropout=self.dropout)
         self.attn = weights.detach()
-        # 3) merge the heads back: (batch, h, n_q, d_k) -> (batch, n_q, h * d_k)
-        x = x.transpose(1, 2).contiguous().view(batch, -1, self.h * self.d_k)
-        # 4) the output projection W^O
-        return self.linears[-1](x)
+        # 3) merge the heads back, 4) the output projection W^O
+        return self.linears[-1](self.merge_heads(x))
+
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """(batch, n, h * width) -> (batch, h, n, width): head i gets the i-th slice."""
+        return x.view(*x.shape[:2], self.h, -1).transpose(1, 2)
+
+    def merge_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """(batch, h, n, width) -> (batch, n, h * width), the inverse of split_heads."""
+        return x.transpose(1, 2).reshape(x.size(0), x.size(2), -1)
 
 
 # %%
@@ -3588,22 +3593,16 @@ class KeySizeAttention(MultiHeadedAttention):
         """query (batch, n_q, d_model), key/value (batch, n_k, d_model) -> (batch, n_q, d_model)."""
         if mask is not None and mask.dim() == 3:
             mask = mask.unsqueeze(1)  # (batch, 1, n_q or 1, n_k): the same mask for every head
-        batch = query.size(0)
         # 1) project: queries and keys to h heads of d_k, values to h heads of d_v
-        widths = (self.d_k, self.d_k, self.d_v)
         query, key, value = [
-            linear(x).view(batch, -1, self.h, width).transpose(1, 2)  # (batch, h, n, width)
-            for linear, x, width in zip(
-                self.linears[:3], (query, key, value), widths, strict=True
-            )
+            self.split_heads(linear(x))  # (batch, h, n, d_k or d_v)
+            for linear, x in zip(self.linears[:3], (query, key, value), strict=True)
         ]
         # 2) attend: scores from d_k-wide dot products, outputs d_v wide
         x, weights = attention(query, key, value, mask=mask, dropout=self.dropout)
         self.attn = weights.detach()  # (batch, h, n_q, n_k)
-        # 3) merge the heads: (batch, h, n_q, d_v) -> (batch, n_q, h * d_v)
-        x = x.transpose(1, 2).contiguous().view(batch, -1, self.h * self.d_v)
-        # 4) the output projection W^O
-        return self.linears[-1](x)
+        # 3) merge the heads: (batch, h, n_q, d_v) -> (batch, n_q, h * d_v), 4) W^O
+        return self.linears[-1](self.merge_heads(x))
 
 
 # %%
@@ -4082,11 +4081,6 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def split_heads(attn: MultiHeadedAttention, x: torch.Tensor) -> torch.Tensor:
-    """(rows, n, d_model) -> (rows, h, n, d_k), as MultiHeadedAttention splits its inputs."""
-    return x.view(x.size(0), -1, attn.h, attn.d_k).transpose(1, 2)
-
-
 class DecoderCache:
     """What the decoder keeps between steps, per layer: the keys and values of the target
     tokens so far and of the memory, one row per sentence (or hypothesis) being decoded."""
@@ -4099,9 +4093,9 @@ class DecoderCache:
         self.self_v: list[torch.Tensor | None] = [None] * len(self.layers)
         # the memory's keys and values for attention to the source, one row per sentence:
         # projected once
-        self.memory_k = [split_heads(layer.src_attn, layer.src_attn.linears[1](memory))
+        self.memory_k = [layer.src_attn.split_heads(layer.src_attn.linears[1](memory))
                          for layer in self.layers]  # (sentences, h, n_src, d_k)
-        self.memory_v = [split_heads(layer.src_attn, layer.src_attn.linears[2](memory))
+        self.memory_v = [layer.src_attn.split_heads(layer.src_attn.linears[2](memory))
                          for layer in self.layers]
         self.memory_mask = None if src_mask is None else src_mask.unsqueeze(1)  # (sentences,
         # 1, 1, n_src); and what each row attends to, while each row is its own sentence
@@ -4134,13 +4128,13 @@ def attend_cached(
 ) -> torch.Tensor:
     """attn's output (rows, 1, d_model) for one new position x (rows, 1, d_model), whose
     query meets keys and values (rows, h, n_k, d_k) that are already projected."""
-    query = split_heads(attn, attn.linears[0](x))  # (rows, h, 1, d_k)
+    query = attn.split_heads(attn.linears[0](x))  # (rows, h, 1, d_k)
     if isinstance(attn, FastMultiHeadedAttention):
         mask = None if mask is None else mask != 0
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask)
     else:
         out, _ = attention(query, key, value, mask=mask)  # (rows, h, 1, d_k)
-    return attn.linears[-1](out.transpose(1, 2).reshape(x.size(0), 1, attn.h * attn.d_k))
+    return attn.linears[-1](attn.merge_heads(out))  # (rows, 1, d_model)
 
 
 def decode_step(
@@ -4161,7 +4155,7 @@ def decode_step(
 
         def self_attend(y: torch.Tensor, i: int = i, attn: nn.Module = layer.self_attn):
             # 1) the new token's key and value join those of the tokens before it
-            k, v = (split_heads(attn, linear(y)) for linear in attn.linears[1:3])
+            k, v = (attn.split_heads(linear(y)) for linear in attn.linears[1:3])
             if cache.self_k[i] is not None:
                 k = torch.cat([cache.self_k[i], k], dim=2)  # (rows, h, t + 1, d_k)
                 v = torch.cat([cache.self_v[i], v], dim=2)
@@ -4241,18 +4235,14 @@ class FastMultiHeadedAttention(MultiHeadedAttention):
             mask = mask != 0  # boolean: True = may attend (a float mask would be added)
             if mask.dim() == 3:
                 mask = mask.unsqueeze(1)  # (batch, 1, n_q or 1, n_k)
-        batch = query.size(0)
         # 1) project (one matmul for inputs that are the same tensor) and split into heads
-        query, key, value = [
-            x.view(batch, -1, self.h, self.d_k).transpose(1, 2)  # (batch, h, n, d_k)
-            for x in self.project(query, key, value)
-        ]
+        query, key, value = [self.split_heads(x) for x in self.project(query, key, value)]
         self._last = (query.detach(), key.detach(), mask)  # for .attn, if it is read
         # 2) softmax(Q K^T / sqrt(d_k)) V in one call, with attention dropout in training
         p = self.dropout.p if self.training else 0.0
         x = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=p)
         # 3) merge the heads, 4) W^O
-        return self.linears[-1](x.transpose(1, 2).reshape(batch, -1, self.h * self.d_k))
+        return self.linears[-1](self.merge_heads(x))  # (batch, n_q, d_model)
 
     def project(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
@@ -4307,11 +4297,11 @@ FAST_CLASSES = {MultiHeadedAttention: FastMultiHeadedAttention, Embeddings: Fast
 
 
 def use_fast_path(model: nn.Module, enabled: bool = True) -> nn.Module:
-    """Switch the model's attention, embeddings and layer norms to the fast classes (or back), in place.
+    """Switch the model's attention, embeddings and layer norms to the fast classes (or back).
 
     Only each module's class changes: parameters, buffers and the state dict stay as they are,
     so a checkpoint of either path loads into the other. Subclasses (chapter 19's
-    KeySizeAttention) are left alone. Returns the model.
+    KeySizeAttention) are left alone. Returns the model, changed in place.
     """
     for module in model.modules():
         for readable, fast in FAST_CLASSES.items():
@@ -4375,7 +4365,8 @@ def bench_table(results: dict[str, Any]) -> Any:
     groups = [("training", "tokens_per_s", "target tokens/s", lambda r: (r["size"], r["model"])),
               ("batching", "real_tokens_per_s", "real target tokens/s",
                lambda r: (r["size"], r["batching"])),
-              ("decoding", "sentences_per_s", "sentences/s", lambda r: ("", r["decoder"]))]
+              ("decoding", "sentences_per_s", "sentences/s",
+               lambda r: (r["size"], r["decoder"]))]
     for group, key, unit, name in groups:
         first = {}
         for row in results[group]:
@@ -4766,17 +4757,15 @@ class RotaryMultiHeadedAttention(MultiHeadedAttention):
         """Self-attention on positions 0..n-1: (batch, n, d_model) -> (batch, n, d_model)."""
         if mask is not None and mask.dim() == 3:
             mask = mask.unsqueeze(1)  # (batch, 1, n, n): the same mask for every head
-        batch, n = query.shape[:2]
         query, key, value = [
-            linear(x).view(batch, -1, self.h, self.d_k).transpose(1, 2)  # (batch, h, n, d_k)
+            self.split_heads(linear(x))  # (batch, h, n, d_k)
             for linear, x in zip(self.linears, (query, key, value), strict=False)
         ]
-        positions = torch.arange(n, device=query.device)
+        positions = torch.arange(query.size(2), device=query.device)
         query, key = rotary(query, positions), rotary(key, positions)  # the only change
         x, weights = attention(query, key, value, mask=mask, dropout=self.dropout)
         self.attn = weights.detach()
-        x = x.transpose(1, 2).contiguous().view(batch, n, self.h * self.d_k)
-        return self.linears[-1](x)
+        return self.linears[-1](self.merge_heads(x))
 
 
 # %%

@@ -335,19 +335,24 @@ class MultiHeadedAttention(nn.Module):
         """query (batch, n_q, d_model), key/value (batch, n_k, d_model) -> (batch, n_q, d_model)."""
         if mask is not None and mask.dim() == 3:
             mask = mask.unsqueeze(1)  # (batch, 1, n_q or 1, n_k): the same mask for every head
-        batch = query.size(0)
         # 1) project, and split d_model into h heads of width d_k
         query, key, value = [
-            linear(x).view(batch, -1, self.h, self.d_k).transpose(1, 2)  # (batch, h, n, d_k)
+            self.split_heads(linear(x))  # (batch, h, n, d_k)
             for linear, x in zip(self.linears, (query, key, value), strict=False)
         ]
         # 2) attend, in all heads at once
         x, weights = attention(query, key, value, mask=mask, dropout=self.dropout)
         self.attn = weights.detach()
-        # 3) merge the heads back: (batch, h, n_q, d_k) -> (batch, n_q, h * d_k)
-        x = x.transpose(1, 2).contiguous().view(batch, -1, self.h * self.d_k)
-        # 4) the output projection W^O
-        return self.linears[-1](x)
+        # 3) merge the heads back, 4) the output projection W^O
+        return self.linears[-1](self.merge_heads(x))
+
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """(batch, n, h * width) -> (batch, h, n, width): head i gets the i-th slice."""
+        return x.view(*x.shape[:2], self.h, -1).transpose(1, 2)
+
+    def merge_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """(batch, h, n, width) -> (batch, n, h * width), the inverse of split_heads."""
+        return x.transpose(1, 2).reshape(x.size(0), x.size(2), -1)
 
 
 # %% [markdown]

@@ -137,22 +137,16 @@ class KeySizeAttention(MultiHeadedAttention):
         """query (batch, n_q, d_model), key/value (batch, n_k, d_model) -> (batch, n_q, d_model)."""
         if mask is not None and mask.dim() == 3:
             mask = mask.unsqueeze(1)  # (batch, 1, n_q or 1, n_k): the same mask for every head
-        batch = query.size(0)
         # 1) project: queries and keys to h heads of d_k, values to h heads of d_v
-        widths = (self.d_k, self.d_k, self.d_v)
         query, key, value = [
-            linear(x).view(batch, -1, self.h, width).transpose(1, 2)  # (batch, h, n, width)
-            for linear, x, width in zip(
-                self.linears[:3], (query, key, value), widths, strict=True
-            )
+            self.split_heads(linear(x))  # (batch, h, n, d_k or d_v)
+            for linear, x in zip(self.linears[:3], (query, key, value), strict=True)
         ]
         # 2) attend: scores from d_k-wide dot products, outputs d_v wide
         x, weights = attention(query, key, value, mask=mask, dropout=self.dropout)
         self.attn = weights.detach()  # (batch, h, n_q, n_k)
-        # 3) merge the heads: (batch, h, n_q, d_v) -> (batch, n_q, h * d_v)
-        x = x.transpose(1, 2).contiguous().view(batch, -1, self.h * self.d_v)
-        # 4) the output projection W^O
-        return self.linears[-1](x)
+        # 3) merge the heads: (batch, h, n_q, d_v) -> (batch, n_q, h * d_v), 4) W^O
+        return self.linears[-1](self.merge_heads(x))
 
 
 # %% [markdown]

@@ -83,11 +83,6 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def split_heads(attn: MultiHeadedAttention, x: torch.Tensor) -> torch.Tensor:
-    """(rows, n, d_model) -> (rows, h, n, d_k), as MultiHeadedAttention splits its inputs."""
-    return x.view(x.size(0), -1, attn.h, attn.d_k).transpose(1, 2)
-
-
 class DecoderCache:
     """What the decoder keeps between steps, per layer: the keys and values of the target
     tokens so far and of the memory, one row per sentence (or hypothesis) being decoded."""
@@ -100,9 +95,9 @@ class DecoderCache:
         self.self_v: list[torch.Tensor | None] = [None] * len(self.layers)
         # the memory's keys and values for attention to the source, one row per sentence:
         # projected once
-        self.memory_k = [split_heads(layer.src_attn, layer.src_attn.linears[1](memory))
+        self.memory_k = [layer.src_attn.split_heads(layer.src_attn.linears[1](memory))
                          for layer in self.layers]  # (sentences, h, n_src, d_k)
-        self.memory_v = [split_heads(layer.src_attn, layer.src_attn.linears[2](memory))
+        self.memory_v = [layer.src_attn.split_heads(layer.src_attn.linears[2](memory))
                          for layer in self.layers]
         self.memory_mask = None if src_mask is None else src_mask.unsqueeze(1)  # (sentences,
         # 1, 1, n_src); and what each row attends to, while each row is its own sentence
@@ -135,13 +130,13 @@ def attend_cached(
 ) -> torch.Tensor:
     """attn's output (rows, 1, d_model) for one new position x (rows, 1, d_model), whose
     query meets keys and values (rows, h, n_k, d_k) that are already projected."""
-    query = split_heads(attn, attn.linears[0](x))  # (rows, h, 1, d_k)
+    query = attn.split_heads(attn.linears[0](x))  # (rows, h, 1, d_k)
     if isinstance(attn, FastMultiHeadedAttention):
         mask = None if mask is None else mask != 0
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask)
     else:
         out, _ = attention(query, key, value, mask=mask)  # (rows, h, 1, d_k)
-    return attn.linears[-1](out.transpose(1, 2).reshape(x.size(0), 1, attn.h * attn.d_k))
+    return attn.linears[-1](attn.merge_heads(out))  # (rows, 1, d_model)
 
 
 def decode_step(
@@ -162,7 +157,7 @@ def decode_step(
 
         def self_attend(y: torch.Tensor, i: int = i, attn: nn.Module = layer.self_attn):
             # 1) the new token's key and value join those of the tokens before it
-            k, v = (split_heads(attn, linear(y)) for linear in attn.linears[1:3])
+            k, v = (attn.split_heads(linear(y)) for linear in attn.linears[1:3])
             if cache.self_k[i] is not None:
                 k = torch.cat([cache.self_k[i], k], dim=2)  # (rows, h, t + 1, d_k)
                 v = torch.cat([cache.self_v[i], v], dim=2)
@@ -350,18 +345,14 @@ class FastMultiHeadedAttention(MultiHeadedAttention):
             mask = mask != 0  # boolean: True = may attend (a float mask would be added)
             if mask.dim() == 3:
                 mask = mask.unsqueeze(1)  # (batch, 1, n_q or 1, n_k)
-        batch = query.size(0)
         # 1) project (one matmul for inputs that are the same tensor) and split into heads
-        query, key, value = [
-            x.view(batch, -1, self.h, self.d_k).transpose(1, 2)  # (batch, h, n, d_k)
-            for x in self.project(query, key, value)
-        ]
+        query, key, value = [self.split_heads(x) for x in self.project(query, key, value)]
         self._last = (query.detach(), key.detach(), mask)  # for .attn, if it is read
         # 2) softmax(Q K^T / sqrt(d_k)) V in one call, with attention dropout in training
         p = self.dropout.p if self.training else 0.0
         x = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=p)
         # 3) merge the heads, 4) W^O
-        return self.linears[-1](x.transpose(1, 2).reshape(batch, -1, self.h * self.d_k))
+        return self.linears[-1](self.merge_heads(x))  # (batch, n_q, d_model)
 
     def project(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
@@ -416,11 +407,11 @@ FAST_CLASSES = {MultiHeadedAttention: FastMultiHeadedAttention, Embeddings: Fast
 
 
 def use_fast_path(model: nn.Module, enabled: bool = True) -> nn.Module:
-    """Switch the model's attention, embeddings and layer norms to the fast classes (or back), in place.
+    """Switch the model's attention, embeddings and layer norms to the fast classes (or back).
 
     Only each module's class changes: parameters, buffers and the state dict stay as they are,
     so a checkpoint of either path loads into the other. Subclasses (chapter 19's
-    KeySizeAttention) are left alone. Returns the model.
+    KeySizeAttention) are left alone. Returns the model, changed in place.
     """
     for module in model.modules():
         for readable, fast in FAST_CLASSES.items():
@@ -598,7 +589,9 @@ for eps in (0.0, 0.1, 0.3):
 # leaves the batch early, which only the cached decoder would have gained from. The training
 # batches are random ids whose lengths are drawn to match Multi30k's.
 #
-# Each row repeats, and the table gives the median with the range. The numbers below come from
+# Each row repeats, and the table gives the median with the range. The training rows of one
+# size take turns, one pass of each per repeat, so that a slower minute of a shared machine
+# slows all four alike instead of the one it falls on. The numbers below come from
 # `book/data/bench_cpu.json`, written by one run on the machine it names; the chapter only
 # reads the file. That machine is a 2-core cloud CPU with AMX, run with one thread and
 # otherwise idle; the ranges show how much each row moved between repeats. Absolute numbers

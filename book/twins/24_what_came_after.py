@@ -142,17 +142,15 @@ class RotaryMultiHeadedAttention(MultiHeadedAttention):
         """Self-attention on positions 0..n-1: (batch, n, d_model) -> (batch, n, d_model)."""
         if mask is not None and mask.dim() == 3:
             mask = mask.unsqueeze(1)  # (batch, 1, n, n): the same mask for every head
-        batch, n = query.shape[:2]
         query, key, value = [
-            linear(x).view(batch, -1, self.h, self.d_k).transpose(1, 2)  # (batch, h, n, d_k)
+            self.split_heads(linear(x))  # (batch, h, n, d_k)
             for linear, x in zip(self.linears, (query, key, value), strict=False)
         ]
-        positions = torch.arange(n, device=query.device)
+        positions = torch.arange(query.size(2), device=query.device)
         query, key = rotary(query, positions), rotary(key, positions)  # the only change
         x, weights = attention(query, key, value, mask=mask, dropout=self.dropout)
         self.attn = weights.detach()
-        x = x.transpose(1, 2).contiguous().view(batch, n, self.h * self.d_k)
-        return self.linears[-1](x)
+        return self.linears[-1](self.merge_heads(x))
 
 
 
