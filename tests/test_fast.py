@@ -129,6 +129,22 @@ def test_cached_decoding_gives_the_shipped_models_tokens_greedy_and_beam(shipped
     assert torch.equal(got_ids, ids) and torch.allclose(got_scores, scores, atol=1e-4)
 
 
+@pytest.mark.parametrize("d_k", [3, 12])
+def test_cached_decoders_work_with_a_key_size_of_its_own(d_k):
+    # chapter 19's KeySizeAttention: queries and keys d_k wide, values d_model / h = 8 wide
+    torch.manual_seed(0)
+    model = make_variant(30, 30, N=2, d_model=32, d_ff=64, h=4, d_k=d_k).eval()
+    with torch.no_grad():
+        model.generator.proj.bias[1] += 3.0
+    src, src_mask = padded_source(0)
+    expected = greedy_decode(model, src, src_mask, 12, 0, end_symbol=1)
+    assert torch.equal(greedy_decode(model, src, src_mask, 12, 0, end_symbol=1, use_cache=True),
+                       expected)
+    beams = [beam_search(model, src, src_mask, max_len=12, start_symbol=0, end_symbol=1,
+                         use_cache=cache)[0] for cache in (False, True)]
+    assert torch.equal(*beams)
+
+
 def test_cached_beam_translate_gives_the_same_english(shipped):
     model, vocab_src, vocab_tgt, german, sentences, _, _ = shipped
     plain = beam_translate(model, sentences, vocab_src, vocab_tgt, german)
