@@ -771,8 +771,9 @@ for name, value, goal in goals:
 #
 # Not measured yet: a GPU. `make bench` on a machine with CUDA runs the same rows there and
 # writes `book/data/bench_cuda.json` with the GPU named; `bench_results("bench_cuda.json")`
-# reads it, and the issue's GPU goals (bf16 autocast at 1.5 times the readable float32 path,
-# `torch.compile`) belong to that run. Everything above is one CPU thread.
+# reads it. The issue that asked for this chapter set its bfloat16 goal (1.5 times the readable
+# float32 path) for a GPU; the line above measures it on this CPU instead, and the GPU's own
+# figure, with `torch.compile`, belongs to that run. Everything above is one CPU thread.
 #
 # ## What we have
 #
