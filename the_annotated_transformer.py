@@ -4357,6 +4357,14 @@ def bench_results(name: str = "bench_cpu.json") -> dict[str, Any]:
         return json.loads(response.read())
 
 
+def same_tokens(row: dict[str, Any]) -> str | None:
+    """A decoding row's check: the tokens of the decoder without the cache, or the share of
+    sentences that float32 decodes the same (bfloat16 rows); None where nothing was compared."""
+    if row.get("same_as_float32") is not None:
+        return f"{100 * row['same_as_float32']:.0f}% as in float32"
+    return {None: None, True: "same", False: "DIFFERENT"}[row.get("same_as_recompute")]
+
+
 def bench_table(results: dict[str, Any]) -> Any:
     """The rows as a pandas DataFrame: median, range, ratio to the first row of each group."""
     import pandas as pd
@@ -4378,7 +4386,8 @@ def bench_table(results: dict[str, Any]) -> Any:
                          "ratio": round(row[key]["median"] / base, 2),
                          "MFU %": round(100 * row["mfu"], 1) if "mfu" in row else None,
                          "peak MB": round(row["peak_memory_mb"], 1)
-                         if "peak_memory_mb" in row else None})
+                         if "peak_memory_mb" in row else None,
+                         "tokens": same_tokens(row)})
     return pd.DataFrame(rows)
 
 
