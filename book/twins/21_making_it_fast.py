@@ -724,61 +724,60 @@ for name, value, goal in goals:
 # %% [markdown]
 # What the run says, and what it does not:
 #
-# * **Decoding gains the most.** At the cpu size, on the shipped model's real outputs, the
-#   cache made batched greedy decoding about 4.7 times as fast as batched greedy without it,
-#   and about 8 times as fast as the classic decoder that translates one sentence at a time
-#   (about 10 times with fused attention). Beam search with the cache ran about 3.4 times as
-#   fast as without at the cpu size, and about 4.6 times at the base size. The beam gains
-#   less than greedy decoding because every step still gathers each live hypothesis's
-#   self-attention rows to follow the hypothesis it extends.
+# * **Decoding gains the most.** At the cpu size, on the shipped model's real outputs, the cache
+#   made batched greedy decoding about 4.7 times as fast as batched greedy without it, and about 8
+#   times as fast as the classic decoder that translates one sentence at a time (about 10 times
+#   with fused attention). Beam search with the cache ran about 3.4 times as fast as without at
+#   the cpu size, and about 4.6 times at the base size. The beam gains less than greedy decoding
+#   because every step still gathers each live hypothesis's self-attention rows to follow the
+#   hypothesis it extends.
 # * **The goal of 25 times the classic decoder at the base size is met only in bfloat16.** In
-#   float32 the cache gave about 13 times, and about 15 with fused attention. The arithmetic explains
-#   most of the gap. By our count (approximate: matrix products only), a sentence of 15 source
-#   and 14 output tokens costs the classic decoder about 3.3 billion multiply-adds at the base
-#   size, and the cached one about 0.7 billion. The prefix that is decoded again
-#   ($1 + \dots + 14 = 105$ positions against 14) and the memory's keys and values, projected
-#   again at every step, make the difference, while the encoder and the generator cost both the
-#   same. So the cache removes about four fifths of the work, and the rest of the speed-up has
-#   to come from batching. The cached decoder's products, 32 rows against matrices of 512 or
-#   2,048 columns, ran at roughly a third of the measured float32 peak. Under bfloat16 autocast
-#   on this CPU's AMX units the same decoder with fused attention ran about 28 times as fast
-#   as the classic one. Its translations are not all the float32 ones: the table's last column
-#   gives the share of sentences that came out the same, about nine in ten of the shipped
-#   model's and only about half of the untrained model's, whose scores lie so close together
-#   that a small rounding changes the argmax. In a separate check on all 1,014 validation
-#   sentences (not run by this chapter), about 95% of the shipped word model's greedy
-#   translations were identical and BLEU moved by less than 0.2.
-# * **Batching by tokens is the cheapest large gain.** Padding every batch to 72 tokens made
-#   about 81% of the positions padding, against about 4% for the token budget, and the budget
-#   gave over 5 times the real tokens per second.
+#   float32 the cache gave about 13 times, and about 15 with fused attention. The arithmetic
+#   explains most of the gap. By our count (approximate: matrix products only), a sentence of 15
+#   source and 14 output tokens costs the classic decoder about 3.3 billion multiply-adds at the
+#   base size, and the cached one about 0.7 billion. The prefix that is decoded again ($1 + \dots
+#   + 14 = 105$ positions against 14) and the memory's keys and values, projected again at every
+#   step, make the difference, while the encoder and the generator cost both the same. So the
+#   cache removes about four fifths of the work, and the rest of the speed-up has to come from
+#   batching. The cached decoder's products, 32 rows against matrices of 512 or 2,048 columns, ran
+#   at roughly a third of the measured float32 peak. Under bfloat16 autocast on this CPU's AMX
+#   units the same decoder with fused attention ran about 28 times as fast as the classic one. Its
+#   translations are not all the float32 ones: the table's last column gives the share of
+#   sentences that came out the same, about nine in ten of the shipped model's and only about half
+#   of the untrained model's, whose scores lie so close together that a small rounding changes the
+#   argmax. In a separate check on all 1,014 validation sentences (not run by this chapter), about
+#   95% of the shipped word model's greedy translations were identical and BLEU moved by less than
+#   0.2.
+# * **Batching by tokens is the cheapest large gain.** Padding every batch to 72 tokens made about
+#   81% of the positions padding, against about 4% for the token budget, and the budget gave over
+#   5 times the real tokens per second.
 # * **Training: the fast path now matches `torch.nn.Transformer`.** The fast path trained about
-#   1.2 times as fast as the readable model at the cpu size, and 1.3 times at the base size,
-#   which is level with `torch.nn.Transformer` at the cpu size and a little ahead of it at the
-#   base size. Between whole runs these two ratios moved by several percent (0.98 to 1.08 at
-#   the cpu size, in three runs on this machine within an hour), so "level" is what they say. An earlier version of this chapter's fast path, without packed projections, fused
-#   layer norm and the fused optimizer, trained 2% to 10% slower than `torch.nn.Transformer`.
-#   A profile showed the readable layer norm's separate operations where PyTorch's layers use
-#   one kernel; the fused optimizer then sped up both models by a few percent. The counted
-#   FLOPs are the same for all
-#   three (the same matrices). At the base size the fast path used about 69% of the float32
-#   matmul peak measured at the start of the run, and at the cpu size, whose matrices are
-#   smaller, about 42%. Both depend on that one peak measurement, which itself varied by about
-#   7% between runs. What the
-#   fast path also removes, host syncs and the stored weight matrices, matters more on a GPU,
-#   where the device would otherwise wait for the host, and memory bandwidth is what attention
-#   spends.
+#   1.2 times as fast as the readable model at the cpu size, and 1.3 times at the base size, which
+#   is level with `torch.nn.Transformer` at the cpu size and a little ahead of it at the base
+#   size. Between whole runs these two ratios moved by several percent (0.98 to 1.08 at the cpu
+#   size, in three runs on this machine within an hour), so "level" is what they say. An earlier
+#   version of this chapter's fast path, without packed projections, fused layer norm and the
+#   fused optimizer, trained 2% to 10% slower than `torch.nn.Transformer`. A profile showed the
+#   readable layer norm's separate operations where PyTorch's layers use one kernel; the fused
+#   optimizer then sped up both models by a few percent. The counted FLOPs are the same for all
+#   three (the same matrices). At the base size the fast path used about 69% of the float32 matmul
+#   peak measured at the start of the run, and at the cpu size, whose matrices are smaller, about
+#   42%. Both depend on that one peak measurement, which itself varied by about 7% between runs.
+#   What the fast path also removes, host syncs and the stored weight matrices, matters more on a
+#   GPU, where the device would otherwise wait for the host, and memory bandwidth is what
+#   attention spends.
 # * **bfloat16 doubles training speed on this CPU.** The fast path under autocast trained about
-#   1.8 times as fast as the readable model in float32 at the cpu size and about 2.7 times at
-#   the base size. Its MFU, counted against the bfloat16 peak, is low, about 9% to 20%. The
-#   matrix units run about 7 times as fast as float32, so the work that stays in float32
-#   (dropout, softmax, layer norm, the loss and the optimizer) becomes most of the step. This
-#   run measured speed only, not what bfloat16 does to a training run's BLEU.
+#   1.8 times as fast as the readable model in float32 at the cpu size and about 2.7 times at the
+#   base size. Its MFU, counted against the bfloat16 peak, is low, about 9% to 20%. The matrix
+#   units run about 7 times as fast as float32, so the work that stays in float32 (dropout,
+#   softmax, layer norm, the loss and the optimizer) becomes most of the step. This run measured
+#   speed only, not what bfloat16 does to a training run's BLEU.
 # * **Memory.** In float32 the fast path's peak was a few percent *higher* than the readable
 #   path's, not lower. At Multi30k's lengths the (n_q, n_k) weights are small next to the
-#   activations of the feed-forward layers and the generator, so there is little to save, and
-#   this run does not tell where the extra comes from; the CPU measure (the profiler's memory
-#   events) is itself approximate. Under bfloat16 the peak fell by a quarter, since the
-#   activations kept for the backward pass are half as large.
+#   activations of the feed-forward layers and the generator, so there is little to save, and this
+#   run does not tell where the extra comes from; the CPU measure (the profiler's memory events)
+#   is itself approximate. Under bfloat16 the peak fell by about a quarter, as it should if the
+#   activations kept for the backward pass are stored at half the size.
 #
 # Not measured yet: a GPU. `make bench` on a machine with CUDA runs the same rows there and
 # writes `book/data/bench_cuda.json` with the GPU named; `bench_results("bench_cuda.json")`
