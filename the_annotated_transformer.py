@@ -4091,14 +4091,13 @@ class DecoderCache:
         self.layers = list(model.decoder.layers)
         self.self_k: list[torch.Tensor | None] = [None] * len(self.layers)  # (rows, h, t, d_k)
         self.self_v: list[torch.Tensor | None] = [None] * len(self.layers)
-        # the memory's keys and values for attention to the source, one row per sentence:
-        # projected once
+        # the memory's keys, values and mask, projected once, one row per sentence
         self.memory_k = [layer.src_attn.split_heads(layer.src_attn.linears[1](memory))
                          for layer in self.layers]  # (sentences, h, n_src, d_k)
         self.memory_v = [layer.src_attn.split_heads(layer.src_attn.linears[2](memory))
                          for layer in self.layers]
-        self.memory_mask = None if src_mask is None else src_mask.unsqueeze(1)  # (sentences,
-        # 1, 1, n_src); and what each row attends to, while each row is its own sentence
+        self.memory_mask = None if src_mask is None else src_mask.unsqueeze(1)  # (sentences, 1,
+        # 1, n_src); the cross_* lists below are these rows gathered for each row's sentence
         self.sentence = torch.arange(memory.size(0), device=memory.device)  # (rows,)
         self.cross_k, self.cross_v, self.src_mask = self.memory_k, self.memory_v, self.memory_mask
 

@@ -39,6 +39,7 @@ def test_bench_quick_prints_every_row_and_writes_the_json(tmp_path):
     (["--repeats", "0"], "--repeats must be at least 1"),
     (["--device", "nowhere"], "is not a torch device"),
     (["--out", "/proc/no/such/folder/bench.json"], "cannot create its folder"),
+    (["--out", "tools"], "is a folder; give a file name"),
 ])
 def test_bench_refuses_bad_flags_in_one_line_before_running(flags, message):
     done = subprocess.run([sys.executable, "tools/bench.py", "--quick", *flags], cwd=ROOT,

@@ -4,19 +4,18 @@
     python tools/bench.py --quick  # `make bench-quick`: the same rows, tiny, in seconds
     python tools/bench.py --save   # and write book/data/bench_cpu.json (bench_cuda.json on a GPU)
 
-Every row runs `--repeats` times after a warm-up (the training rows of one group take turns);
-the table gives the median and the range (min-max) and each row's ratio to the first row of its
-group, since ratios measured in one run are what another machine reproduces, not the absolute
-numbers. Training rows time a full step
-(forward, backward, optimizer step) on batches of random token ids whose lengths follow
-Multi30k's (a gamma distribution fitted to its sentence lengths; no text is read); their MFU is
-the counted matmul FLOPs (torch.utils.flop_counter, forward and backward) per second over the
-float32 matmul peak measured at the start of the same run (the bfloat16 row's, over the bfloat16
-peak). The fast rows and torch.nn.Transformer's use the fused loss and Adam's fused step; the
-readable row is chapter 8's step as it is. Decoding rows translate Multi30k's validation
-sentences with the shipped model at the cpu size, when both are present (random ids otherwise);
-at the base size, for which no trained model exists, an untrained model translates random ids
-of Multi30k's lengths, with </s> made impossible so that every output has BASE_OUTPUT_LEN tokens,
+Every row runs `--repeats` times after a warm-up (the training rows of one group take turns); the
+table gives the median and the range (min-max) and each row's ratio to the first row of its group,
+since ratios measured in one run are what another machine reproduces, not the absolute numbers.
+Training rows time a full step (forward, backward, optimizer step) on batches of random token ids
+whose lengths follow Multi30k's (a gamma distribution fitted to its sentence lengths; no text is
+read); their MFU is the counted matmul FLOPs (torch.utils.flop_counter, forward and backward) per
+second over the float32 matmul peak measured at the start of the same run (the bfloat16 row's, over
+the bfloat16 peak). The fast rows and torch.nn.Transformer's use the fused loss and Adam's fused
+step; the readable row is chapter 8's step as it is. Decoding rows translate Multi30k's validation
+sentences with the shipped model at the cpu size, when both are present (random ids otherwise); at
+the base size, for which no trained model exists, an untrained model translates random ids of
+Multi30k's lengths, with </s> made impossible so that every output has BASE_OUTPUT_LEN tokens,
 about the length of a Multi30k translation.
 Peak memory is the most tensor memory allocated at once during one step (training) or one batch
 (decoding), from torch.profiler's memory events on a CPU, and torch.cuda.max_memory_allocated on
@@ -50,6 +49,7 @@ from the_annotated_transformer import (  # noqa: E402
     greedy_decode,
     label_smoothing_loss,
     make_model,
+    same_tokens,
     source_batch,
     use_fast_path,
 )
@@ -76,7 +76,7 @@ QUICK_SIZES = [Size("tiny", 1, 32, 64, 2, 300, 2), Size("tiny-2", 2, 64, 128, 4,
 VOCAB = (8316, 6384)  # about the shipped model's German and English vocabularies
 QUICK_VOCAB = (500, 400)
 TRAINING_KINDS = ("readable", "fast", "torch.nn.Transformer", "fast, bf16 autocast")
-BASE_OUTPUT_LEN = 15  # <s> and 14 tokens: Multi30k's mean English length with </s>, about
+BASE_OUTPUT_LEN = 15  # <s> and 14 tokens, about Multi30k's mean English length with </s>
 
 
 # 1) the machine
@@ -472,9 +472,7 @@ def table(results: dict) -> str:
         if row["size"] not in first:
             lines.append(f"  {row['size']}: {results['decoding_sources'][row['size']]}")
         base = first.setdefault(row["size"], row["sentences_per_s"]["median"])
-        same = {None: "", True: "same", False: "DIFFERENT"}[row["same_as_recompute"]]
-        if row["same_as_float32"] is not None:
-            same = f"{100 * row['same_as_float32']:.0f}% the same"
+        same = same_tokens(row) or ""
         lines.append(f"  {row['size']:>6} {row['decoder']:<40}{rate(row, 'sentences_per_s')}  "
                      f"x{row['sentences_per_s']['median'] / base:6.2f}  "
                      f"{row['peak_memory_mb']:8.1f}  {same}")
@@ -502,6 +500,8 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or (str(ROOT / "book" / "data" / f"bench_{device.type}.json")
                        if args.save else None)
     if out:  # before the run, not after minutes of it
+        if Path(out).is_dir():
+            parser.error(f"--out {out}: is a folder; give a file name")
         try:
             Path(out).parent.mkdir(parents=True, exist_ok=True)
         except OSError as err:
@@ -512,7 +512,14 @@ def main(argv: list[str] | None = None) -> int:
     results["command"] = " ".join(["python tools/bench.py", *(argv or sys.argv[1:])])
     print(table(results))
     if out:
-        Path(out).write_text(json.dumps(results, indent=1) + "\n")
+        text = json.dumps(results, indent=1) + "\n"
+        try:
+            Path(out).write_text(text)
+        except OSError as err:  # the run is not lost: its JSON goes to stdout instead
+            print(f"bench: cannot write {out} ({err.strerror}); the JSON follows on stdout",
+                  file=sys.stderr)
+            print(text, end="")
+            return 1
         print(f"wrote {out}")
     return 0
 

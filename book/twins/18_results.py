@@ -225,7 +225,7 @@ for vocabulary, weights, name in [("words", "epoch 12", "words"),
     for decoding, label in (("greedy", "greedy"), ("beam4", "beam 4, α = 0.6")):
         entry = measurement(name, decoding, "val")
         rows.append({"vocabulary": vocabulary, "weights": weights, "decoding": label,
-                     "val BLEU": score(name, decoding, "val"),
+                     "val BLEU": entry["bleu"],
                      "test BLEU": score(name, decoding, "test_2016_flickr"),
                      "parameters": f"{entry['parameters'] / 1e6:.1f} M",
                      "training (h)": round(hours[vocabulary], 2)})
