@@ -1739,7 +1739,7 @@ class TrainConfig:
 def training_config(name: str, **overrides) -> TrainConfig:
     """The preset `name` ("cpu" or "base") with some fields replaced, e.g. epochs=2."""
     presets = {
-        # A small model that this book's 2-core CPU trains in about two hours (see the text).
+        # A small model that this book's 2-core CPU trains in about an hour (see the text).
         "cpu": TrainConfig(
             N=3, d_model=256, d_ff=1024, h=8, dropout=0.1, max_tokens=1500, accum_iter=1,
             epochs=12, warmup=1000, lr_factor=0.5, checkpoint_dir="checkpoints/multi30k_cpu",
@@ -2866,7 +2866,7 @@ def fetch_shipped_model(folder: str | os.PathLike | None = None, *, name: str = 
             raise FileNotFoundError(
                 f"the trained model's {file_name} is not in {folder} and could not be "
                 f"downloaded from {url} ({err}): connect to the internet and try again, or "
-                "train a model with `make train` (about two hours on a CPU) and pass its "
+                "train a model with `make train` (an hour or more on a CPU) and pass its "
                 "checkpoint, or call load_trained_model(train_if_missing=True)"
             ) from err
     return folder
@@ -2923,7 +2923,7 @@ def load_trained_model(
     vocabularies beside it; by default the book's shipped model `name` (this chapter's, or
     chapter 18's "multi30k_cpu_subword"), downloaded when it is missing (outside a copy of
     the repository). Only with train_if_missing=True does a missing model that cannot be
-    downloaded get trained, with its preset (about two hours on a CPU).
+    downloaded get trained, with its preset (an hour or more on a CPU).
     """
     if path is None:
         path = shipped_model_dir(name)
@@ -2934,7 +2934,7 @@ def load_trained_model(
                 raise
             config = training_config(SHIPPED_PRESETS[name])
             print(f"{err}\ntraining a model with the {SHIPPED_PRESETS[name]} configuration "
-                  f"instead (about two hours on a CPU; checkpoints in {config.checkpoint_dir})",
+                  f"instead (an hour or more on a CPU; checkpoints in {config.checkpoint_dir})",
                   file=sys.stderr)
             resume = (Path(config.checkpoint_dir) / "last.pt").is_file()  # an earlier try
             train_worker(0, 1, config, resume=resume)
@@ -3070,8 +3070,8 @@ def beam_search(
     an output cut short by its own max_len is padded like one that ended. use_cache=True
     gives the same output with chapter 21's key/value cache, one decoder step per token.
     Ids in banned are never generated. The beam keeps beam_size unfinished hypotheses after
-    some finish; narrowing=True lets each finished one keep its slot instead (this book's
-    first version), so that the beam narrows.
+    some finish; narrowing=True lets each finished one keep its slot instead, so that
+    the beam narrows as outputs finish.
     """
     limits = _beam_limits(src, src_mask, max_len, beam_size, alpha)
     if end_symbol in banned:
@@ -4341,19 +4341,12 @@ def label_smoothing_loss(
 
 
 # %%
-import json
-import urllib.request
 from typing import Any
 
 
 def bench_results(name: str = "bench_cpu.json") -> dict[str, Any]:
-    """A `make bench` result file from book/data (from the book's repository outside a copy)."""
-    root = repository_root()
-    if root is not None and (root / "book" / "data" / name).is_file():
-        return json.loads((root / "book" / "data" / name).read_text())
-    url = f"{BOOK_REPOSITORY}/raw/{BOOK_REPOSITORY_REF}/book/data/{name}"
-    with urllib.request.urlopen(url, timeout=60) as response:
-        return json.loads(response.read())
+    """A `make bench` result file from book/data (the appendix's `book_data`)."""
+    return book_data(name)
 
 
 def same_tokens(row: dict[str, Any]) -> str | None:
@@ -4616,6 +4609,31 @@ class SparseEncoder(nn.Module):
         n = x.size(1)
         pattern = window_global_mask(n, self.r, min(self.n_global, n)).to(x.device)  # (1, n, n)
         return self.encoder(x, mask & pattern)  # (batch, n, n): padding and pattern
+
+
+# %%
+def sparse_sort_accuracy(sparse: bool, *, seed: int = 0, epochs: int = 30) -> float:
+    """Chapter 13's sort model trained from `seed` for a fixed budget, with full or window +
+    global encoder self-attention: its exact-match accuracy on 1,000 held-out sequences."""
+    V = 13  # as in chapter 13: 10 digits and 3 special tokens
+    test_src = random_sequences(1000, V, min_len=4, max_len=10,
+                                generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(seed)
+    model = make_model(V, V, N=2, d_model=64, d_ff=128, h=4, dropout=0.0)
+    if sparse:
+        model.encoder = SparseEncoder(model.encoder, r=1, n_global=1)
+    loss_compute = SimpleLossCompute(model.generator, LabelSmoothing(V, padding_idx=2))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_lambda=lambda step: rate(step, model_size=64, factor=0.5, warmup=100)
+    )
+    data, state = torch.Generator().manual_seed(seed), TrainState()
+    for _ in range(epochs):
+        batches = sort_batches(V, 64, 20, generator=data, exclude=sequence_set(test_src))
+        _, state = run_epoch(batches, model, loss_compute, optimizer, scheduler,
+                             train_state=state, log_every=None)
+    test_batch = seq2seq_batch(test_src, sorted_symbols(test_src))
+    return exact_matches(model, test_batch) / len(test_src)
 
 
 # %% [markdown]
@@ -5072,18 +5090,19 @@ def token_accuracy(model: nn.Module, batch: Batch) -> float:
 def train_sorter(
     model: nn.Module, *, V: int, epochs: int, ponder_weight: float = 0.0,
     exclude: set | None = None, record_every: int = 10, probe: Batch | None = None,
+    seed: int = 0,
 ) -> list[dict]:
     """Chapter 13's schedule; adds ponder_weight * ponder cost when the model has one.
 
     Every record_every epochs, the mean steps per real position of encoder and decoder on the
     probe batch (teacher-forced), for models that ponder.
     """
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: rate(step, model_size=64, factor=0.5, warmup=100)
     )
-    data, history = torch.Generator().manual_seed(0), []
+    data, history = torch.Generator().manual_seed(seed), []
     for epoch in range(1, epochs + 1):
         model.train()
         for batch in sort_batches(V, 64, 20, generator=data, exclude=exclude):
@@ -5104,6 +5123,58 @@ def train_sorter(
                 steps = model.act[side]["steps"][ids != 2]
                 history.append({"epoch": epoch, "stack": side, "mean steps": steps.mean().item()})
     return history
+
+
+# %%
+import time
+
+UNIVERSAL_SORT_VARIANTS = {  # name -> (steps of the shared layers, ponder weight tau)
+    "universal, tau = 1e-4": (4, 1e-4),
+    "universal, tau = 1e-2": (4, 1e-2),
+    "universal, 4 fixed steps": (4, None),  # halting switched off: every position takes 4
+    "universal, 1 step": (1, 0.0),  # one shared layer per stack, applied once
+    "chapter 13 Transformer": None,  # two different layers per stack
+}
+
+
+def universal_sort_run(
+    variant: str, *, seed: int = 0, epochs: int = 60, probe: Batch | None = None
+) -> dict:
+    """Train one of UNIVERSAL_SORT_VARIANTS from `seed` on chapter 13's task: the model, its
+    steps history on `probe`, and its size, accuracies, mean ACT steps and training time on
+    the 1,000 held-out test sequences."""
+    if variant not in UNIVERSAL_SORT_VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; expected one of "
+                         f"{', '.join(UNIVERSAL_SORT_VARIANTS)}")
+    V = 13  # chapter 13's 10 digits and 3 special tokens
+    test_src = random_sequences(1000, V, min_len=4, max_len=10,
+                                generator=torch.Generator().manual_seed(1))
+    test_batch = seq2seq_batch(test_src, sorted_symbols(test_src))
+    torch.manual_seed(seed)
+    setting, tau = UNIVERSAL_SORT_VARIANTS[variant], 0.0
+    if setting is None:
+        model = make_model(V, V, N=2, d_model=64, d_ff=128, h=4, dropout=0.0)
+    else:
+        max_steps, tau = setting
+        model = UniversalTransformer(V, d_model=64, d_ff=128, h=4, max_steps=max_steps)
+        if tau is None:  # halting probabilities of about 1e-13, frozen: no position stops early
+            for act in (model.encoder_act, model.decoder_act):
+                nn.init.constant_(act.halt.bias, -30.0)
+                act.halt.requires_grad_(False)
+            tau = 0.0
+    start = time.perf_counter()
+    history = train_sorter(model, V=V, epochs=epochs, ponder_weight=tau,
+                           exclude=sequence_set(test_src), probe=probe, seed=seed)
+    result = {"model": model, "history": history, "seconds": time.perf_counter() - start,
+              "parameters": sum(p.numel() for p in model.parameters()),
+              "token accuracy": token_accuracy(model, test_batch),
+              "exact": exact_matches(model, test_batch) / len(test_src)}
+    if hasattr(model, "act"):  # mean steps per real position, read with teacher forcing
+        with torch.no_grad():
+            model(test_batch.src, test_batch.tgt, test_batch.src_mask, test_batch.tgt_mask)
+        for side, ids in (("encoder", test_batch.src), ("decoder", test_batch.tgt)):
+            result[f"{side} steps"] = model.act[side]["steps"][ids != 2].mean().item()
+    return result
 
 
 # %%
@@ -5405,3 +5476,54 @@ def download_file(url: str, path: Path, *, sha256: str) -> None:
             f"in {path.parent} (or in a folder named by MULTI30K_DIR)"
         )
     os.replace(tmp, path)
+
+
+# %%
+import json
+
+
+def book_data(name: str) -> Any:
+    """A JSON file from book/data: from the checkout, else from the book's repository."""
+    root = repository_root()
+    if root is not None and (root / "book" / "data" / name).is_file():
+        return json.loads((root / "book" / "data" / name).read_text())
+    url = f"{BOOK_REPOSITORY}/raw/{BOOK_REPOSITORY_REF}/book/data/{name}"
+    with urllib.request.urlopen(url, timeout=60) as response:
+        return json.loads(response.read())
+
+
+def seed_summary(runs: Sequence[Mapping[str, Any]], metric: str) -> list[dict[str, Any]]:
+    """Per variant, in the order the runs name them: how many runs, and the metric's mean,
+    lowest and highest value over them."""
+    if not runs:
+        raise ValueError("runs is empty: there is nothing to summarize")
+    if any(metric not in run for run in runs):
+        raise ValueError(f"metric {metric!r} is not in every run; a run has {list(runs[0])}")
+    values: dict[str, list[float]] = {}
+    for run in runs:
+        values.setdefault(run["variant"], []).append(float(run[metric]))
+    return [{"variant": variant, "runs": len(v), "mean": sum(v) / len(v), "min": min(v),
+             "max": max(v)} for variant, v in values.items()]
+
+
+def seeds_chart(
+    runs: Sequence[Mapping[str, Any]], *, metric: str, title: str, value_format: str = "%",
+    width: int = 420,
+) -> Any:
+    """Every run as a point (colour: the kernels it ran with), and each variant's mean as a tick."""
+    import altair as alt
+
+    records = chart_rows([{k: run[k] for k in ("variant", "seed", "kernels", metric)}
+                          for run in runs], ["variant", "seed", "kernels", metric])
+    order = list(dict.fromkeys(r["variant"] for r in records))
+    y = alt.Y("variant:N", sort=order, title=None)
+    points = alt.Chart(alt.Data(values=records)).mark_point(filled=True, size=60).encode(
+        x=alt.X(f"{metric}:Q", title=metric, axis=alt.Axis(format=value_format),
+                scale=alt.Scale(zero=False)),
+        y=y, color=alt.Color("kernels:N", title="kernels"),
+        tooltip=["variant:N", "seed:O", "kernels:N", alt.Tooltip(f"{metric}:Q", format=".4")],
+    )
+    means = [{"variant": s["variant"], "mean": s["mean"]} for s in seed_summary(records, metric)]
+    ticks = alt.Chart(alt.Data(values=means)).mark_tick(color="black", thickness=2, size=18)
+    ticks = ticks.encode(x="mean:Q", y=y, tooltip=["variant:N", alt.Tooltip("mean:Q", format=".4")])
+    return (points + ticks).properties(title=title, width=width)

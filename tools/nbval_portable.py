@@ -1,20 +1,17 @@
 """Run every chapter under nbval once, as other machines would: one thread, another CPU's kernels.
 
-    python tools/nbval_portable.py [--other-kernels book/12_copy_task.ipynb ...] [chapters ...]
+    python tools/nbval_portable.py [--first book/12_copy_task.ipynb ...] [chapters ...]
 
 The stored outputs were made here with 2 threads and this CPU's own kernels (`make nbval`
 checks them under those same settings). A reader's laptop, Colab or a CI runner computes the
-same cells with other float kernels and another thread count, so `make test` checks the
-chapters the way such a machine would. Two runs go side by side, one thread each (2 processes x
-1 thread, never more than the 2 cores this book is tested on), and each chapter runs in one:
+same cells with other float kernels and another thread count, so `make test` checks every
+chapter the way such a machine would: with OMP_NUM_THREADS=1 and ATEN_CPU_CAPABILITY one level
+below this CPU's, `avx2` on a CPU with AVX-512 (what a CPU without AVX-512 runs), `default`
+(PyTorch's portable kernels, no vector instructions) on a CPU whose best is AVX2.
 
-* `other kernels`: the chapters given with `--other-kernels` (those whose numbers come from
-  training or float sums), with OMP_NUM_THREADS=1 and ATEN_CPU_CAPABILITY one level below this
-  CPU's: `avx2` on a CPU with AVX-512 (what a CPU without AVX-512 runs), `default` (PyTorch's
-  portable kernels, no vector instructions) on a CPU whose best is AVX2;
-* `1 thread`: every other chapter, with OMP_NUM_THREADS=1 and this CPU's own kernels.
-
-Each run's output is printed when it ends; the script fails when either run fails.
+Two runs go side by side, one thread each (2 processes x 1 thread, never more than the 2 cores
+this book is tested on): the chapters given with `--first` in one, every other chapter in the
+other. Each run's output is printed when it ends; the script fails when either run fails.
 """
 
 import argparse
@@ -42,18 +39,17 @@ def other_capability() -> str:
     return LOWER_CAPABILITY.get(native, "default")
 
 
-def split_runs(notebooks: list[Path], other_kernels: list[Path]) -> dict[str, tuple[dict, list]]:
-    """Each run's name -> (its environment, its chapters); every chapter is in exactly one."""
-    unknown = sorted(set(other_kernels) - set(notebooks))
+def split_runs(notebooks: list[Path], first: list[Path]) -> dict[str, tuple[dict, list]]:
+    """Each run's name -> (its environment, its chapters); every chapter is in exactly one, and
+    every run has one thread and the other kernels."""
+    unknown = sorted(set(first) - set(notebooks))
     if unknown:
-        raise SystemExit(f"nbval_portable.py: error: --other-kernels names a notebook that is "
+        raise SystemExit(f"nbval_portable.py: error: --first names a notebook that is "
                          f"not among the chapters run: {unknown[0]}")
+    env = {"OMP_NUM_THREADS": "1", "ATEN_CPU_CAPABILITY": other_capability()}
     runs = {
-        "other kernels": (
-            {"OMP_NUM_THREADS": "1", "ATEN_CPU_CAPABILITY": other_capability()},
-            [nb for nb in notebooks if nb in other_kernels],
-        ),
-        "1 thread": ({"OMP_NUM_THREADS": "1"}, [nb for nb in notebooks if nb not in other_kernels]),
+        "first half": (env, [nb for nb in notebooks if nb in first]),
+        "second half": (env, [nb for nb in notebooks if nb not in first]),
     }
     return {name: run for name, run in runs.items() if run[1]}
 
@@ -71,11 +67,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("notebooks", nargs="*", type=Path,
                         help="chapters to run (default: every chapter of _toc.yml)")
-    parser.add_argument("--other-kernels", action="append", default=[], type=Path,
-                        metavar="NOTEBOOK", help="run this chapter with the other kernels")
+    parser.add_argument("--first", action="append", default=[], type=Path, metavar="NOTEBOOK",
+                        help="run this chapter in the first of the two runs")
     args = parser.parse_args()
     notebooks = [nb.resolve() for nb in args.notebooks] or chapters()
-    runs = split_runs(notebooks, [nb.resolve() for nb in args.other_kernels])
+    runs = split_runs(notebooks, [nb.resolve() for nb in args.first])
     started = {}
     for name, (env, chosen) in runs.items():
         log = tempfile.TemporaryFile("w+", encoding="utf-8")  # read back when it ends

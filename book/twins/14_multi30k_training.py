@@ -148,7 +148,7 @@ class TrainConfig:
 def training_config(name: str, **overrides) -> TrainConfig:
     """The preset `name` ("cpu" or "base") with some fields replaced, e.g. epochs=2."""
     presets = {
-        # A small model that this book's 2-core CPU trains in about two hours (see the text).
+        # A small model that this book's 2-core CPU trains in about an hour (see the text).
         "cpu": TrainConfig(
             N=3, d_model=256, d_ff=1024, h=8, dropout=0.1, max_tokens=1500, accum_iter=1,
             epochs=12, warmup=1000, lr_factor=0.5, checkpoint_dir="checkpoints/multi30k_cpu",
@@ -171,27 +171,23 @@ def training_config(name: str, **overrides) -> TrainConfig:
 # with its vocabularies (8,012 German and 6,190 English words), a few warm-up steps, then 12 to
 # 30 timed optimizer steps of `train_epoch` (defined below), on this book's 2-core build
 # machine while other jobs shared it. An epoch of Multi30k's training set is 409,188 target
-# tokens, so each speed implies an epoch time:
+# tokens, so each speed implies an epoch time. The candidates were A: $N=3$,
+# $d_{\text{model}}=256$, $d_{\text{ff}}=1024$, batches of 1,500 tokens, on one thread and on
+# two; B: A with $N=4$; C: A with batches of 3,000 tokens; and D: A with $N=2$. Those timings
+# are not stored with the book, so we give them here in round numbers only.
 #
-# | candidate | threads | target tokens/s, separate runs | minutes per epoch |
-# |---|---|---|---|
-# | A: $N=3$, $d_{\text{model}}=256$, $d_{\text{ff}}=1024$, batches of 1,500 tokens | 1 | 798; 1,445; 906 | 4.7 to 8.5 |
-# | A, two threads | 2 | 138; 2,412; 170 | 2.8 to 49 |
-# | B: as A with $N=4$ | 1 | 1,150; 1,156; 788 | 5.9 to 8.7 |
-# | C: as A with batches of 3,000 tokens | 1 | 1,358; 893; 900 | 5.0 to 7.6 |
-# | D: as A with $N=2$ | 1 | 1,208; 1,185 | 5.6 to 5.8 |
-#
-# What the machine was doing meanwhile mattered more than the candidates did. Most striking is
-# the second row: in a quiet moment two threads were the fastest of all, but while other jobs
-# were busy they fell to 138 and 170 tokens/s, where one thread never fell below 798. The two
+# What the machine was doing meanwhile mattered more than the candidates did. On one thread
+# every candidate ran at roughly 800 to 1,450 target tokens/s, about 5 to 9 minutes per epoch,
+# and repeated runs of one candidate differed as much as the candidates did. Two threads were
+# the fastest of all in a quiet moment, at about 2,400 tokens/s, but while other jobs were busy
+# they fell below 200 tokens/s, 40 minutes or more per epoch. The two
 # threads of each matrix product wait for each other, and one of them keeps losing its core.
 # That is why the worker below never gives its processes more threads than there are cores, and
 # why `tools/train.py` has a `--threads` option: on a shared machine, use one. The `cpu`
-# preset takes candidate A, the middle size, with 12 epochs: at the slowest one-thread speed we
-# saw that is 12 x 8.5 minutes, about 1.7 hours, plus a few seconds of validation per epoch.
-# A first real epoch of the preset, `python tools/train.py --config cpu --epochs 1 --threads 1`
-# on the same shared machine, took 332 seconds of training (1,232 target tokens/s) and 5.7
-# minutes in all, which puts twelve epochs at a bit over an hour.
+# preset takes candidate A, the middle size, with 12 epochs: under two hours of training even
+# at the slowest one-thread speed we saw. The run that made the shipped model took about 5 to 6
+# minutes per epoch and 67 minutes in all (its `info.json`, read at the end of this chapter,
+# records the time of every epoch).
 # Its warmup of 1,000 steps covers a little over three of the twelve epochs of 305 steps, and
 # `lr_factor=0.5` makes the peak learning rate
 # $0.5 \cdot 256^{-0.5} \cdot 1000^{-0.5} \approx 0.001$.
@@ -662,9 +658,10 @@ def evaluate(
 #
 # 1. **`setup_process`: device, threads, process group.** Rank $r$ takes GPU `LOCAL_RANK` (its
 #    number on its own machine) if there are GPUs, else the CPU. Several CPU processes on one
-#    machine split the cores between them. On this book's 2-core machine, twenty steps of a
-#    small model in two gloo processes took 58.8 s with two threads per process, and 4.6 s and
-#    7.6 s (two runs) with one: four threads on two cores keep waiting for each other. With
+#    machine split the cores between them. On this book's 2-core machine, a small model in
+#    two gloo processes ran roughly ten times slower with two threads per process than with one,
+#    in a quick measurement not stored with the book: four threads on two cores keep waiting for
+#    each other. With
 #    more than one process, `torch.distributed` connects them, through NCCL between GPUs or
 #    gloo between CPU processes; where to meet (`MASTER_ADDR`, `MASTER_PORT`) comes from the
 #    environment.
@@ -1571,10 +1568,10 @@ line_chart(losses, x="epoch:O", y="loss:Q", color="split:N", y_scale={"zero": Fa
            title="The tiny demo model, stopped after epoch 2 and resumed")
 
 # %% [markdown]
-# ## The trained model
+# ## Shipping and loading a trained model
 #
-# The book ships this chapter's trained model, so that later chapters (and readers without two
-# hours to spare) can load it; chapter 18 ships a second, better one, trained on subwords, and
+# The book ships this chapter's trained model, so that later chapters (and readers without an
+# hour or more to spare) can load it; chapter 18 ships a second, better one, trained on subwords, and
 # `load_trained_model(name=...)` picks between them. `export_for_shipping` takes a training checkpoint and keeps only what
 # translation needs: the weights in half precision (half the bytes; a translation does not
 # notice), the two vocabularies, and an `info.json` with the configuration, the command that
@@ -1585,8 +1582,8 @@ line_chart(losses, x="epoch:O", y="loss:Q", color="split:N", y_scale={"zero": Fa
 # `fetch_shipped_model` downloads the five files from the book's repository into a cache folder
 # and keeps each one only if its SHA-256 checksum is the one recorded in the module; files
 # already there are checked against the same checksums, once per process. With neither a copy
-# nor a network, `load_trained_model` says how to get the model; it trains one (two hours on a
-# CPU) only when asked to, with `train_if_missing=True`.
+# nor a network, `load_trained_model` says how to get the model; it trains one (67 minutes of
+# training on this book's CPU, as the model's note below records) only when asked to, with `train_if_missing=True`.
 
 # %% tags=["export"]
 import functools
@@ -1673,7 +1670,7 @@ def fetch_shipped_model(folder: str | os.PathLike | None = None, *, name: str = 
             raise FileNotFoundError(
                 f"the trained model's {file_name} is not in {folder} and could not be "
                 f"downloaded from {url} ({err}): connect to the internet and try again, or "
-                "train a model with `make train` (about two hours on a CPU) and pass its "
+                "train a model with `make train` (an hour or more on a CPU) and pass its "
                 "checkpoint, or call load_trained_model(train_if_missing=True)"
             ) from err
     return folder
@@ -1730,7 +1727,7 @@ def load_trained_model(
     vocabularies beside it; by default the book's shipped model `name` (this chapter's, or
     chapter 18's "multi30k_cpu_subword"), downloaded when it is missing (outside a copy of
     the repository). Only with train_if_missing=True does a missing model that cannot be
-    downloaded get trained, with its preset (about two hours on a CPU).
+    downloaded get trained, with its preset (an hour or more on a CPU).
     """
     if path is None:
         path = shipped_model_dir(name)
@@ -1741,7 +1738,7 @@ def load_trained_model(
                 raise
             config = training_config(SHIPPED_PRESETS[name])
             print(f"{err}\ntraining a model with the {SHIPPED_PRESETS[name]} configuration "
-                  f"instead (about two hours on a CPU; checkpoints in {config.checkpoint_dir})",
+                  f"instead (an hour or more on a CPU; checkpoints in {config.checkpoint_dir})",
                   file=sys.stderr)
             resume = (Path(config.checkpoint_dir) / "last.pt").is_file()  # an earlier try
             train_worker(0, 1, config, resume=resume)
@@ -1808,7 +1805,7 @@ shutil.rmtree(demo_dir)
 assert same >= 0.9 * len(sources), same
 
 # %% [markdown]
-# ## The trained model
+# ## The shipped model: training and BLEU
 #
 # The model that ships with the book, in `book/models/multi30k_cpu/`, came from one command on
 # the book's 2-core CPU, followed by one call that keeps the weights in half precision with the
@@ -1867,7 +1864,7 @@ table = translation_table(model, val_pairs, vocab_src, vocab_tgt, tokenizers[0],
 pd.DataFrame(table)
 
 # %% [markdown]
-# Most translations are fluent and close to the reference, often with a different but correct word order ("sleeping on a couch in a green room"). The errors are instructive. A word that did not make it into the vocabulary comes out as `<unk>`: *Baumwolle* (cotton) occurs once in the training set, below `min_freq=2`. A word the vocabulary lacks on the German side reaches the model as `<unk>` too, and the model fills the gap with something plausible but wrong: *Eisfischerhütte* (ice fishing hut) never occurs in training and becomes "a blue metal structure". Both are limits of a word-level vocabulary built from 29,000 captions, which is what subword vocabularies {cite}`sennrich2016neural` were invented to fix. Not every error is the vocabulary's: *Mountainbike* occurs 36 times in training, and the model still drops the bike.
+# Most translations are fluent and close to the reference, often with a different but correct word order ("sleeping on a couch in a green room"). The errors are instructive. A German word that is not in the vocabulary reaches the model as `<unk>`, and since the decoder never writes `<unk>`, the model fills the gap with something plausible but wrong: *Baumwolle* (cotton) occurs once in the training set, below `min_freq=2`, and the men are loading "railroad tracks"; *Eisfischerhütte* (ice fishing hut) never occurs in training and becomes "a blue metal structure". Both are limits of a word-level vocabulary built from 29,000 captions, which is what subword vocabularies {cite}`sennrich2016neural` were invented to fix. Not every error is the vocabulary's: *Mountainbike* is in the German vocabulary, and the model still drops the bike.
 #
 # Translation from the command line is a pipe, German in, one sentence per line, English out, one line per line, using this shipped model:
 #

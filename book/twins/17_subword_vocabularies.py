@@ -756,8 +756,8 @@ for row in budget_rows:  # the cpu preset's warmup is counted in optimizer steps
 #    the warmup unchanged would make the vocabulary the only difference between the two runs.
 # 4. **Translation.** `sp.decode` replaces `detokenize`: the model's pieces become text without
 #    any tokenizer rules. BLEU is computed as before, with sacreBLEU on the decoded text against
-#    the untouched references, so the score would be directly comparable with chapter 14's
-#    36.06 on the validation set.
+#    the untouched references, so the score would be directly comparable with the 37.82
+#    that chapter 14 prints for greedy decoding of the validation set.
 #
 # What to expect, without numbers: no `<unk>` in either direction. The 41% of German validation
 # sentences that now lose a word would reach the encoder whole, in pieces the model has seen

@@ -35,6 +35,7 @@ from the_annotated_transformer import (
     SimpleLossCompute,
     TrainState,
     attention,
+    book_data,
     collate_to_batch,
     enable_book_charts,
     encode_examples,
@@ -47,6 +48,8 @@ from the_annotated_transformer import (
     random_sequences,
     rate,
     run_epoch,
+    seed_summary,
+    seeds_chart,
     seq2seq_batch,
     sequence_set,
     sort_batches,
@@ -520,13 +523,17 @@ line_chart(timings, x="n:Q", y="ms:Q", color="attention:N", x_scale={"type": "lo
 # ## Does the sparse pattern still learn?
 #
 # Fewer edges are only worth having if the model can still do its job with them. We train the
-# small sort model of chapter 13 twice with the same data, seed and budget: once with full
+# small sort model of chapter 13 with the same data, seed and budget twice: once with full
 # encoder self-attention, once with a window of $r = 1$ plus one global token (the first
 # position). The pattern goes in through the encoder's mask, so the rest of the model, the
 # training loop and the decoding are those of chapter 13, unchanged. With sequences of at most
 # 10 digits the window leaves 4 to 5 edges per query instead of up to 10, and after two
 # layers a position still sees its neighbours' neighbours and, through the global token,
 # something of every digit.
+#
+# One pair of runs is a demonstration, not a comparison: another seed, or another CPU whose
+# float kernels round differently, sends training down another path. The cell below trains the
+# pair from seed 0; the comparison comes after it, from a sweep over several seeds.
 
 # %% tags=["export"]
 class SparseEncoder(nn.Module):
@@ -543,18 +550,14 @@ class SparseEncoder(nn.Module):
         return self.encoder(x, mask & pattern)  # (batch, n, n): padding and pattern
 
 
-# %%
-# NBVAL_IGNORE_OUTPUT
-# (training accuracies differ in their last digits between machines; bounds asserted below)
-V = 13  # as in chapter 13: 10 digits and 3 special tokens
-test_src = random_sequences(1000, V, min_len=4, max_len=10,
-                            generator=torch.Generator().manual_seed(1))
-test_batch = seq2seq_batch(test_src, sorted_symbols(test_src))
-
-
-def train_sorter(sparse: bool, epochs: int = 30) -> tuple[nn.Module, float]:
-    """Chapter 13's model and schedule for a fixed budget; test exact-match accuracy."""
-    torch.manual_seed(0)
+# %% tags=["export"]
+def sparse_sort_accuracy(sparse: bool, *, seed: int = 0, epochs: int = 30) -> float:
+    """Chapter 13's sort model trained from `seed` for a fixed budget, with full or window +
+    global encoder self-attention: its exact-match accuracy on 1,000 held-out sequences."""
+    V = 13  # as in chapter 13: 10 digits and 3 special tokens
+    test_src = random_sequences(1000, V, min_len=4, max_len=10,
+                                generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(seed)
     model = make_model(V, V, N=2, d_model=64, d_ff=128, h=4, dropout=0.0)
     if sparse:
         model.encoder = SparseEncoder(model.encoder, r=1, n_global=1)
@@ -563,34 +566,66 @@ def train_sorter(sparse: bool, epochs: int = 30) -> tuple[nn.Module, float]:
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda=lambda step: rate(step, model_size=64, factor=0.5, warmup=100)
     )
-    data, state = torch.Generator().manual_seed(0), TrainState()
+    data, state = torch.Generator().manual_seed(seed), TrainState()
     for _ in range(epochs):
         batches = sort_batches(V, 64, 20, generator=data, exclude=sequence_set(test_src))
         _, state = run_epoch(batches, model, loss_compute, optimizer, scheduler,
                              train_state=state, log_every=None)
-    return model, exact_matches(model, test_batch) / len(test_src)
+    test_batch = seq2seq_batch(test_src, sorted_symbols(test_src))
+    return exact_matches(model, test_batch) / len(test_src)
 
-
-sort_accuracy = {}
-for sparse in (False, True):
-    _, sort_accuracy[sparse] = train_sorter(sparse)
-    name = "window r = 1 + 1 global" if sparse else "full encoder self-attention"
-    print(f"{name:>28}: {sort_accuracy[sparse]:.1%} of 1,000 test sequences sorted exactly")
 
 # %%
-assert sort_accuracy[False] >= 0.85, sort_accuracy
+# NBVAL_IGNORE_OUTPUT
+# (training accuracies differ between machines: training takes another path; bounds below)
+sort_accuracy = {sparse: sparse_sort_accuracy(sparse, seed=0) for sparse in (False, True)}
+for sparse, accuracy in sort_accuracy.items():
+    name = "window r = 1 + 1 global" if sparse else "full encoder self-attention"
+    print(f"{name:>28}: {accuracy:.1%} of 1,000 test sequences sorted exactly (seed 0)")
+
+# %%
+assert sort_accuracy[False] >= 0.75, sort_accuracy
 assert sort_accuracy[True] >= 0.75, sort_accuracy
-print("full attention sorts at least 85 %, the window with a global token at least 75 %")
+print("both sort at least 75 % of the test sequences exactly, as every run of the sweep did")
 
 # %% [markdown]
-# In the stored run the window costs some accuracy at this budget (the numbers above; they
-# move by a point or two on other machines, whose float kernels send training down a slightly
-# different path). Sorting needs each output position to know how many of every digit the
-# input holds, and the window has to gather that through the global token and over two
-# layers, while full attention reads it in one step. The attention over the memory is full in
-# both models, which is why the sparse model still learns the task. On sequences of ten
-# tokens a sparse pattern saves nothing worth having; it is the long sequences of the timing
-# chart where it earns its place.
+# The sweep (`make seeds`, which runs `tools/seeds.py`; the appendix describes it) trained the
+# same pair from five seeds, each once with the CPU's own kernels and once with the kernel set
+# one level below, one thread per run: twenty runs in all, stored in
+# `book/data/seeds_sparse_sort.json` with the machine they ran on. Every run is a point below,
+# coloured by its kernels; the black tick is each variant's mean.
+
+# %%
+sweep = book_data("seeds_sparse_sort.json")
+print(f"{sweep['command']}  ({sweep['machine']['cpu']}, torch {sweep['machine']['torch']})")
+sparse_summary = {row["variant"]: row for row in seed_summary(sweep["runs"], "exact")}
+for row in sparse_summary.values():
+    print(f"{row['variant']:>24}: mean {row['mean']:.1%} over {row['runs']} runs, "
+          f"from {row['min']:.1%} to {row['max']:.1%}")
+pairs = {}
+for run in sweep["runs"]:
+    pairs.setdefault((run["seed"], run["kernels"]), {})[run["variant"]] = run["exact"]
+gaps = [p["full attention"] - p["window r = 1 + 1 global"] for p in pairs.values()]
+print(f"full minus window, same seed and kernels: {sum(g > 0 for g in gaps)} of {len(gaps)} "
+      f"pairs above 0, from {min(gaps):+.1%} to {max(gaps):+.1%}")
+seeds_chart(sweep["runs"], metric="exact", title="Sequences sorted exactly, every run")
+
+# %%
+full, window = sparse_summary["full attention"], sparse_summary["window r = 1 + 1 global"]
+assert abs(full["mean"] - window["mean"]) < 0.02, (full, window)
+assert 0 < sum(g > 0 for g in gaps) < len(gaps), gaps  # neither wins every pair
+print("the means differ by less than 2 points and neither variant wins every pair")
+
+# %% [markdown]
+# At this budget the window costs nothing measurable: the two means are within a fraction of a
+# point of each other, each variant beats the other in some pairs of runs and loses in others,
+# and the spread between seeds, several points either way, is far larger than the gap between
+# the means. Which variant "wins" a single run depends on the seed and on the CPU's kernels,
+# which is why the seed-0 pair above can come out either way on another machine. Sorting needs
+# each output position to know how many of every digit the input holds; the window gathers that
+# through the global token and over two layers, full attention in one step, and the attention
+# over the memory is full in both models. On sequences of ten tokens a sparse pattern saves
+# nothing worth having; it is the long sequences of the timing chart where it earns its place.
 
 # %% [markdown]
 # ## What we have
@@ -600,7 +635,7 @@ print("full attention sorts at least 85 %, the window with a global token at lea
 # Transformer, and `graph_transformer` runs a whole trained model on packed sentences with no
 # padding node, equal to the padded dense model at every real position. Counting edges makes
 # the cost of a pattern visible, and timing it shows where a sparse pattern starts to pay: far
-# beyond the sentence lengths of machine translation, and a window with one global token still
-# learns to sort, a little less well than full attention at the same budget. The sort task of
+# beyond the sentence lengths of machine translation. A window with one global token learns to
+# sort as well as full attention at the same budget, within the spread of twenty runs. The sort task of
 # chapter 13 came from the same graph tutorial. The next chapter stays beyond the paper and
 # looks at what trained attention heads attend to.

@@ -513,8 +513,8 @@ attention_chart(frames, controls=("step", "layer", "head"), width=260, height=26
 # warmup keeps the learning rate small, that barely changes. Then
 # the diagonal forms, and the count of exact copies follows it. In the run stored with this page
 # (another machine's run differs in the details), at step 100 no head puts more than 0.34 of its
-# weight on the right position and the model copies 33 of the 100 test sequences; at step 200
-# the best head is at 0.73 and the model copies 85. When it copies all 100, the best heads of
+# weight on the right position and the model copies 28 of the 100 test sequences; at step 200
+# the best head is at 0.64 and the model copies 78. When it copies all 100, the best heads of
 # layer 1 put about 0.9 of their weight on the position to copy, while the heads of layer 2 stay
 # blurrier and share their weight with the neighbouring positions.
 # Nothing in the symbols tells the three 3s apart; what does is the positional encoding of

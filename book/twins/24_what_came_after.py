@@ -34,7 +34,7 @@
 #   sum {cite}`xiong2020layer`. It trains without warm-up and in deep stacks; chapter 19 shows
 #   the paper's post-norm stuck without warm-up. This book uses pre-norm by default.
 # * **Learned and rotary positions** (chapter 4): learned position vectors (GPT, BERT; chapter
-#   18's row E) and, later, *rotary* positions {cite}`su2021roformer`, which rotate queries and
+#   19's row E) and, later, *rotary* positions {cite}`su2021roformer`, which rotate queries and
 #   keys inside attention instead of adding a signal to the embeddings. Built below.
 # * **RMSNorm** {cite}`zhang2019root` (chapter 2's `LayerNorm`): divide by the root mean square
 #   of the features and drop the mean subtraction and the bias; cheaper, and as good in

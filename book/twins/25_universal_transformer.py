@@ -34,6 +34,7 @@ from the_annotated_transformer import (
     MultiHeadedAttention,
     PositionalEncoding,
     PositionwiseFeedForward,
+    book_data,
     enable_book_charts,
     exact_matches,
     greedy_decode,
@@ -41,6 +42,8 @@ from the_annotated_transformer import (
     make_model,
     random_sequences,
     rate,
+    seed_summary,
+    seeds_chart,
     seq2seq_batch,
     sequence_set,
     sort_batches,
@@ -253,18 +256,19 @@ def token_accuracy(model: nn.Module, batch: Batch) -> float:
 def train_sorter(
     model: nn.Module, *, V: int, epochs: int, ponder_weight: float = 0.0,
     exclude: set | None = None, record_every: int = 10, probe: Batch | None = None,
+    seed: int = 0,
 ) -> list[dict]:
     """Chapter 13's schedule; adds ponder_weight * ponder cost when the model has one.
 
     Every record_every epochs, the mean steps per real position of encoder and decoder on the
     probe batch (teacher-forced), for models that ponder.
     """
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: rate(step, model_size=64, factor=0.5, warmup=100)
     )
-    data, history = torch.Generator().manual_seed(0), []
+    data, history = torch.Generator().manual_seed(seed), []
     for epoch in range(1, epochs + 1):
         model.train()
         for batch in sort_batches(V, 64, 20, generator=data, exclude=exclude):
@@ -287,69 +291,163 @@ def train_sorter(
     return history
 
 
+# %% tags=["export"]
+import time
+
+UNIVERSAL_SORT_VARIANTS = {  # name -> (steps of the shared layers, ponder weight tau)
+    "universal, tau = 1e-4": (4, 1e-4),
+    "universal, tau = 1e-2": (4, 1e-2),
+    "universal, 4 fixed steps": (4, None),  # halting switched off: every position takes 4
+    "universal, 1 step": (1, 0.0),  # one shared layer per stack, applied once
+    "chapter 13 Transformer": None,  # two different layers per stack
+}
+
+
+def universal_sort_run(
+    variant: str, *, seed: int = 0, epochs: int = 60, probe: Batch | None = None
+) -> dict:
+    """Train one of UNIVERSAL_SORT_VARIANTS from `seed` on chapter 13's task: the model, its
+    steps history on `probe`, and its size, accuracies, mean ACT steps and training time on
+    the 1,000 held-out test sequences."""
+    if variant not in UNIVERSAL_SORT_VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; expected one of "
+                         f"{', '.join(UNIVERSAL_SORT_VARIANTS)}")
+    V = 13  # chapter 13's 10 digits and 3 special tokens
+    test_src = random_sequences(1000, V, min_len=4, max_len=10,
+                                generator=torch.Generator().manual_seed(1))
+    test_batch = seq2seq_batch(test_src, sorted_symbols(test_src))
+    torch.manual_seed(seed)
+    setting, tau = UNIVERSAL_SORT_VARIANTS[variant], 0.0
+    if setting is None:
+        model = make_model(V, V, N=2, d_model=64, d_ff=128, h=4, dropout=0.0)
+    else:
+        max_steps, tau = setting
+        model = UniversalTransformer(V, d_model=64, d_ff=128, h=4, max_steps=max_steps)
+        if tau is None:  # halting probabilities of about 1e-13, frozen: no position stops early
+            for act in (model.encoder_act, model.decoder_act):
+                nn.init.constant_(act.halt.bias, -30.0)
+                act.halt.requires_grad_(False)
+            tau = 0.0
+    start = time.perf_counter()
+    history = train_sorter(model, V=V, epochs=epochs, ponder_weight=tau,
+                           exclude=sequence_set(test_src), probe=probe, seed=seed)
+    result = {"model": model, "history": history, "seconds": time.perf_counter() - start,
+              "parameters": sum(p.numel() for p in model.parameters()),
+              "token accuracy": token_accuracy(model, test_batch),
+              "exact": exact_matches(model, test_batch) / len(test_src)}
+    if hasattr(model, "act"):  # mean steps per real position, read with teacher forcing
+        with torch.no_grad():
+            model(test_batch.src, test_batch.tgt, test_batch.src_mask, test_batch.tgt_mask)
+        for side, ids in (("encoder", test_batch.src), ("decoder", test_batch.tgt)):
+            result[f"{side} steps"] = model.act[side]["steps"][ids != 2].mean().item()
+    return result
+
+
 # %% [markdown]
-# Three runs with the same data, seed and budget (60 epochs of 20 batches of 64 sequences):
-# the Universal Transformer with at most 4 steps and $\tau = 10^{-4}$; the same with a
-# hundred times the ponder weight, $\tau = 10^{-2}$; and chapter 13's Transformer, two
+# Three runs from seed 0, with the same data and budget (60 epochs of 20 batches of 64
+# sequences): the Universal Transformer with at most 4 steps and $\tau = 10^{-4}$; the same with
+# a hundred times the ponder weight, $\tau = 10^{-2}$; and chapter 13's Transformer, two
 # different layers in each stack, as the baseline. With $d_{model} = 64$ in all three, the
 # Universal Transformer has about half the baseline's parameters (one layer per stack
 # instead of two, plus the two halting units); at up to 4 steps it may spend up to twice the
 # baseline's compute per position, and spends less when its positions halt early.
+# `universal_sort_run` builds and trains each variant, and measures it on the held-out
+# sequences; the mean steps are read with teacher forcing, over the real positions.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 # (accuracies, steps and times differ between machines: training takes another path; bounds below)
-import time
-
 torch.set_num_threads(1)  # tiny matrices: one thread does as well as two
 V = 13  # chapter 13's 10 digits and 3 special tokens
 test_src = random_sequences(1000, V, min_len=4, max_len=10,
                             generator=torch.Generator().manual_seed(1))
 test_batch = seq2seq_batch(test_src, sorted_symbols(test_src))
-held_out = sequence_set(test_src)
 probe = seq2seq_batch(test_src[:200], sorted_symbols(test_src[:200]))
-runs, histories = {}, {}
-for name, tau in (("universal, tau = 1e-4", 1e-4), ("universal, tau = 1e-2", 1e-2),
-                  ("chapter 13 Transformer", None)):
-    torch.manual_seed(0)
-    if tau is None:
-        model = make_model(V, V, N=2, d_model=64, d_ff=128, h=4, dropout=0.0)
-    else:
-        model = UniversalTransformer(V, d_model=64, d_ff=128, h=4, max_steps=4)
-    start = time.perf_counter()
-    histories[name] = train_sorter(model, V=V, epochs=60, ponder_weight=tau or 0.0,
-                                   exclude=held_out, probe=probe)
-    runs[name] = {"model": model, "seconds": time.perf_counter() - start,
-                  "parameters": sum(p.numel() for p in model.parameters()),
-                  "token accuracy": token_accuracy(model, test_batch),
-                  "exact": exact_matches(model, test_batch) / len(test_src)}
-    if tau is not None:  # steps on the test set, as greedy decoding leaves them
-        runs[name]["encoder steps"] = model.act["encoder"]["steps"][test_batch.src != 2].mean()
+runs = {name: universal_sort_run(name, seed=0, probe=probe)
+        for name in ("universal, tau = 1e-4", "universal, tau = 1e-2", "chapter 13 Transformer")}
 for name, run in runs.items():
-    steps = f", {run['encoder steps']:.2f} encoder steps" if "encoder steps" in run else ""
+    steps = (f", steps {run['encoder steps']:.2f} (encoder) {run['decoder steps']:.2f} (decoder)"
+             if "encoder steps" in run else "")
     print(f"{name:>23}: {run['parameters']:7,d} parameters, token accuracy "
           f"{run['token accuracy']:.2%}, exact {run['exact']:.1%}{steps}, {run['seconds']:.0f} s")
 
 # %%
 best = runs["universal, tau = 1e-4"]
-assert best["token accuracy"] >= 0.97, best["token accuracy"]
-assert runs["chapter 13 Transformer"]["token accuracy"] >= 0.97, runs
-assert all(r["encoder steps"] <= 4 for r in runs.values() if "encoder steps" in r)
-print("the Universal Transformer and the baseline both reach 97 % token accuracy or more")
+assert best["token accuracy"] >= 0.90, best["token accuracy"]
+assert runs["universal, tau = 1e-2"]["token accuracy"] >= 0.90, runs
+assert runs["chapter 13 Transformer"]["token accuracy"] >= 0.95, runs
+for side in ("encoder", "decoder"):  # a larger ponder weight buys fewer steps
+    assert runs["universal, tau = 1e-2"][f"{side} steps"] < best[f"{side} steps"] <= 4, side
+print("token accuracy: both Universal Transformers at least 90 %, the Transformer at least 95 %,"
+      " as in every run of the sweep below; fewer steps with the larger ponder weight")
 
 # %% [markdown]
-# In the stored run the Universal Transformer with the small ponder weight sorts as well as
-# chapter 13's model or better (the numbers above; on another machine they move by a few
-# tenths of a point), with half the parameters: the one shared layer, applied repeatedly, does
-# the work of two different ones. The stored run passes the 99.5 % token accuracy that the
-# graph tutorial reported for this task, although only just, and the assert above asks for
-# less, with margin for other machines. The larger ponder weight buys fewer steps at some cost
-# in accuracy.
+# One run of each is a demonstration. Whether one shared layer does the work of two is a
+# comparison, and this one turns over from seed to seed and from CPU to CPU: the same seed-0
+# Universal Transformer that sorts 97 % of tokens with one CPU's kernels may sort 92 % with
+# another's. So the comparison rests on a sweep (`make seeds`, `tools/seeds.py`, described in
+# the appendix): every variant trained from three seeds, each with the CPU's own kernels and
+# with the set one level below, one thread per run, stored in
+# `book/data/seeds_universal_sort.json`. Beside the three runs above it has two baselines that
+# say what the adaptive depth itself contributes: the same model with halting switched off, so
+# that every position takes all 4 steps, and the shared layers applied once (one step, no
+# recurrence at all).
+
+# %%
+sweep = book_data("seeds_universal_sort.json")
+print(f"{sweep['command']}  ({sweep['machine']['cpu']}, torch {sweep['machine']['torch']})")
+steps = {(s["variant"], side): s for side in ("encoder", "decoder")
+         for s in seed_summary([r for r in sweep["runs"] if f"{side} steps" in r],
+                               f"{side} steps")}
+ut_summary = {row["variant"]: row for row in seed_summary(sweep["runs"], "token accuracy")}
+for name, row in ut_summary.items():
+    ponder = "".join(f", {side} steps {steps[name, side]['mean']:.2f}"
+                     for side in ("encoder", "decoder") if (name, side) in steps)
+    print(f"{name:>24}: token accuracy mean {row['mean']:.2%}, from {row['min']:.2%} to "
+          f"{row['max']:.2%} ({row['runs']} runs){ponder}")
+seeds_chart(sweep["runs"], metric="token accuracy", title="Token accuracy, every run")
+
+# %%
+means = [row["mean"] for row in ut_summary.values()]
+assert max(means) - min(means) < 0.02, ut_summary  # all five within 2 points
+transformer = ut_summary["chapter 13 Transformer"]
+assert all(row["min"] < transformer["max"] and transformer["min"] < row["max"]
+           for row in ut_summary.values())  # every range overlaps the Transformer's
+by_run = {}
+for r in sweep["runs"]:
+    by_run.setdefault((r["seed"], r["kernels"]), {})[r["variant"]] = r
+for pair in by_run.values():
+    small, large = pair["universal, tau = 1e-4"], pair["universal, tau = 1e-2"]
+    assert large["encoder steps"] <= small["encoder steps"] < small["decoder steps"]
+    assert large["decoder steps"] < small["decoder steps"]
+print("the five means lie within 2 points and every range overlaps the Transformer's; in every "
+      "run the larger ponder weight takes fewer steps, and the decoder more than the encoder")
+
+# %% [markdown]
+# The sweep does not support "one shared layer sorts better than two different ones", nor the
+# reverse. The five means lie within two points of each other and every range overlaps the
+# others: at this budget the seed and the CPU's kernels move a run by more than the choice of
+# model does. The most telling row is the one-step baseline: one shared layer per stack, applied
+# once, sorts as well as anything here, with half the Transformer's parameters and no recurrence.
+# Sorting ten digits needs no depth once attention has gathered the counts, so this task cannot
+# show what adaptive depth buys; a task that needs many steps of reasoning could (the Universal
+# Transformer's own paper used algorithmic tasks and bAbI). The 99.5 % token accuracy that the
+# graph tutorial reported for this task sits within the range of our runs, not as a bar that
+# every run clears.
+#
+# What does hold in every one of the six pairs of runs is how ACT spends its steps. The larger
+# ponder weight takes fewer steps, in the encoder and in the decoder. And the decoder ponders
+# more than the encoder: with $\tau = 10^{-4}$ the encoder's positions stop after one or two steps
+# (1.55 on average over the six runs) while the decoder's take about three of their four (3.05). The decoder's halting unit does learn, as
+# the larger weight shows (it brings the decoder down to under two steps without a measurable
+# loss of accuracy), but a price of $10^{-4}$ per step is too small against the token loss to
+# push it further: a decoder position must predict the next digit from a prefix and the memory,
+# and extra steps there cost almost nothing in the loss.
 #
 # ## How many steps each position takes
 #
-# The steps of the encoder's positions for a few test sequences, as the model leaves them
-# after decoding:
+# The steps of the encoder's positions for a few test sequences, as the seed-0 model with the
+# small ponder weight leaves them after decoding:
 
 # %% tags=["export", "hide-cell"]
 from typing import Any
@@ -373,6 +471,8 @@ def steps_chart(cells: list[dict], *, title: str = "ACT steps per source positio
 
 
 # %%
+# NBVAL_IGNORE_OUTPUT
+# (which positions halt when depends on the training run)
 model = best["model"]
 model.eval()
 with torch.no_grad():
@@ -390,7 +490,7 @@ steps_chart(cells)
 # 200 test sequences read with teacher forcing:
 
 # %%
-rows = [dict(r, run=name) for name, h in histories.items() for r in h]
+rows = [dict(r, run=name) for name, run in runs.items() for r in run["history"]]
 line_chart(rows, x="epoch:Q", y="mean steps:Q", color="run:N", column="stack:N",
            title="Mean ACT steps per position during training", width=260, height=200)
 
@@ -405,5 +505,7 @@ line_chart(rows, x="epoch:Q", y="mean steps:Q", color="run:N", column="stack:N",
 # `AdaptiveComputationTime` applies a shared layer to each position until its halting
 # probabilities reach 1, with remainders, a weighted output, frozen halted positions and a
 # ponder cost; `UniversalTransformer` puts one encoder and one decoder layer of chapter 2 in
-# such loops behind the `EncoderDecoder` interface. On the sort task it matches chapter 13's
-# model with half the parameters. The conclusion, next, looks back over the whole book.
+# such loops behind the `EncoderDecoder` interface. On the sort task it does as well as
+# chapter 13's model with half the parameters, and so does a single shared layer applied once:
+# the task is too shallow to show what adaptive depth buys, while it does show ACT's halting
+# units answering their price, in every run of the sweep. The conclusion, next, looks back over the whole book.

@@ -21,7 +21,7 @@ if "google.colab" in sys.modules:
     package = f"the-annotated-transformer[book] @ git+{REPO}@{REF}"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
 
-from the_annotated_transformer import subsequent_mask
+from the_annotated_transformer import BOOK_REPOSITORY, BOOK_REPOSITORY_REF, subsequent_mask
 
 # %% [markdown]
 # ## Charts that draw everywhere
@@ -371,3 +371,80 @@ with tempfile.TemporaryDirectory() as folder:
     except ValueError as err:
         print("wrong checksum:", str(err).split(":")[0])
     print(sorted(p.name for p in (Path(folder) / "copy").iterdir()))
+
+# %% [markdown]
+# ## Findings over seeds
+#
+# A training run is one draw: another seed, or another CPU whose float kernels round
+# differently, sends it down another path. A chapter that compares runs ("the window loses
+# accuracy", "one shared layer sorts as well as two") therefore rests its claim on a sweep that
+# `tools/seeds.py` makes: every variant trained from several seeds, each with this CPU's own
+# kernels and with the set one level below, stored in `book/data/seeds_<experiment>.json` with
+# the command and the machine. `book_data` reads such a file (from the checkout, or from the
+# book's repository at the tag a Colab notebook came from), `seed_summary` gives each variant's
+# mean and range, and `seeds_chart` draws every run as a point, so the spread is in the picture
+# beside the mean.
+
+# %% tags=["export"]
+import json
+
+
+def book_data(name: str) -> Any:
+    """A JSON file from book/data: from the checkout, else from the book's repository."""
+    root = repository_root()
+    if root is not None and (root / "book" / "data" / name).is_file():
+        return json.loads((root / "book" / "data" / name).read_text())
+    url = f"{BOOK_REPOSITORY}/raw/{BOOK_REPOSITORY_REF}/book/data/{name}"
+    with urllib.request.urlopen(url, timeout=60) as response:
+        return json.loads(response.read())
+
+
+def seed_summary(runs: Sequence[Mapping[str, Any]], metric: str) -> list[dict[str, Any]]:
+    """Per variant, in the order the runs name them: how many runs, and the metric's mean,
+    lowest and highest value over them."""
+    if not runs:
+        raise ValueError("runs is empty: there is nothing to summarize")
+    if any(metric not in run for run in runs):
+        raise ValueError(f"metric {metric!r} is not in every run; a run has {list(runs[0])}")
+    values: dict[str, list[float]] = {}
+    for run in runs:
+        values.setdefault(run["variant"], []).append(float(run[metric]))
+    return [{"variant": variant, "runs": len(v), "mean": sum(v) / len(v), "min": min(v),
+             "max": max(v)} for variant, v in values.items()]
+
+
+def seeds_chart(
+    runs: Sequence[Mapping[str, Any]], *, metric: str, title: str, value_format: str = "%",
+    width: int = 420,
+) -> Any:
+    """Every run as a point (colour: the kernels it ran with), and each variant's mean as a tick."""
+    import altair as alt
+
+    records = chart_rows([{k: run[k] for k in ("variant", "seed", "kernels", metric)}
+                          for run in runs], ["variant", "seed", "kernels", metric])
+    order = list(dict.fromkeys(r["variant"] for r in records))
+    y = alt.Y("variant:N", sort=order, title=None)
+    points = alt.Chart(alt.Data(values=records)).mark_point(filled=True, size=60).encode(
+        x=alt.X(f"{metric}:Q", title=metric, axis=alt.Axis(format=value_format),
+                scale=alt.Scale(zero=False)),
+        y=y, color=alt.Color("kernels:N", title="kernels"),
+        tooltip=["variant:N", "seed:O", "kernels:N", alt.Tooltip(f"{metric}:Q", format=".4")],
+    )
+    means = [{"variant": s["variant"], "mean": s["mean"]} for s in seed_summary(records, metric)]
+    ticks = alt.Chart(alt.Data(values=means)).mark_tick(color="black", thickness=2, size=18)
+    ticks = ticks.encode(x="mean:Q", y=y, tooltip=["variant:N", alt.Tooltip("mean:Q", format=".4")])
+    return (points + ticks).properties(title=title, width=width)
+
+
+# %% [markdown]
+# Three runs of two variants, and what they give:
+
+# %%
+example = [{"variant": "A", "seed": s, "kernels": "AVX2", "accuracy": a}
+           for s, a in enumerate([0.90, 0.94, 0.92])]
+example += [{"variant": "B", "seed": s, "kernels": "AVX2", "accuracy": a}
+            for s, a in enumerate([0.91, 0.85, 0.88])]
+for row in seed_summary(example, "accuracy"):
+    print(f"{row['variant']}: {row['runs']} runs, mean {row['mean']:.3f}, "
+          f"range {row['min']:.2f} to {row['max']:.2f}")
+seeds_chart(example, metric="accuracy", title="two variants, three seeds each")

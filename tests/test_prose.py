@@ -1,0 +1,113 @@
+"""The chapters' prose: every number it states is printed by the book or marked as approximate,
+and it describes the book as it is, not how it came to be."""
+
+import json
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+from sync import chapters  # tests/conftest.py puts tools/ on the path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A decimal (3.14, 1,014.5) or a percentage (95 %, 12.5%) in running text.
+NUMBER = re.compile(
+    r"(?<![\w.$^{/-])(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+\.\d+|\d+)\s?(\\?%)?(?![\w.]\d)")
+# Words that mark a number as approximate or as a bound, and words that make it a reference
+# (section 5.4, Table 2, equation 3) rather than a measurement.
+APPROXIMATE = re.compile(
+    r"(about|around|roughly|nearly|almost|approximately|~|≈|over|under|below|above|up to|"
+    r"at least|at most|more than|less than|fewer than|some)\s*$", re.IGNORECASE)
+REFERENCE = re.compile(r"(section|sections|§|table|equation|eq\.|chapter|chapters|figure|"
+                       r"version|v|python|torch|pytorch|sacrebleu)\s*$", re.IGNORECASE)
+
+# Numbers that the prose states without a cell printing them, each with its reason.
+CITED = "a published figure, cited in the sentence"
+ALLOWED: dict[tuple[str, str], str] = {
+    ("09_training_data", "4.5"): CITED + " (WMT 2014's 4.5 million pairs, the paper's §5.1)",
+    ("11_regularization", "25.3"): CITED + " (the paper's Table 3)",
+    ("12_copy_task", "0.0125"): "the schedule's peak, worked out in the sentence",
+    ("17_subword_vocabularies", "10.8"): "the 10,757,166 parameters printed below, in millions",
+    ("18_results", "12.5%"): "printed by chapter 17, which the sentence names",
+    ("18_results", "4.5"): CITED + " (WMT 2014's 4.5 million pairs)",
+    ("19_model_variations", "0.046"): "the difference of two losses in the table above",
+    ("20_constituency_parsing", "91.3"): CITED + " (the paper's Table 4)",
+    ("20_constituency_parsing", "92.7"): CITED + " (the paper's Table 4)",
+    ("26_conclusion", "4.5"): CITED + " (WMT 2014's 4.5 million pairs)",
+    ("26_conclusion", "92.7"): CITED + " (the paper's Table 4)",
+}
+
+
+def markdown_text(nb) -> str:
+    """The markdown cells, without math, inline code, links and citations."""
+    text = "\n".join(cell.source for cell in nb.cells if cell.cell_type == "markdown")
+    for pattern in (r"\$\$.*?\$\$", r"\$[^$\n]*\$", r"`[^`\n]*`", r"\]\([^)]*\)"):
+        text = re.sub(pattern, " ", text, flags=re.DOTALL)
+    return text
+
+
+def printed_text(nb) -> str:
+    """What the chapter's code and outputs hold, and the data files that the book reads."""
+    parts = []
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        parts.append(cell.source)
+        for output in cell.get("outputs", []):
+            parts.append(output.get("text", ""))
+            for value in output.get("data", {}).values():
+                parts.append(value if isinstance(value, str) else json.dumps(value))
+    for path in [*ROOT.glob("book/data/*.json"), *ROOT.glob("book/models/*/*.json")]:
+        parts.append(path.read_text())
+    return "\n".join(parts)
+
+
+def stated_numbers(text: str) -> list[str]:
+    """Decimals and percentages in the text that are neither approximate nor references."""
+    found = []
+    for match in NUMBER.finditer(text):
+        number, percent = match.groups()
+        if not percent and "." not in number:
+            continue  # a count or a year: too common to check this way
+        before = text[max(0, match.start() - 24):match.start()]
+        if APPROXIMATE.search(before) or REFERENCE.search(before):
+            continue
+        found.append(number + ("%" if percent else ""))
+    return found
+
+
+@pytest.mark.parametrize("path", chapters(), ids=lambda p: p.stem)
+def test_every_decimal_and_percentage_in_the_prose_is_printed_or_marked(path):
+    nb = nbformat.read(path, as_version=4)
+    printed = printed_text(nb)
+    unprinted = []
+    for number in stated_numbers(markdown_text(nb)):
+        bare = number.rstrip("%")
+        if bare in printed or bare.replace(",", "") in printed:
+            continue
+        if (path.stem, number) not in ALLOWED:
+            unprinted.append(number)
+    assert unprinted == [], (
+        f"{path.stem} states numbers that no cell prints and no data file holds: {unprinted}; "
+        "print them, mark them approximate ('about'), or add them to ALLOWED with a reason")
+
+
+def test_the_allow_list_names_only_numbers_that_the_prose_states():
+    stated = {(path.stem, number) for path in chapters()
+              for number in stated_numbers(markdown_text(nbformat.read(path, as_version=4)))}
+    assert sorted(set(ALLOWED) - stated) == []
+
+
+HISTORY = re.compile(
+    r"first version of this book|this book's first version|earlier version of this|"
+    r"the issue that|an issue asked|\bnot met\b|goals? (?:was|were|is|are) met",
+    re.IGNORECASE)
+
+
+@pytest.mark.parametrize("path", chapters(), ids=lambda p: p.stem)
+def test_no_chapter_tells_the_books_development_history(path):
+    nb = nbformat.read(path, as_version=4)
+    text = "\n".join(cell.source for cell in nb.cells)
+    assert HISTORY.findall(text) == [], "the book describes itself as it is; history goes to "
+    "the README's changelog"

@@ -1,0 +1,142 @@
+"""Run one of the book's experiments over several seeds and two kernel sets, into book/data.
+
+    python tools/seeds.py sparse_sort --seeds 0 1 2 3 4
+    python tools/seeds.py universal_sort --seeds 0 1 2
+
+A finding ("the window loses accuracy", "one shared layer sorts as well as two") compares
+training runs, and one run can turn over on another seed or another CPU. This script trains
+every variant of an experiment from each seed, once with this CPU's own kernels and once with
+the kernel set one level below (`tools/nbval_portable.py` picks it: `avx2` on AVX-512,
+`default` on AVX2), each (seed, kernels) pair in its own process with one thread, two at a time.
+It writes `book/data/seeds_<experiment>.json`: the command, the machine, and one row per run.
+The chapter reads that file, draws every run and claims only what holds in all of them;
+nbval reruns one seed with bounds that every stored run met. A run already in the file is
+kept, so an interrupted sweep resumes where it stopped.
+"""
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
+from nbval_portable import other_capability  # noqa: E402
+
+DATA = ROOT / "book" / "data"
+
+
+def sparse_sort(seed: int) -> list[dict]:
+    """Chapter 22: full against window + global encoder self-attention on the sort task."""
+    from the_annotated_transformer import sparse_sort_accuracy
+
+    names = {False: "full attention", True: "window r = 1 + 1 global"}
+    return [{"variant": names[sparse], "exact": sparse_sort_accuracy(sparse, seed=seed)}
+            for sparse in (False, True)]
+
+
+def universal_sort(seed: int) -> list[dict]:
+    """Chapter 25: the Universal Transformer's variants against chapter 13's model."""
+    from the_annotated_transformer import UNIVERSAL_SORT_VARIANTS, universal_sort_run
+
+    rows = []
+    for variant in UNIVERSAL_SORT_VARIANTS:
+        run = universal_sort_run(variant, seed=seed)
+        rows.append({"variant": variant, **{k: v for k, v in run.items()
+                                            if k not in ("model", "history")}})
+    return rows
+
+
+EXPERIMENTS = {"sparse_sort": (sparse_sort, "22_transformer_as_a_graph"),
+               "universal_sort": (universal_sort, "25_universal_transformer")}
+
+
+def one_run(experiment: str, seed: int) -> None:
+    """The worker: this process's kernels and every variant's row from one seed, as JSON."""
+    import torch
+
+    torch.set_num_threads(1)
+    kernels = torch.backends.cpu.get_cpu_capability()
+    start = time.perf_counter()
+    rows = EXPERIMENTS[experiment][0](seed)
+    print(json.dumps([{"seed": seed, "kernels": kernels, **row} for row in rows]))
+    print(f"seed {seed}, {kernels}: {time.perf_counter() - start:.0f} s", file=sys.stderr)
+
+
+def run_pair(experiment: str, seed: int, capability: str | None) -> list[dict]:
+    """One worker process with one thread and the given ATEN_CPU_CAPABILITY (None: own)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("ATEN_CPU_CAPABILITY", None)
+    if capability is not None:
+        env["ATEN_CPU_CAPABILITY"] = capability
+    done = subprocess.run(
+        [sys.executable, __file__, experiment, "--worker", "--seeds", str(seed)],
+        env=env, cwd=ROOT, capture_output=True, text=True,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"seeds.py: error: seed {seed} ({capability or 'own kernels'}) "
+                         f"failed:\n{done.stderr[-2000:]}")
+    print(done.stderr.strip(), flush=True)
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def machine() -> dict:
+    """What the runs were made on: the CPU, its own kernels, torch, and the thread count."""
+    import torch
+
+    cpu = platform.processor()
+    if Path("/proc/cpuinfo").is_file():
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return {"cpu": cpu, "own_kernels": torch.backends.cpu.get_cpu_capability(),
+            "torch": torch.__version__, "threads": 1}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("experiment", choices=sorted(EXPERIMENTS))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help="default: book/data/seeds_<experiment>.json")
+    args = parser.parse_args()
+    if args.worker:
+        one_run(args.experiment, args.seeds[0])
+        return 0
+    out = args.out or DATA / f"seeds_{args.experiment}.json"
+    if out.is_dir():
+        parser.error(f"--out {out} is a folder; give a file name")
+    stored = json.loads(out.read_text()) if out.is_file() else {"runs": []}
+    own = machine()["own_kernels"]
+    other = other_capability()
+    done = {(r["seed"], r["kernels"]) for r in stored["runs"]}
+    todo = [(seed, capability) for seed in args.seeds for capability in (None, other)
+            if (seed, own if capability is None else capability.upper()) not in done]
+    print(f"{args.experiment}: {len(todo)} (seed, kernels) pairs to run, {len(done)} stored",
+          flush=True)
+    if not todo:
+        return 0
+    runs = list(stored["runs"])
+    with ThreadPoolExecutor(max_workers=2) as pool:  # 2 processes x 1 thread
+        for rows in pool.map(lambda job: run_pair(args.experiment, *job), todo):
+            runs += rows
+            result = {"experiment": args.experiment,
+                      "chapter": EXPERIMENTS[args.experiment][1],
+                      "command": f"python tools/seeds.py {args.experiment} --seeds "
+                                 + " ".join(str(s) for s in sorted({r['seed'] for r in runs})),
+                      "machine": machine(), "runs": runs}
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(result, indent=1) + "\n")  # after each pair: resumable
+    print(f"wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
