@@ -199,10 +199,12 @@ line_chart(history, x="epoch:Q", y="accuracy:Q", x_title="epoch (20 steps)",
 # ## Where it errs
 #
 # Accuracy by length shows where the remaining errors are. One might expect them in the
-# longest sequences, which offer the most places to go wrong; in our run the shorter ones were
-# missed more often: about 94 % of the test sequences of 4 to 6 digits came out right, against
-# about 98 % of those of 8 to 10. Which few sequences a model misses changes with the last bits
-# of its training, so the regression tests do not compare this cell's output.
+# longest sequences, which offer the most places to go wrong; in the run stored with this page
+# the shorter ones were missed more often: about 94 % of the test sequences of 4 to 6 digits
+# came out right, against about 98 % of those of 8 to 10. That is an observation of one run, not
+# a finding: which few sequences a model misses changes with its seed and with the last bits of
+# its training, and another CPU's run may put its errors elsewhere, so the regression tests do
+# not compare this cell's output.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
