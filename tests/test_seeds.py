@@ -63,13 +63,30 @@ def test_chapter_22_claims_hold_in_its_sweep():
 
 
 def test_chapter_25_claims_hold_in_its_sweep():
+    runs = book_data("seeds_universal_sort.json")["runs"]
     rows = summary("seeds_universal_sort.json", "token accuracy")
     assert set(rows) == set(UNIVERSAL_SORT_VARIANTS)
-    # every run of the main variants reaches the bound that chapter 25's nbval cell asserts
-    for name in ("universal, tau = 1e-4", "chapter 13 Transformer"):
-        assert rows[name]["min"] >= 0.85, rows[name]
-    # one shared layer applied once does worse than every run of the two-layer Transformer
-    assert rows["universal, 1 step"]["max"] < rows["chapter 13 Transformer"]["min"]
+    # every run met the bounds that chapter 25's nbval cell asserts for seed 0
+    for name in ("universal, tau = 1e-4", "universal, tau = 1e-2"):
+        assert rows[name]["min"] >= 0.90, rows[name]
+    assert rows["chapter 13 Transformer"]["min"] >= 0.95
+    # the chapter says: the five means lie within 2 points, every range overlaps the
+    # Transformer's, so no variant is better; and the one-step model is as good as any
+    means = [row["mean"] for row in rows.values()]
+    assert max(means) - min(means) < 0.02
+    transformer = rows["chapter 13 Transformer"]
+    assert all(r["min"] < transformer["max"] and transformer["min"] < r["max"]
+               for r in rows.values())
+    # in every run: the larger ponder weight takes fewer steps, the decoder more than the encoder
+    by_run = {}
+    for run in runs:
+        by_run.setdefault((run["seed"], run["kernels"]), {})[run["variant"]] = run
+    assert len(by_run) == 6
+    for pair in by_run.values():
+        small, large = pair["universal, tau = 1e-4"], pair["universal, tau = 1e-2"]
+        assert large["encoder steps"] <= small["encoder steps"] < small["decoder steps"]
+        assert large["decoder steps"] < small["decoder steps"]
+        assert pair["universal, 4 fixed steps"]["encoder steps"] == 4.0
 
 
 def test_seed_summary_gives_mean_and_range_per_variant_in_order():
