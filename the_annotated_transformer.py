@@ -1703,7 +1703,7 @@ class TrainConfig:
     max_tokens: int = 4096  # padded tokens per micro-batch on each device (src and tgt each)
     accum_iter: int = 1  # micro-batches per optimizer step, on each device
     epochs: int = 30
-    warmup: int = 1000  # optimizer steps of linear warmup
+    warmup: int = 1000  # warm-up steps of one process without accumulation (schedule_steps)
     lr_factor: float = 0.5
     label_smoothing: float = 0.1
     max_len: int = 72  # longest sentence kept, with <s> and </s>; also the decoding limit
@@ -2311,10 +2311,33 @@ def load_data(
     return RunData(vocab_src, vocab_tgt, train_loader, val_loader, pairs["val"], tokenizers)
 
 
+def schedule_steps(config: TrainConfig, *, batches_per_epoch: int, world_size: int) -> dict:
+    """The run's schedule in optimizer steps, refused when training would end in the warm-up.
+
+    `config.warmup` counts the steps of one process without accumulation. A run whose steps
+    each take k = world_size x accum_iter micro-batches walks the same data in k times fewer
+    steps, so its warm-up is warmup / k steps (and its peak rate sqrt(k) times higher).
+    """
+    k = world_size * config.accum_iter
+    per_epoch = math.ceil(batches_per_epoch / config.accum_iter)
+    plan = {"micro_batches_per_step": k, "steps_per_epoch": per_epoch,
+            "total_steps": config.epochs * per_epoch, "warmup": max(1, round(config.warmup / k))}
+    if plan["total_steps"] <= plan["warmup"]:
+        raise ValueError(
+            f"the run would take {plan['total_steps']} optimizer steps ({config.epochs} epochs "
+            f"of {per_epoch}: {batches_per_epoch} micro-batches per process, accum_iter "
+            f"{config.accum_iter}), not more than its {plan['warmup']} warm-up steps "
+            f"(warmup={config.warmup} / {k} micro-batches per step), so the learning rate "
+            "would never peak: raise epochs or lower warmup"
+        )
+    return plan
+
+
 def build_training(
-    process: Process, config: TrainConfig, src_vocab: int, tgt_vocab: int
+    process: Process, config: TrainConfig, src_vocab: int, tgt_vocab: int, *, warmup: int
 ) -> Run:
-    """4) Model (the same initial weights on every rank), optimizer, schedule and loss."""
+    """4) Model (the same initial weights on every rank), optimizer, schedule and loss; warmup
+    is the run's warm-up in its own optimizer steps (schedule_steps)."""
     torch.manual_seed(config.seed)
     model = make_model(
         src_vocab, tgt_vocab, N=config.N, d_model=config.d_model, d_ff=config.d_ff,
@@ -2323,7 +2346,7 @@ def build_training(
     optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer,
-        lr_lambda=lambda step: rate(step, config.d_model, config.lr_factor, config.warmup),
+        lr_lambda=lambda step: rate(step, config.d_model, config.lr_factor, warmup),
     )
     criterion = LabelSmoothing(tgt_vocab, PAD_ID, smoothing=config.label_smoothing)
     return Run(model, optimizer, scheduler, criterion, TrainState(), [])
@@ -2565,7 +2588,13 @@ def train_worker(
             config.checkpoint_dir, resume=resume, overwrite=overwrite, restarted=restarted))
         split_pairs = training_pairs(config, pairs)
         data = load_data(process, config, split_pairs, resuming=resuming)
-        run = build_training(process, config, len(data.vocab_src), len(data.vocab_tgt))
+        plan = schedule_steps(config, batches_per_epoch=len(data.train_loader),
+                              world_size=process.world_size)
+        if progress and process.rank == 0:
+            print(f"schedule: {plan['total_steps']} optimizer steps ({config.epochs} epochs of "
+                  f"{plan['steps_per_epoch']}), warm-up {plan['warmup']} steps", flush=True)
+        run = build_training(process, config, len(data.vocab_src), len(data.vocab_tgt),
+                             warmup=plan["warmup"])
         resume_run(process, config, run, resuming=resuming)
         if process.distributed:  # only now: every rank holds rank 0's state
             run.model = wrap_ddp(run.model, process.device)

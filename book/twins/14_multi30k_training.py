@@ -71,7 +71,7 @@ enable_book_charts()
 #   $h=8$, dropout 0.1, label smoothing 0.1, Adam with $\beta_2 = 0.98$ and the warmup schedule
 #   of chapter 10), for one or more GPUs. Multi30k is tiny next to WMT: with the paper's 25,000
 #   tokens per batch an epoch would be about sixteen optimizer steps. So a batch holds 4,096
-#   padded tokens per GPU and the warmup is 1,000 steps instead of 4,000, with `lr_factor=0.5` so that
+#   padded tokens per GPU and the warmup is 1,000 steps (on one GPU, below) instead of 4,000, with `lr_factor=0.5` so that
 #   the peak learning rate, $0.5 \cdot 512^{-0.5} \cdot 1000^{-0.5} \approx 0.0007$, is the
 #   paper's. We have not run this preset for the book (its machine has no GPU); it is a
 #   starting point, not a tested recipe. The GPU-only parts of the code below (bfloat16
@@ -91,6 +91,18 @@ enable_book_charts()
 # (24,576 tokens) and 1 on eight (32,768). A different global batch is a different
 # optimization (other steps per epoch, another point in the schedule), so a resumed run must
 # keep $R \times$ `accum_iter`.
+#
+# The schedule is counted in optimizer steps, and a larger global batch takes fewer of them.
+# With $k = R \times$ `accum_iter` micro-batches per step, an epoch has about $k$ times fewer
+# steps, so `warmup` counts the steps of one process without accumulation and a run with $k$
+# micro-batches per step warms up for `warmup`$/k$ steps: every run warms up over the same share
+# of the data. Since chapter 10's peak rate falls as the square root of the warm-up, the peak
+# is $\sqrt{k}$ times higher, between keeping the rate and scaling it with the batch. Before the
+# first step, `schedule_steps` prints the plan, and it refuses in one line, with the numbers and
+# the fix, a run that would end before its learning rate peaks. On one GPU the `base` preset's
+# epoch is about 112 micro-batches of 4,096 tokens, so it trains about 3,360 steps with 1,000 of
+# warm-up; on eight GPUs about 420 steps with 125 of warm-up; the tests check every preset on
+# 1, 4 and 8 devices and with `--batch-tokens 25000`.
 #
 # Both keep separate German and English vocabularies (chapter 9), so the embeddings cannot be
 # shared between encoder, decoder and generator as the paper's shared byte-pair vocabulary
@@ -112,7 +124,7 @@ class TrainConfig:
     max_tokens: int = 4096  # padded tokens per micro-batch on each device (src and tgt each)
     accum_iter: int = 1  # micro-batches per optimizer step, on each device
     epochs: int = 30
-    warmup: int = 1000  # optimizer steps of linear warmup
+    warmup: int = 1000  # warm-up steps of one process without accumulation (schedule_steps)
     lr_factor: float = 0.5
     label_smoothing: float = 0.1
     max_len: int = 72  # longest sentence kept, with <s> and </s>; also the decoding limit
@@ -965,10 +977,33 @@ def load_data(
     return RunData(vocab_src, vocab_tgt, train_loader, val_loader, pairs["val"], tokenizers)
 
 
+def schedule_steps(config: TrainConfig, *, batches_per_epoch: int, world_size: int) -> dict:
+    """The run's schedule in optimizer steps, refused when training would end in the warm-up.
+
+    `config.warmup` counts the steps of one process without accumulation. A run whose steps
+    each take k = world_size x accum_iter micro-batches walks the same data in k times fewer
+    steps, so its warm-up is warmup / k steps (and its peak rate sqrt(k) times higher).
+    """
+    k = world_size * config.accum_iter
+    per_epoch = math.ceil(batches_per_epoch / config.accum_iter)
+    plan = {"micro_batches_per_step": k, "steps_per_epoch": per_epoch,
+            "total_steps": config.epochs * per_epoch, "warmup": max(1, round(config.warmup / k))}
+    if plan["total_steps"] <= plan["warmup"]:
+        raise ValueError(
+            f"the run would take {plan['total_steps']} optimizer steps ({config.epochs} epochs "
+            f"of {per_epoch}: {batches_per_epoch} micro-batches per process, accum_iter "
+            f"{config.accum_iter}), not more than its {plan['warmup']} warm-up steps "
+            f"(warmup={config.warmup} / {k} micro-batches per step), so the learning rate "
+            "would never peak: raise epochs or lower warmup"
+        )
+    return plan
+
+
 def build_training(
-    process: Process, config: TrainConfig, src_vocab: int, tgt_vocab: int
+    process: Process, config: TrainConfig, src_vocab: int, tgt_vocab: int, *, warmup: int
 ) -> Run:
-    """4) Model (the same initial weights on every rank), optimizer, schedule and loss."""
+    """4) Model (the same initial weights on every rank), optimizer, schedule and loss; warmup
+    is the run's warm-up in its own optimizer steps (schedule_steps)."""
     torch.manual_seed(config.seed)
     model = make_model(
         src_vocab, tgt_vocab, N=config.N, d_model=config.d_model, d_ff=config.d_ff,
@@ -977,7 +1012,7 @@ def build_training(
     optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer,
-        lr_lambda=lambda step: rate(step, config.d_model, config.lr_factor, config.warmup),
+        lr_lambda=lambda step: rate(step, config.d_model, config.lr_factor, warmup),
     )
     criterion = LabelSmoothing(tgt_vocab, PAD_ID, smoothing=config.label_smoothing)
     return Run(model, optimizer, scheduler, criterion, TrainState(), [])
@@ -1219,7 +1254,13 @@ def train_worker(
             config.checkpoint_dir, resume=resume, overwrite=overwrite, restarted=restarted))
         split_pairs = training_pairs(config, pairs)
         data = load_data(process, config, split_pairs, resuming=resuming)
-        run = build_training(process, config, len(data.vocab_src), len(data.vocab_tgt))
+        plan = schedule_steps(config, batches_per_epoch=len(data.train_loader),
+                              world_size=process.world_size)
+        if progress and process.rank == 0:
+            print(f"schedule: {plan['total_steps']} optimizer steps ({config.epochs} epochs of "
+                  f"{plan['steps_per_epoch']}), warm-up {plan['warmup']} steps", flush=True)
+        run = build_training(process, config, len(data.vocab_src), len(data.vocab_tgt),
+                             warmup=plan["warmup"])
         resume_run(process, config, run, resuming=resuming)
         if process.distributed:  # only now: every rank holds rank 0's state
             run.model = wrap_ddp(run.model, process.device)

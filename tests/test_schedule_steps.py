@@ -1,0 +1,92 @@
+"""Schedules in optimizer steps: every preset leaves its warm-up on 1, 4 and 8 devices."""
+
+import importlib.util
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from the_annotated_transformer import (
+    encode_examples,
+    load_multi30k,
+    load_tokenizers,
+    multi30k_loader,
+    rate,
+    read_vocabularies,
+    schedule_steps,
+    training_config,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "data" / "multi30k"
+
+
+def train_script():
+    spec = importlib.util.spec_from_file_location("train_script", ROOT / "tools" / "train.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return tool
+
+
+@pytest.fixture(scope="module")
+def lengths_of_multi30k():
+    """Multi30k's training pairs as the word-level presets encode them (shipped vocabularies)."""
+    vocab_src, vocab_tgt = read_vocabularies(ROOT / "book" / "models" / "multi30k_cpu")
+    pairs = load_multi30k("train", SHARED if SHARED.is_dir() else None)
+    return encode_examples(pairs, vocab_src, vocab_tgt, load_tokenizers(), max_len=72)
+
+
+@pytest.mark.parametrize("preset, world_size, batch_tokens", [
+    ("base", 1, None), ("base", 4, None), ("base", 8, None), ("base", 1, 25000),
+    ("base", 4, 25000), ("base", 8, 25000), ("cpu", 1, None), ("cpu", 2, None),
+    ("cpu_subword", 1, None), ("cpu", 1, 25000),
+])
+def test_every_preset_reaches_its_peak_learning_rate_and_decays(
+    lengths_of_multi30k, preset, world_size, batch_tokens
+):
+    config = training_config(preset)
+    if batch_tokens is not None:
+        accum = train_script().accum_for_batch(batch_tokens, config.max_tokens, world_size)
+        config = training_config(preset, accum_iter=accum)
+    loader = multi30k_loader(lengths_of_multi30k, max_tokens=config.max_tokens, shuffle=True,
+                             num_replicas=world_size, rank=0)
+    plan = schedule_steps(config, batches_per_epoch=len(loader), world_size=world_size)
+    assert plan["total_steps"] > 2 * plan["warmup"], plan  # peaks in the first half, then decays
+    rates = [rate(s, config.d_model, config.lr_factor, plan["warmup"])
+             for s in range(1, plan["total_steps"] + 1)]
+    peak = max(range(len(rates)), key=rates.__getitem__) + 1
+    assert peak == plan["warmup"] and rates[-1] < rates[peak - 1]
+
+
+def test_more_micro_batches_per_step_walk_the_same_warm_up_in_fewer_steps():
+    config = training_config("base", accum_iter=2)
+    one = schedule_steps(training_config("base"), batches_per_epoch=112, world_size=1)
+    eight = schedule_steps(config, batches_per_epoch=14, world_size=4)
+    assert one["warmup"] == 1000 and eight["warmup"] == 125 and eight["micro_batches_per_step"] == 8
+    assert eight["steps_per_epoch"] == 7 and eight["total_steps"] == 30 * 7
+    # the learning rate at the same point of the data is sqrt(8) times the one-process rate
+    assert rate(125, 512, 0.5, 125) == pytest.approx(math.sqrt(8) * rate(1000, 512, 0.5, 1000))
+
+
+def test_a_run_that_would_end_inside_its_warm_up_is_refused_in_one_line_with_the_numbers():
+    config = training_config("cpu", epochs=2)
+    with pytest.raises(ValueError) as err:
+        schedule_steps(config, batches_per_epoch=300, world_size=1)
+    message = str(err.value)
+    assert "\n" not in message
+    assert "600 optimizer steps (2 epochs of 300" in message
+    assert "1000 warm-up steps" in message and "raise epochs or lower warmup" in message
+
+
+def test_the_train_script_refuses_a_run_inside_its_warm_up_before_training(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "tools/train.py", "--config", "cpu", "--epochs", "1",
+         "--checkpoint-dir", str(tmp_path / "run"), "--threads", "1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("train.py: error: the run would take") and "Traceback" not in done.stderr
+    assert not (tmp_path / "run" / "last.pt").exists()
