@@ -76,14 +76,16 @@ def test_a_run_that_would_end_inside_its_warm_up_is_refused_in_one_line_with_the
         schedule_steps(config, batches_per_epoch=300, world_size=1)
     message = str(err.value)
     assert "\n" not in message
-    assert "600 optimizer steps (2 epochs of 300" in message
+    assert "600 optimizer steps (300 per epoch x 2:" in message
     assert "1000 warm-up steps" in message and "raise epochs or lower warmup" in message
 
 
-def test_the_train_script_refuses_a_run_inside_its_warm_up_before_training(tmp_path):
+@pytest.mark.parametrize("devices", [1, 2])
+def test_the_train_script_refuses_a_run_inside_its_warm_up_before_training(tmp_path, devices):
     done = subprocess.run(
         [sys.executable, "tools/train.py", "--config", "cpu", "--epochs", "1",
-         "--checkpoint-dir", str(tmp_path / "run"), "--threads", "1"],
+         "--checkpoint-dir", str(tmp_path / "run"), "--threads", "1",
+         "--devices", str(devices)],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )
     assert done.returncode == 1

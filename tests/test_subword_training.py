@@ -26,7 +26,7 @@ EXTRA = [("Zwei  Männer (beide 30) spielen Fußball.", "Two  men (both 30) play
 PAIRS = {"train": synthetic_sentence_pairs(240, 0) + EXTRA * 20,
          "val": synthetic_sentence_pairs(40, 1)}
 TINY = TrainConfig(
-    N=1, d_model=32, d_ff=64, h=4, dropout=0.1, max_tokens=300, epochs=2, warmup=20,
+    N=1, d_model=32, d_ff=64, h=4, dropout=0.1, max_tokens=300, epochs=2, warmup=5,
     subwords=320, share_embeddings=True, bleu_every=1,
 )
 RUN = {"progress": False, "threads": 1, "pairs": PAIRS}

@@ -44,7 +44,7 @@ needs_multi30k = pytest.mark.skipif(
 )
 
 TINY = TrainConfig(
-    N=1, d_model=32, d_ff=64, h=4, dropout=0.1, max_tokens=300, epochs=3, warmup=20,
+    N=1, d_model=32, d_ff=64, h=4, dropout=0.1, max_tokens=300, epochs=3, warmup=5,
     train_limit=240, val_limit=40,
 )
 # Injected sentence pairs: the training tests do not need the Multi30k files.
@@ -156,7 +156,7 @@ def test_resume_without_a_checkpoint_is_an_error_not_a_fresh_start(tmp_path):
 def test_resume_config_check_names_every_field_that_may_not_change():
     stored = {**vars(TINY), "warmup": 10, "lr_factor": 2.0, "seed": 3, "epochs": 1}
     changes = config_differences(stored, TINY, 1, 1)
-    assert changes == ["warmup=10 in the checkpoint but 20 now",
+    assert changes == ["warmup=10 in the checkpoint but 5 now",
                        "lr_factor=2.0 in the checkpoint but 0.5 now",
                        "seed=3 in the checkpoint but 0 now"]  # epochs may change
     assert config_differences(vars(TINY), replace(TINY, accum_iter=2), 2, 4) == []
@@ -187,9 +187,9 @@ def test_resumed_run_ends_with_same_weights_and_optimizer_as_uninterrupted_run(t
     assert a["scheduler"]["last_epoch"] == b["scheduler"]["last_epoch"]
     assert [round(r["val_loss"], 6) for r in history] == [round(r["val_loss"], 6) for r in resumed]
     assert history[-1]["val_loss"] < history[0]["val_loss"]  # it learns
-    with pytest.raises(ValueError, match=r"cannot resume from .*parts/last\.pt: warmup=20 in "
-                                         "the checkpoint but 99 now"):
-        train_worker(0, 1, replace(parts, warmup=99, epochs=4), resume=True, **run)
+    with pytest.raises(ValueError, match=r"cannot resume from .*parts/last\.pt: warmup=5 in "
+                                         "the checkpoint but 9 now"):
+        train_worker(0, 1, replace(parts, warmup=9, epochs=4), resume=True, **run)
 
 
 def test_history_reports_nll_perplexity_and_bleu_and_best_pt_keeps_the_best_epoch(tmp_path):

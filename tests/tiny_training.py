@@ -49,6 +49,6 @@ def synthetic_sentence_pairs(n: int, seed: int) -> list[tuple[str, str]]:
 # The torchrun tests' run: no dropout, so that two processes and one process on the same
 # global batches compute the same function; no BLEU, to stay fast.
 DIST_CONFIG = TrainConfig(
-    N=1, d_model=32, d_ff=64, h=4, dropout=0.0, max_tokens=200, epochs=2, warmup=20,
+    N=1, d_model=32, d_ff=64, h=4, dropout=0.0, max_tokens=200, epochs=2, warmup=5,
     bleu_every=0,
 )

@@ -17,6 +17,8 @@ import os
 import sys
 from pathlib import Path
 
+import torch.multiprocessing
+
 from the_annotated_transformer import (
     TrainConfig,
     load_checkpoint,
@@ -108,6 +110,12 @@ def main(argv: list[str] | None = None) -> None:
             train_distributed(config, args.devices, **options)
     except (FileExistsError, FileNotFoundError, ValueError) as err:  # a wrong folder or config
         sys.exit(f"train.py: error: {err}")
+    except torch.multiprocessing.ProcessRaisedException as err:  # the same, in a spawned worker
+        last = str(err).strip().splitlines()[-1]
+        kind, _, message = last.partition(": ")
+        if kind not in ("FileExistsError", "FileNotFoundError", "ValueError"):
+            raise
+        sys.exit(f"train.py: error: {message}")
 
 
 if __name__ == "__main__":

@@ -990,8 +990,8 @@ def schedule_steps(config: TrainConfig, *, batches_per_epoch: int, world_size: i
             "total_steps": config.epochs * per_epoch, "warmup": max(1, round(config.warmup / k))}
     if plan["total_steps"] <= plan["warmup"]:
         raise ValueError(
-            f"the run would take {plan['total_steps']} optimizer steps ({config.epochs} epochs "
-            f"of {per_epoch}: {batches_per_epoch} micro-batches per process, accum_iter "
+            f"the run would take {plan['total_steps']} optimizer steps ({per_epoch} per epoch x "
+            f"{config.epochs}: {batches_per_epoch} micro-batches per process, accum_iter "
             f"{config.accum_iter}), not more than its {plan['warmup']} warm-up steps "
             f"(warmup={config.warmup} / {k} micro-batches per step), so the learning rate "
             "would never peak: raise epochs or lower warmup"
