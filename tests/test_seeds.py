@@ -152,3 +152,20 @@ def test_seeds_tool_refuses_a_folder_as_out(tmp_path):
                            str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 2
     assert "is a folder" in done.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.stem)
+def test_the_chapters_chart_draws_exactly_the_runs_of_its_sweep(path):
+    """The stored chart's points are the file's runs, not rows left from an older sweep."""
+    import nbformat
+
+    sweep = json.loads(path.read_text())
+    nb = nbformat.read(ROOT / "book" / f"{sweep['chapter']}.ipynb", as_version=4)
+    [cell] = [c for c in nb.cells if c.cell_type == "code" and "seeds_chart(sweep" in c.source]
+    [spec] = [o["data"]["application/vnd.vegalite.v5+json"] for o in cell.outputs
+              if "application/vnd.vegalite.v5+json" in o.get("data", {})]
+    points = spec["layer"][0]["data"]["values"]
+    metric = METRIC[sweep["experiment"]]
+    key = ("variant", "seed", "kernels", metric)
+    assert sorted(tuple(p[k] for k in key) for p in points) == sorted(
+        tuple(r[k] for k in key) for r in sweep["runs"])
