@@ -498,3 +498,15 @@ def test_train_script_resume_with_nothing_to_resume_is_one_line_and_an_error(tmp
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("train.py: error: cannot resume")
+
+
+def test_epoch_line_shows_the_epoch_of_all_the_training_time_and_an_estimate_of_the_rest():
+    from the_annotated_transformer import duration, epoch_line
+
+    record = {"epoch": 3, "train_loss": 2.5, "val_loss": 2.25, "val_ppl": 8.0, "val_bleu": 20.5,
+              "tokens_per_s": 1234.4, "seconds": 300.0}
+    line = epoch_line(record, epochs=12, trained_s=900.0, left_s=2700.0)
+    assert line.startswith("epoch  3/12 | train loss 2.5000 | val loss 2.2500 | val ppl 8.00")
+    assert line.endswith(
+        "val BLEU 20.50 | 1,234 tokens/s | 300.0 s | trained 15.0 min, about 45.0 min left")
+    assert [duration(s) for s in (42, 90, 7200)] == ["42 s", "1.5 min", "2.00 h"]

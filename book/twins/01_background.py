@@ -157,10 +157,15 @@ line_chart(rows, x="distance:Q", y="steps:Q", color="model:N",
 # a recurrence over the sequence, could answer simple questions.
 #
 # A self-attention layer relates every pair of positions in one step, and it does so for all
-# positions at once, with matrix products that a GPU runs in parallel. Its one drawback is the
-# averaging: a weighted average of many positions is blurrier than any one of them. The
-# Transformer answers this with *multi-head* attention, several attentions side by side, each
-# free to look at different positions (chapter 3).
+# positions at once, with matrix products that a GPU runs in parallel. It has two drawbacks.
+# The first is its cost: comparing every pair of $n$ positions of width $d$ takes
+# $O(n^2 \cdot d)$ operations per layer, against $O(n \cdot d^2)$ for a recurrent layer, so
+# self-attention is the cheaper of the two only while sentences are shorter than the
+# representation is wide. They usually are; the paper weighs this in its section 4
+# {cite}`vaswani2017attention`, and chapter 6 counts and times it. The second is the averaging:
+# a weighted average of many positions is blurrier than any one of them. The Transformer
+# answers this with *multi-head* attention, several attentions side by side, each free to look
+# at different positions (chapter 3).
 #
 # ## The Transformer
 #

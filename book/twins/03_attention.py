@@ -382,9 +382,18 @@ print("matches torch.nn.MultiheadAttention:", torch.allclose(out, expected, atol
 
 # %% [markdown]
 # ```{note}
-# The classic version kept the attention weights in `self.attn` with their autograd graph
-# attached, holding every layer's activations in memory until the next call. We keep a detached
-# copy: it is only ever looked at, never differentiated.
+# The classic version stored the attention weights in `self.attn` without detaching them. In
+# training that costs little, since `backward()` frees the tensors the graph saved. After a
+# forward pass with neither a backward pass nor `torch.no_grad()`, which is how the classic
+# evaluated, the stored weights keep that pass's graph, and the activations it saved, alive
+# until the next call replaces them. We keep a detached copy: it is only ever looked at, never
+# differentiated.
+#
+# In training mode `.attn` holds the weights *after* dropout, some entries zeroed and the rest
+# scaled by $1/(1-p)$, so its rows do not sum to 1; call `.eval()` before reading them. Dropout
+# on the attention weights comes from the classic code, not from the paper's text, which
+# applies dropout to each sublayer's output and to the sums of embeddings and positional
+# encodings (§5.4).
 # ```
 #
 # A width that does not split into equal heads is refused with a message that says why:

@@ -85,16 +85,19 @@ print(f"feed-forward: {n_ffn:,}  self-attention: {n_attn:,}  ratio: {n_ffn / n_a
 #
 # Token ids are indices into a vocabulary. An embedding is a learned table with one row of
 # width $d_\text{model}$ per token; looking up a token is reading its row. The paper multiplies
-# the rows by $\sqrt{d_\text{model}}$ and does not say why. A plausible reason is the scale of
-# what the embedding is added to. The table is initialized with small values (chapter 5 uses
-# Xavier initialization, whose entries have a standard deviation of
-# $\sqrt{2/(\text{vocab} + d_\text{model})}$, under 0.01 for the paper's vocabulary), while
-# the positional encodings added next have entries between $-1$ and $1$ (root mean square
-# $1/\sqrt{2} \approx 0.71$). Without the factor the sum would be almost all position; with it,
-# the token and its position start out on comparable scales. This matters most when the same
-# table also serves as the output layer (next section): there its weights should stay small so
-# that the first predictions are not overconfident, and the factor lets the input side use
-# them at a larger scale.
+# the rows by $\sqrt{d_\text{model}}$ and does not say why. Nor does it say how the table is
+# initialized, and any reason for the factor depends on that. The positional encodings added
+# next have entries between $-1$ and $1$ (root mean square $1/\sqrt{2} \approx 0.71$). The
+# authors' tensor2tensor code {cite}`vaswani2018tensor2tensor` draws the table's entries from a
+# normal distribution with standard deviation $d_\text{model}^{-1/2}$, so each row has a norm
+# of about 1. That suits the output layer, when the same table serves as one (next section): a
+# decoder output with entries of variance 1 then gives first logits of order 1, not
+# overconfident ones. On the input side the factor turns the same rows into entries of variance
+# about 1, on the scale of the positional encodings, so that neither the token nor its
+# position drowns the other. Chapter 5 follows the classic Annotated Transformer instead and
+# uses Xavier initialization, whose entries have a standard deviation of
+# $\sqrt{2/(\text{vocab} + d_\text{model})}$, under 0.01 for the paper's vocabulary; there the
+# factor narrows the gap to the positional encodings without closing it.
 
 # %% tags=["export"]
 class Embeddings(nn.Module):
@@ -129,10 +132,11 @@ except ValueError as error:
     print("ValueError:", error)
 
 # %% [markdown]
-# The factor turns entries of about 0.007 into about 0.17: still below the 0.71 of the
-# positional signal, but within a factor of four rather than a hundred. Token ids outside the
-# table are refused with a `ValueError` that names the id, rather than the bare `IndexError`
-# (on a GPU, a device-side assertion) that `nn.Embedding` would raise.
+# The factor turns Xavier's entries of about 0.007 into about 0.17: still below the 0.71 of the
+# positional signal, but within a factor of four rather than a hundred. Entries drawn as
+# tensor2tensor draws them would come out at about 1. Token ids outside the table are refused
+# with a `ValueError` that names the id, rather than the bare `IndexError` (on a GPU, a
+# device-side assertion) that `nn.Embedding` would raise.
 
 # %% [markdown]
 # ## Sharing the embedding with the output layer
@@ -353,9 +357,14 @@ print("a longer sinusoidal table begins with the shorter one:", same_start)
 # ```{dropdown} Answers to 2 and 3
 # 2. $2\,d_\text{model} d_\text{ff} + d_\text{ff} + d_\text{model}$: 2,099,712 for the base
 #    model, about twice the 1,050,624 of one multi-head attention.
-# 3. A rotation preserves dot products: the part of the score that the positions contribute,
-#    $PE_{p+k} \cdot R\,PE_p$ for a fixed rotation $R$, depends on $k$ alone. A query projection
-#    can learn that rotation once, and it works at every position.
+# 3. In each pair the encoding is a unit vector at the angle $\omega_i p$. Let $R$ rotate each
+#    pair $(2i, 2i+1)$ by an angle $\theta_i$ of its own, a block rotation like $M_k$. Then the
+#    pair's share of $PE_{p+k} \cdot R\,PE_p$, the part of the score that the positions
+#    contribute, is $\cos(\omega_i k - \theta_i)$, whatever $p$ is; with $\theta_i = \omega_i k$
+#    every pair gives its largest value, 1. Query and key projections that together apply such
+#    an $R$ learn it once, and it works at every position. This holds only for rotations within
+#    the same pairs: a rotation that mixes pairs of different frequencies leaves a score that
+#    still depends on $p$.
 # ```
 
 # %% tags=["hide-cell"]

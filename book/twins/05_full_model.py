@@ -108,11 +108,13 @@ def make_model(
 
 # %% [markdown]
 # ```{note}
-# The classic Annotated Transformer showed weight sharing as a snippet,
-# `model.src_embed[0].lut.weight = model.tgt_embeddings[0].lut.weight`, that did not run: the
-# model has no `tgt_embeddings` attribute (it is `tgt_embed`), and the snippet never tied the
-# generator. Here sharing is an option of `make_model`, and a test checks that the three
-# modules hold one `Parameter` and that gradients from all three uses add up in it.
+# The classic Annotated Transformer showed weight sharing as a snippet that could not have
+# worked. Its first line, `model.src_embed[0].lut.weight = model.tgt_embeddings[0].lut.weight`,
+# names a `tgt_embeddings` attribute the model does not have (it is `tgt_embed`); its second,
+# `model.generator.lut.weight = model.tgt_embed[0].lut.weight`, meant to tie the generator,
+# names a `lut` the generator does not have (its layer is `proj`). Here sharing is an option of
+# `make_model`, and a test checks that the three modules hold one `Parameter` and that gradients
+# from all three uses add up in it.
 # ```
 #
 # Sharing works because `nn.Embedding(vocab, d_model).weight` and

@@ -78,8 +78,9 @@ src
 # Because each query row of `tgt_mask` is different, this mask is a full square per sentence.
 #
 # The last number a batch carries is `ntokens`, the count of real (non-padding) labels in
-# `tgt_y`. The training loop of the next chapter divides the summed loss by it, so that a batch
-# of long sentences and a batch of short ones weigh each token the same.
+# `tgt_y`. The training loop of the next chapter divides the summed loss by it, so that each
+# step's loss is a mean per token, whose size does not depend on how many tokens the batch
+# holds.
 
 # %% tags=["export"]
 import torch

@@ -87,13 +87,16 @@ print("evaluation: the connection adds exactly the sub-layer's output:",
 # everywhere else. Reaching that target would need infinitely large logits, so a model trained
 # on it never stops growing them and becomes over-confident.
 #
-# Label smoothing {cite}`szegedy2016rethinking` trains towards a softer target instead. With
-# smoothing $\epsilon_{ls}$ (0.1 in the paper), the correct token gets probability
-# $1 - \epsilon_{ls}$ and the remaining $\epsilon_{ls}$ is spread evenly over the other tokens.
-# In our vocabularies one token is padding, which is never a right answer, so it gets nothing:
-# each of the other $V - 2$ wrong tokens gets $\epsilon_{ls} / (V - 2)$. Positions whose
-# reference token is itself padding (the filler at the end of short sentences) get an all-zero
-# target and contribute nothing to the loss.
+# Label smoothing {cite}`szegedy2016rethinking` trains towards a softer target instead. In its
+# original form it mixes the one-hot target with the uniform distribution over all $K$
+# classes: with smoothing $\epsilon$ every class gets $\epsilon / K$, the correct one included,
+# which ends with $1 - \epsilon + \epsilon / K$. The paper sets $\epsilon_{ls} = 0.1$ and
+# gives no formula. We use the classic Annotated Transformer's variant: the correct token gets
+# probability $1 - \epsilon_{ls}$ and the remaining $\epsilon_{ls}$ is spread evenly over the
+# other tokens. In our vocabularies one token is padding, which is never a right answer, so it
+# gets nothing: each of the other $V - 2$ wrong tokens gets $\epsilon_{ls} / (V - 2)$.
+# Positions whose reference token is itself padding (the filler at the end of short sentences)
+# get an all-zero target and contribute nothing to the loss.
 #
 # The loss is the Kullback-Leibler divergence from that target $q$ to the model's prediction
 # $p$, summed over positions and tokens:

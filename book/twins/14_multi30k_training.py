@@ -1135,13 +1135,24 @@ def save_epoch(process: Process, config: TrainConfig, run: Run, improved: bool) 
     from_rank0(process, save)  # also the barrier: no rank runs ahead of a slow or failed save
 
 
-def epoch_line(record: dict[str, float]) -> str:
-    """One line per epoch: losses, perplexity, BLEU, speed, and on GPUs memory and load."""
-    line = (f"epoch {record['epoch']:2d} | train loss {record['train_loss']:.4f} | "
+def duration(seconds: float) -> str:
+    """A time span as a person reads it: seconds, minutes or hours."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 3600 else f"{seconds / 3600:.2f} h"
+
+
+def epoch_line(
+    record: dict[str, float], *, epochs: int, trained_s: float, left_s: float
+) -> str:
+    """One line per epoch: losses, perplexity, BLEU, speed, the training time so far and an
+    estimate of the time left, and on GPUs memory and load."""
+    line = (f"epoch {record['epoch']:2d}/{epochs} | train loss {record['train_loss']:.4f} | "
             f"val loss {record['val_loss']:.4f} | val ppl {record['val_ppl']:.2f}")
     if "val_bleu" in record:
         line += f" | val BLEU {record['val_bleu']:.2f}"
-    line += f" | {record['tokens_per_s']:,.0f} tokens/s | {record['seconds']:.1f} s"
+    line += (f" | {record['tokens_per_s']:,.0f} tokens/s | {record['seconds']:.1f} s | "
+             f"trained {duration(trained_s)}, about {duration(left_s)} left")
     if "max_memory_gib" in record:
         line += f" | {record['max_memory_gib']:.1f} GiB peak"
     if "utilization_percent" in record:
@@ -1155,7 +1166,9 @@ def train_epochs(
     """6) The epochs: check the batches, train, validate, score, report, checkpoint."""
     train_loader, val_loader = data.train_loader, data.val_loader
     device, autocast_dtype = process.device, autocast_dtype_for(process.device)
+    walls = []  # each epoch's wall-clock time, validation and checkpoint included
     for epoch in range(run.epoch, config.epochs):
+        wall = time.perf_counter()
         sampler = train_loader.batch_sampler
         sampler.set_epoch(epoch)  # a new order, the same on every rank
         check_same_on_all_ranks(
@@ -1206,8 +1219,11 @@ def train_epochs(
             run.best_bleu = record["val_bleu"] if improved else run.best_bleu
         run.history.append(record)
         save_epoch(process, config, run, improved)
+        walls.append(time.perf_counter() - wall)
         if process.rank == 0:
-            print(epoch_line(record), flush=True)
+            left = sum(walls) / len(walls) * (config.epochs - run.epoch)
+            print(epoch_line(record, epochs=config.epochs, trained_s=run.elapsed_s, left_s=left),
+                  flush=True)
     return run.history
 
 
@@ -1570,7 +1586,9 @@ assert history[-1]["val_loss"] < history[0]["val_loss"]
 # %% [markdown]
 # The training loss is the label-smoothed loss of chapter 11 per target token, so it cannot
 # reach zero; `val_nll` and `val_ppl` are the validation set's plain negative log-likelihood
-# per token and perplexity, and `val_bleu` its greedy BLEU. The checkpoint folder holds the two
+# per token and perplexity, and `val_bleu` its greedy BLEU. Each epoch's line also gives the
+# training time so far and an estimate of the time left: the mean wall-clock time of the
+# epochs this process has run (validation and checkpoint included), times the epochs to go. The checkpoint folder holds the two
 # vocabularies, `last.pt`, and `best.pt`, the weights of the epoch with the best validation
 # BLEU so far. Starting a fresh run into this folder by mistake is refused, instead of
 # overwriting the checkpoint:
