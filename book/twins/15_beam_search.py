@@ -756,10 +756,9 @@ print("sacreBLEU signature:", signature)
 # 37.62 (chapter 14's figure, computed again here), the paper's setting 38.04 and the setting
 # chosen on the validation sentences 38.23, with outputs shorter than greedy decoding's (12.42
 # and 12.67 tokens against 12.89). The cheaper $k = 2$ gives up nothing on this model. The
-# gain points the same way as on the 100 validation sentences. It was larger before the
-# decoders were barred from writing `<unk>` (chapter 18): greedy decoding then scored about a
-# point less, while beam search scored about the same, so part of what the beam used to buy
-# was a way around `<unk>`, which the ban now gives greedy decoding for free.
+# gain points the same way as on the 100 validation sentences. Both decoders are barred from
+# writing `<unk>`; chapter 18 measures what that ban is worth to greedy decoding, which is part
+# of what a beam would otherwise buy.
 #
 # ### What it costs
 #
@@ -778,24 +777,25 @@ for name, s in test_seconds.items():
     print(f"  {name:34s} {s:5.1f} s, {s / test_seconds['greedy']:.2f} times greedy")
 
 # %% [markdown]
-# The times vary from run to run, by a tenth or more on our shared machine, so we give ranges
-# that cover the three runs we recorded; the printout above is the one stored with this page. Greedy
-# decoding of the 100 validation sentences took a few seconds, and beam search with $k = 1$
-# only about two thirds as long, although it makes the same choices: `greedy_decode` keeps
-# running the decoder on every sentence of a batch until the last one has ended, while
-# `beam_search` drops finished hypotheses from its rows. Wider beams cost less than their width
-# suggests, because searches stop early: against greedy decoding, about 1.3 to 1.5 times as
-# long with $k = 2$, 2.2 to 2.6 times with $k = 4$, and 4 to 6 times with $k = 8$. (The
-# beam keeps $k$ hypotheses running until $k$ have finished, so it costs more than the
-# narrowing beam of `narrowing=True`, which lets finished ones drop out.) On the whole
-# test set the paper's setting took about 1.9 times as long as greedy decoding, and the
-# chosen $k = 2$ about as long. The value of $\alpha$ matters
-# less than the beam size: with $k = 2$ and $k = 4$ its three values took times within about a
-# tenth of each other, no more than runs differ, and only with $k = 8$ did $\alpha = 0$, whose
-# early stop is the tightest, take clearly less time than $\alpha = 0.6$ (about 0.7 times as
-# long in the run stored here). Both decoders rerun the decoder
-# over the whole prefix at every step; a cache of the keys and values of earlier positions would
-# make both faster.
+# The times vary from run to run, by a tenth or more on our shared machine, and from machine
+# to machine; the figures below are read from the printout above, the one stored with this
+# page, and another machine prints others. Greedy decoding of the 100 validation sentences
+# took a few seconds, and beam search with $k = 1$ only about two thirds as long, although it
+# makes the same choices: `greedy_decode` keeps running the decoder on every sentence of a
+# batch until the last one has ended, while `beam_search` drops finished hypotheses from its
+# rows. Wider beams cost less than their width suggests, because searches stop early: against
+# greedy decoding, about 1.3 to 1.5 times as long with $k = 2$, about 2.2 to 2.6 times with
+# $k = 4$, and about 4 to 6 times with $k = 8$, over the values of $\alpha$. (The beam keeps
+# $k$ hypotheses running until $k$ have finished, so it costs more than the narrowing beam of
+# `narrowing=True`, which lets finished ones drop out.) On the whole test set the paper's
+# setting took about 1.9 times as long as greedy decoding, and the chosen $k = 2$ about as
+# long. In this run the value of $\alpha$ mattered less than the beam size: with $k = 2$ and
+# $k = 4$ its three values took times within about a tenth of each other, no more than runs
+# differ, and with $k = 8$, $\alpha = 0$, whose early stop is the tightest, took about 0.7
+# times as long as $\alpha = 0.6$. That last gap fits how the early stop works, but it comes
+# from one timing run on a shared machine, which cannot show how large it is. Both decoders
+# rerun the decoder over the whole prefix at every step; a cache of the keys and values of
+# earlier positions would make both faster.
 #
 # ```{note}
 # The classic Annotated Transformer decoded only greedily, with its `greedy_decode`, although
