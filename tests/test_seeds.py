@@ -147,6 +147,13 @@ def test_seeds_tool_resumes_and_makes_no_run_that_is_stored(tmp_path):
     assert "0 (seed, kernels) pairs to run, 2 stored" in done.stdout
 
 
+def test_seeds_tool_refuses_a_negative_seed_in_one_line():
+    done = subprocess.run([sys.executable, "tools/seeds.py", "sparse_sort", "--seeds", "0", "-1"],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "--seeds must be integers >= 0" in done.stderr.strip().splitlines()[-1]
+
+
 def test_seeds_tool_refuses_a_folder_as_out(tmp_path):
     done = subprocess.run([sys.executable, "tools/seeds.py", "sparse_sort", "--out",
                            str(tmp_path)], cwd=ROOT, capture_output=True, text=True)

@@ -110,6 +110,8 @@ def main() -> int:
     if args.worker:
         one_run(args.experiment, args.seeds[0])
         return 0
+    if any(seed < 0 for seed in args.seeds):
+        parser.error(f"--seeds must be integers >= 0, got {args.seeds}")
     out = args.out or DATA / f"seeds_{args.experiment}.json"
     if out.is_dir():
         parser.error(f"--out {out} is a folder; give a file name")
