@@ -1,12 +1,12 @@
 """Schedules in optimizer steps: every preset leaves its warm-up on 1, 4 and 8 devices."""
 
-import importlib.util
 import math
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from train import accum_for_batch  # tests/conftest.py puts tools/ on the path
 
 from the_annotated_transformer import (
     encode_examples,
@@ -21,13 +21,6 @@ from the_annotated_transformer import (
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "multi30k"
-
-
-def train_script():
-    spec = importlib.util.spec_from_file_location("train_script", ROOT / "tools" / "train.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    return tool
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +41,7 @@ def test_every_preset_reaches_its_peak_learning_rate_and_decays(
 ):
     config = training_config(preset)
     if batch_tokens is not None:
-        accum = train_script().accum_for_batch(batch_tokens, config.max_tokens, world_size)
+        accum = accum_for_batch(batch_tokens, config.max_tokens, world_size)
         config = training_config(preset, accum_iter=accum)
     loader = multi30k_loader(lengths_of_multi30k, max_tokens=config.max_tokens, shuffle=True,
                              num_replicas=world_size, rank=0)

@@ -500,6 +500,16 @@ def test_train_script_resume_with_nothing_to_resume_is_one_line_and_an_error(tmp
     assert result.stderr.strip().splitlines()[-1].startswith("train.py: error: cannot resume")
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--epochs", "0"], "epochs must be a positive integer, got 0"),
+    (["--max-tokens", "-5"], "max_tokens must be a positive integer, got -5"),
+])
+def test_train_script_names_a_bad_value_in_one_line(tmp_path, flags, message):
+    result = run_train_script("--config", "cpu", "--checkpoint-dir", str(tmp_path), *flags)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == f"train.py: error: {message}"
+
+
 def test_epoch_line_shows_the_epoch_of_all_the_training_time_and_an_estimate_of_the_rest():
     from the_annotated_transformer import duration, epoch_line
 

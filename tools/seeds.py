@@ -116,7 +116,8 @@ def main() -> int:
     if out.is_dir():
         parser.error(f"--out {out} is a folder; give a file name")
     stored = json.loads(out.read_text()) if out.is_file() else {"runs": []}
-    own = machine()["own_kernels"]
+    made_on = machine()
+    own = made_on["own_kernels"]
     other = other_capability()
     done = {(r["seed"], r["kernels"]) for r in stored["runs"]}
     todo = [(seed, capability) for seed in args.seeds for capability in (None, other)
@@ -133,7 +134,7 @@ def main() -> int:
                       "chapter": EXPERIMENTS[args.experiment][1],
                       "command": f"python tools/seeds.py {args.experiment} --seeds "
                                  + " ".join(str(s) for s in sorted({r['seed'] for r in runs})),
-                      "machine": machine(), "runs": runs}
+                      "machine": made_on, "runs": runs}
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(result, indent=1) + "\n")  # after each pair: resumable
     print(f"wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")

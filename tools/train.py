@@ -88,12 +88,15 @@ def main(argv: list[str] | None = None) -> None:
     world_size = int(os.environ["WORLD_SIZE"]) if torchrun else args.devices
     fields = ("epochs", "checkpoint_dir", "max_tokens", "accum_iter", "keep_epochs", "bleu_every")
     overrides = {name: getattr(args, name) for name in fields if getattr(args, name) is not None}
-    config = training_config(args.config, **overrides)
-    if args.batch_tokens is not None:
-        if args.accum_iter is not None:
-            sys.exit("train.py: error: give --batch-tokens or --accum-iter, not both")
-        accum = accum_for_batch(args.batch_tokens, config.max_tokens, world_size)
-        config = training_config(args.config, **overrides, accum_iter=accum)
+    if args.batch_tokens is not None and args.accum_iter is not None:
+        sys.exit("train.py: error: give --batch-tokens or --accum-iter, not both")
+    try:  # a bad value (--epochs 0, --max-tokens -5) is one line, not a traceback
+        config = training_config(args.config, **overrides)
+        if args.batch_tokens is not None:
+            accum = accum_for_batch(args.batch_tokens, config.max_tokens, world_size)
+            config = training_config(args.config, **overrides, accum_iter=accum)
+    except ValueError as err:
+        sys.exit(f"train.py: error: {err}")
     if int(os.environ.get("RANK", 0)) == 0:
         print(f"{world_size} process(es) x accum_iter {config.accum_iter} x max_tokens "
               f"{config.max_tokens} = {world_size * config.accum_iter * config.max_tokens:,} "
