@@ -156,15 +156,121 @@ def test_chart_code_lives_in_exported_helpers_not_in_the_chapters_cells(path):
     assert long_cells == [], f"move the chart code into an export cell's helper: {long_cells}"
 
 
-def test_each_name_is_defined_in_exactly_one_chapter():
-    seen: dict[str, str] = {}
-    clashes = []
+def export_definitions() -> list[tuple[str, bool, ast.stmt]]:
+    """Every top-level statement of every export cell, in book order: (chapter file, whether
+    the cell is tagged `extends`, the statement)."""
+    found = []
     for path in chapters():
-        for name in exported_names(nbformat.read(path, as_version=4)):
-            if name in seen:
-                clashes.append(f"{name}: {seen[name]} and {path.name}")
-            seen[name] = path.name
+        for cell in nbformat.read(path, as_version=4).cells:
+            if "export" in tags(cell):
+                extends = "extends" in tags(cell)
+                found += [(path.name, extends, node) for node in ast.parse(cell.source).body]
+    return found
+
+
+def definitions_by_name() -> dict[str, list[tuple[str, bool, ast.stmt]]]:
+    """Each function or class name with its definitions in book order."""
+    by_name: dict[str, list] = {}
+    for chapter, extends, node in export_definitions():
+        if isinstance(node, ast.FunctionDef | ast.ClassDef):
+            by_name.setdefault(node.name, []).append((chapter, extends, node))
+    return by_name
+
+
+def extended() -> dict[str, list[tuple[str, bool, ast.stmt]]]:
+    return {name: defs for name, defs in definitions_by_name().items() if len(defs) > 1}
+
+
+def test_a_name_defined_twice_is_a_declared_extension_in_a_later_chapter():
+    """Only a cell tagged `extends`, in a later chapter, may define a name again (sync keeps the
+    last definition in the module); constants are defined once."""
+    wrong = [
+        f"{name} in {chapter} (after {defs[0][0]})"
+        for name, defs in definitions_by_name().items()
+        for (chapter, extends, _), (before, _, _) in zip(defs[1:], defs, strict=False)
+        if not extends or chapter == before
+    ]
+    assert wrong == [], f"defined again without an `extends` cell in a later chapter: {wrong}"
+    constants: dict[str, str] = {}
+    clashes = []
+    for chapter, _, node in export_definitions():
+        targets = node.targets if isinstance(node, ast.Assign) else (
+            [node.target] if isinstance(node, ast.AnnAssign) else [])
+        for target in targets:
+            for name in [n.id for n in ast.walk(target) if isinstance(n, ast.Name)]:
+                if name in constants:
+                    clashes.append(f"{name}: {constants[name]} and {chapter}")
+                constants[name] = chapter
     assert clashes == []
+
+
+def test_every_extends_cell_grows_an_earlier_definition():
+    names = {name for name, defs in extended().items()}
+    stray = [
+        f"{node.name} in {chapter}" for chapter, extends, node in export_definitions()
+        if extends and isinstance(node, ast.FunctionDef | ast.ClassDef) and node.name not in names
+    ]
+    assert stray == [], f"an `extends` cell defines something new; export it untagged: {stray}"
+
+
+def parameters(node: ast.FunctionDef) -> list[tuple[str, str, str | None]]:
+    """(name, kind, default) of each parameter, in order."""
+    args = node.args
+    positional = args.posonlyargs + args.args
+    defaults = [None] * (len(positional) - len(args.defaults)) + args.defaults
+    found = [(a.arg, "positional", d and ast.unparse(d)) for a, d in zip(positional, defaults,
+                                                                          strict=True)]
+    found += [(a.arg, "keyword", d and ast.unparse(d))
+              for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True)]
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(extended()))
+def test_an_extension_keeps_the_earlier_signature_and_adds_only_keyword_options(name):
+    """Every caller of the earlier definition works unchanged with the grown one."""
+    defs = extended()[name]
+    for (_, _, before), (chapter, _, after) in zip(defs, defs[1:], strict=False):
+        if isinstance(before, ast.ClassDef):
+            continue  # a class grows by its methods; the tests of each chapter use them
+        old, new = parameters(before), parameters(after)
+        assert new[:len(old)] == old, f"{chapter} changes {name}'s earlier parameters"
+        added = new[len(old):]
+        assert all(kind == "keyword" and default is not None for _, kind, default in added), (
+            f"{chapter} adds to {name} a parameter that is not keyword-only with a default")
+
+
+def calls(name: str, paths: list[Path]) -> list[ast.Call]:
+    found = []
+    for path in paths:
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.cell_type == "code":
+                source = "\n".join(
+                    line for line in cell.source.splitlines() if not line.startswith(("%", "!"))
+                )
+                found += [
+                    node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
+                    and getattr(node.func, "id", getattr(node.func, "attr", None)) == name
+                ]
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(extended()))
+def test_a_first_definition_has_no_parameter_that_only_a_later_chapter_uses(name):
+    """The chapter that teaches a function shows its smallest version: each optional parameter
+    is used by some call before the chapter that grows the function."""
+    defs = extended()[name]
+    first_chapter, _, first = defs[0]
+    if isinstance(first, ast.ClassDef):
+        return
+    order = [p.name for p in chapters()]
+    before = [p for p in chapters()
+              if order.index(first_chapter) <= order.index(p.name) < order.index(defs[1][0])]
+    used = set()
+    for call in calls(name, before):
+        used |= {k.arg for k in call.keywords}
+        used |= {p for p, _, _ in parameters(first)[:len(call.args)]}
+    unused = [p for p, _, default in parameters(first) if default is not None and p not in used]
+    assert unused == [], f"{first_chapter}'s {name} has parameters no call uses yet: {unused}"
 
 
 def test_module_holds_only_definitions():

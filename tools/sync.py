@@ -11,6 +11,7 @@ date; the tests run it.
 """
 
 import argparse
+import ast
 import re
 import sys
 from pathlib import Path
@@ -82,16 +83,46 @@ def tags(cell: nbformat.NotebookNode) -> list[str]:
     return cell.get("metadata", {}).get("tags", [])
 
 
+def definitions(source: str) -> dict[str, tuple[int, int]]:
+    """The functions and classes a cell defines at top level: name -> (first, last) line,
+    1-based, decorators included."""
+    spans = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef | ast.ClassDef):
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            spans[node.name] = (first, node.end_lineno)
+    return spans
+
+
+def without(source: str, names: set[str]) -> str:
+    """The cell's source without its top-level definitions of `names` (grown later)."""
+    lines = source.splitlines()
+    for first, last in sorted((span for name, span in definitions(source).items()
+                               if name in names), reverse=True):
+        del lines[first - 1:last]
+    return re.sub(r"\n{3,}", "\n\n\n", "\n".join(lines)).strip()
+
+
 def module_text(notebooks: dict[Path, nbformat.NotebookNode]) -> str:
-    """The module: the header, then each chapter's export cells under the chapter's name."""
+    """The module: the header, then each chapter's export cells under the chapter's name; a
+    definition that a later `extends` cell grows is left out, the grown one stands for it."""
+    cells = [
+        (path, c.source.strip()) for path, nb in notebooks.items() for c in nb.cells
+        if "export" in tags(c)
+    ]
+    last = {name: i for i, (_, source) in enumerate(cells) for name in definitions(source)}
     blocks = [HEADER]
-    for path, nb in notebooks.items():
-        cells = [c.source.strip() for c in nb.cells if "export" in tags(c)]
-        if not cells:
+    for path in notebooks:
+        sources = [
+            without(source, {name for name in definitions(source) if last[name] > i})
+            for i, (cell_path, source) in enumerate(cells) if cell_path == path
+        ]
+        sources = [s for s in sources if s]
+        if not sources:
             continue
         title = path.relative_to(ROOT).as_posix()
         blocks.append(f"# %% [markdown]\n# ## From {title}\n")
-        blocks += [f"# %%\n{source}\n" for source in cells]
+        blocks += [f"# %%\n{source}\n" for source in sources]
     return "\n\n".join(blocks)
 
 

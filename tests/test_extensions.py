@@ -1,0 +1,105 @@
+"""Grown definitions (README, "Growing a definition"): with its new keywords left at their
+defaults, a definition that a later chapter grows behaves exactly as the chapter that teaches it
+wrote it. The first definitions are taken from the chapters themselves, not from the module."""
+
+import ast
+import copy
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+from torch import nn
+
+import the_annotated_transformer as tat
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+from sync import chapters, definitions  # noqa: E402
+
+V, BOS, EOS, PAD = 11, tat.BOS_ID, tat.EOS_ID, tat.PAD_ID
+
+
+def export_cells() -> list[tuple[str, list[str], str]]:
+    """(chapter, tags, source) of every export cell, in book order."""
+    return [
+        (path.name, cell.metadata.get("tags", []), cell.source)
+        for path in chapters()
+        for cell in nbformat.read(path, as_version=4).cells
+        if "export" in cell.metadata.get("tags", [])
+    ]
+
+
+def grown_names() -> set[str]:
+    counts: dict[str, int] = {}
+    for _, _, source in export_cells():
+        for name in definitions(source):
+            counts[name] = counts.get(name, 0) + 1
+    return {name for name, count in counts.items() if count > 1}
+
+
+def first_definition(name: str):
+    """The definition of `name` as its teaching chapter wrote it, run in the module's names."""
+    _, _, source = next(c for c in export_cells() if name in definitions(c[2]))
+    namespace = dict(vars(tat))
+    exec(compile(ast.parse(source), f"<first {name}>", "exec"), namespace)  # noqa: S102
+    return namespace[name]
+
+
+def tiny_model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    model = tat.make_model(V, V, N=1, d_model=16, d_ff=32, h=2, dropout=0.0)
+    return model.eval()
+
+
+def test_every_grown_definition_has_a_behaviour_test_here():
+    assert grown_names() == {"greedy_decode", "run_groups"}
+
+
+@pytest.mark.parametrize("end_symbol", [None, EOS])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_grown_greedy_decode_gives_chapter_5s_ids_with_its_defaults(seed, end_symbol):
+    plain = first_definition("greedy_decode")
+    assert plain is not tat.greedy_decode
+    model = tiny_model(seed)
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, V, (3, 7), generator=g)
+    src[1, 5:] = PAD
+    src_mask = (src != PAD).unsqueeze(-2)
+    expected = plain(model, src, src_mask, 12, BOS, end_symbol)
+    assert torch.equal(tat.greedy_decode(model, src, src_mask, 12, BOS, end_symbol), expected)
+    cached = tat.greedy_decode(model, src, src_mask, 12, BOS, end_symbol, use_cache=True)
+    assert torch.equal(cached, expected)
+
+
+def random_batches(n: int, seed: int = 0) -> list[tat.Batch]:
+    g = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(n):
+        src = torch.randint(4, V, (3, 6), generator=g)
+        tgt = torch.randint(4, V, (3, 7), generator=g)
+        tgt[:, 0] = BOS
+        src[0, 4:] = PAD
+        tgt[2, 3:] = PAD
+        batches.append(tat.Batch(src, tgt, pad=PAD))
+    return batches
+
+
+@pytest.mark.parametrize("accum_iter", [1, 2])
+def test_grown_run_groups_trains_as_chapter_8s_with_its_defaults(accum_iter):
+    plain = first_definition("run_groups")
+    assert plain is not tat.run_groups
+    results = []
+    for run in (plain, tat.run_groups):
+        model = tiny_model(0).train()
+        criterion = nn.NLLLoss(reduction="sum", ignore_index=PAD)
+        loss_compute = tat.SimpleLossCompute(model.generator, criterion)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        state = tat.TrainState()
+        loss, tokens = run(random_batches(4), model, loss_compute, optimizer,
+                           accum_iter=accum_iter, train_state=state)
+        results.append((loss, tokens, copy.deepcopy(vars(state)), model.state_dict()))
+    (loss_a, tokens_a, state_a, weights_a), (loss_b, tokens_b, state_b, weights_b) = results
+    assert (loss_a, tokens_a, state_a) == (loss_b, tokens_b, state_b)
+    assert all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
