@@ -19,7 +19,6 @@ from the_annotated_transformer import (
     paper_results_chart,
     smoothed_targets_chart,
     subsequent_mask,
-    variations_chart,
 )
 
 
@@ -116,8 +115,6 @@ def test_one_chapter_helpers_check_their_input():
         bleu_points_chart(pd.DataFrame({"val BLEU": [1.0]}), title="t")
     with pytest.raises(ValueError, match="mask must be one sentence's"):
         graph_chart(subsequent_mask(3)[0], title="t")
-    with pytest.raises(ValueError, match="panels is empty"):
-        variations_chart([], [], order=[], panels=[], title="t")
     with pytest.raises(ValueError, match="results is empty"):
         paper_results_chart([])
 

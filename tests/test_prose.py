@@ -31,7 +31,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("17_subword_vocabularies", "10.8"): "the 10,757,166 parameters printed below, in millions",
     ("18_results", "12.5%"): "printed by chapter 17, which the sentence names",
     ("18_results", "4.5"): CITED + " (WMT 2014's 4.5 million pairs)",
-    ("19_model_variations", "0.046"): "the difference of two losses in the table above",
     ("20_constituency_parsing", "91.3"): CITED + " (the paper's Table 4)",
     ("20_constituency_parsing", "92.7"): CITED + " (the paper's Table 4)",
     ("25_universal_transformer", "99.5%"): "the graph tutorial's figure, named in the sentence",

@@ -60,6 +60,16 @@ def server(tmp_path):
     httpd.server_close()
 
 
+@pytest.mark.parametrize("model", sorted(SHIPPED_MODELS))
+def test_info_names_the_variant_that_the_weights_are(model):
+    """A pre-norm model has a final layer norm per stack (chapter 2); post-norm has none."""
+    folder = shipped_model_dir(model)
+    info = json.loads((folder / "info.json").read_text())
+    weights = torch.load(folder / "model.pt", weights_only=True)["model"]
+    final_norm = "encoder.norm.weight" in weights and "decoder.norm.weight" in weights
+    assert info["variant"] == ("pre-norm" if final_norm else "post-norm")
+
+
 def test_fetch_shipped_model_downloads_every_file_and_verifies_it(server, tmp_path):
     site, url = server
     shutil.copytree(FOLDER, site / "model")

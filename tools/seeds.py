@@ -2,6 +2,9 @@
 
     python tools/seeds.py sparse_sort --seeds 0 1 2 3 4
     python tools/seeds.py universal_sort --seeds 0 1 2
+    python tools/seeds.py model_variations --seeds 0 1 2 3 4
+    python tools/seeds.py norm_warmup --seeds 0 1 2 3 4
+    python tools/seeds.py checkpoint_averaging --seeds 0 1 2 3 4
 
 A finding ("the window loses accuracy", "one shared layer sorts as well as two") compares
 training runs, and one run can turn over on another seed or another CPU. This script trains
@@ -53,8 +56,49 @@ def universal_sort(seed: int) -> list[dict]:
     return rows
 
 
+def model_variations(seed: int) -> list[dict]:
+    """Chapter 19: the miniature Table 3, twelve variants of a small sort model."""
+    from the_annotated_transformer import MINIATURE_VARIATIONS, train_variation
+
+    return [{"row": row, "variant": variant, **train_variation(change, seed)}
+            for row, variant, change in MINIATURE_VARIATIONS]
+
+
+def norm_warmup(seed: int) -> list[dict]:
+    """Chapter 19: post-norm against pre-norm, with and without warm-up."""
+    from the_annotated_transformer import train_norm
+
+    return [{"variant": f"{'pre' if pre else 'post'}-norm, "
+                        f"{'warm-up' if warmup else 'no warm-up'}",
+             "loss": train_norm(pre, warmup, seed)}
+            for pre in (False, True) for warmup in (True, False)]
+
+
+def checkpoint_averaging(seed: int) -> list[dict]:
+    """Chapter 16: the last checkpoint of a sort run against averages of the last k."""
+    from the_annotated_transformer import (
+        average_checkpoints,
+        held_out_accuracy,
+        held_out_loss,
+        sort_model_with_checkpoints,
+    )
+
+    model, checkpoints = sort_model_with_checkpoints(seed)
+    weights = [w for _, w in checkpoints]
+    rows = []
+    for k in (1, 2, 5, 10, 20):
+        averaged = average_checkpoints(weights[-k:])
+        rows.append({"variant": "last checkpoint" if k == 1 else f"average of the last {k}",
+                     "loss": held_out_loss(model, averaged),
+                     "exact": held_out_accuracy(model, averaged)})
+    return rows
+
+
 EXPERIMENTS = {"sparse_sort": (sparse_sort, "22_transformer_as_a_graph"),
-               "universal_sort": (universal_sort, "25_universal_transformer")}
+               "universal_sort": (universal_sort, "25_universal_transformer"),
+               "model_variations": (model_variations, "19_model_variations"),
+               "norm_warmup": (norm_warmup, "19_model_variations"),
+               "checkpoint_averaging": (checkpoint_averaging, "16_checkpoint_averaging")}
 
 
 def one_run(experiment: str, seed: int) -> None:
