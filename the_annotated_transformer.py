@@ -53,14 +53,8 @@ from torch import nn
 class EncoderDecoder(nn.Module):
     """The Transformer's outer shape: encode the source once, decode the target against it."""
 
-    def __init__(
-        self,
-        encoder: nn.Module,
-        decoder: nn.Module,
-        src_embed: nn.Module,
-        tgt_embed: nn.Module,
-        generator: nn.Module,
-    ) -> None:
+    def __init__(self, encoder: nn.Module, decoder: nn.Module, src_embed: nn.Module,
+                 tgt_embed: nn.Module, generator: nn.Module) -> None:
         super().__init__()
         self.encoder = encoder
         self.decoder = decoder
@@ -68,9 +62,8 @@ class EncoderDecoder(nn.Module):
         self.tgt_embed = tgt_embed
         self.generator = generator
 
-    def forward(
-        self, src: torch.Tensor, tgt: torch.Tensor, src_mask: torch.Tensor, tgt_mask: torch.Tensor
-    ) -> torch.Tensor:
+    def forward(self, src: torch.Tensor, tgt: torch.Tensor, src_mask: torch.Tensor,
+                tgt_mask: torch.Tensor) -> torch.Tensor:
         """Decoder output (batch, n_tgt, d_model); `self.generator` turns it into log-probs."""
         return self.decode(self.encode(src, src_mask), src_mask, tgt, tgt_mask)
 
@@ -78,13 +71,8 @@ class EncoderDecoder(nn.Module):
         """Memory (batch, n_src, d_model) from source token ids (batch, n_src)."""
         return self.encoder(self.src_embed(src), src_mask)
 
-    def decode(
-        self,
-        memory: torch.Tensor,
-        src_mask: torch.Tensor,
-        tgt: torch.Tensor,
-        tgt_mask: torch.Tensor,
-    ) -> torch.Tensor:
+    def decode(self, memory: torch.Tensor, src_mask: torch.Tensor, tgt: torch.Tensor,
+               tgt_mask: torch.Tensor) -> torch.Tensor:
         """Decoder output (batch, n_tgt, d_model) for target ids (batch, n_tgt) given memory."""
         return self.decoder(self.tgt_embed(tgt), memory, src_mask, tgt_mask)
 
@@ -101,7 +89,6 @@ class Generator(nn.Module):
         return torch.log_softmax(self.proj(x), dim=-1)
 
 
-# %%
 def clones(module: nn.Module, N: int) -> nn.ModuleList:
     """N independent deep copies of `module`: same shape, separate weights."""
     return nn.ModuleList([copy.deepcopy(module) for _ in range(N)])
@@ -144,14 +131,8 @@ class SublayerConnection(nn.Module):
 class EncoderLayer(nn.Module):
     """One encoder layer: self-attention, then feed-forward, each in a sublayer connection."""
 
-    def __init__(
-        self,
-        size: int,
-        self_attn: nn.Module,
-        feed_forward: nn.Module,
-        dropout: float,
-        norm_first: bool = True,
-    ) -> None:
+    def __init__(self, size: int, self_attn: nn.Module, feed_forward: nn.Module,
+                 dropout: float, norm_first: bool = True) -> None:
         super().__init__()
         self.self_attn = self_attn
         self.feed_forward = feed_forward
@@ -165,7 +146,7 @@ class EncoderLayer(nn.Module):
 
 
 class Encoder(nn.Module):
-    """N encoder layers; a final layer norm in pre-norm models, where the stream is unnormalized."""
+    """N encoder layers; a final layer norm in pre-norm models, whose stream is unnormalized."""
 
     def __init__(self, layer: EncoderLayer, N: int) -> None:
         super().__init__()
@@ -179,19 +160,11 @@ class Encoder(nn.Module):
         return self.norm(x)
 
 
-# %%
 class DecoderLayer(nn.Module):
     """One decoder layer: masked self-attention, attention over the memory, feed-forward."""
 
-    def __init__(
-        self,
-        size: int,
-        self_attn: nn.Module,
-        src_attn: nn.Module,
-        feed_forward: nn.Module,
-        dropout: float,
-        norm_first: bool = True,
-    ) -> None:
+    def __init__(self, size: int, self_attn: nn.Module, src_attn: nn.Module,
+                 feed_forward: nn.Module, dropout: float, norm_first: bool = True) -> None:
         super().__init__()
         self.size = size
         self.self_attn = self_attn
@@ -200,16 +173,10 @@ class DecoderLayer(nn.Module):
         self.sublayer = clones(SublayerConnection(size, dropout, norm_first=norm_first), 3)
         self.norm_first = norm_first
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        memory: torch.Tensor,
-        src_mask: torch.Tensor | None,
-        tgt_mask: torch.Tensor | None,
-    ) -> torch.Tensor:
-        m = memory  # (batch, n_src, d_model)
+    def forward(self, x: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor | None,
+                tgt_mask: torch.Tensor | None) -> torch.Tensor:
         x = self.sublayer[0](x, lambda x: self.self_attn(x, x, x, tgt_mask))  # (batch, n_tgt, d)
-        x = self.sublayer[1](x, lambda x: self.src_attn(x, m, m, src_mask))
+        x = self.sublayer[1](x, lambda x: self.src_attn(x, memory, memory, src_mask))
         return self.sublayer[2](x, self.feed_forward)
 
 
@@ -221,13 +188,8 @@ class Decoder(nn.Module):
         self.layers = clones(layer, N)
         self.norm = LayerNorm(layer.size) if layer.norm_first else nn.Identity()
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        memory: torch.Tensor,
-        src_mask: torch.Tensor | None,
-        tgt_mask: torch.Tensor | None,
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor | None,
+                tgt_mask: torch.Tensor | None) -> torch.Tensor:
         """Output (batch, n_tgt, d_model) from the embedded target and the memory."""
         for layer in self.layers:
             x = layer(x, memory, src_mask, tgt_mask)
@@ -262,19 +224,13 @@ def _check_mask(mask: torch.Tensor, scores: torch.Tensor) -> None:
     except RuntimeError:
         fits = False
     if not fits:
-        raise ValueError(
-            f"mask of shape {tuple(mask.shape)} does not broadcast to the attention scores "
-            f"of shape {tuple(scores.shape)} (batch, h, n_q, n_k)"
-        )
+        raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to the "
+                         f"attention scores of shape {tuple(scores.shape)} (batch, h, n_q, n_k)")
 
 
-def attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    mask: torch.Tensor | None = None,
-    dropout: nn.Module | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+              mask: torch.Tensor | None = None,
+              dropout: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention: (output (..., n_q, d_v), weights (..., n_q, n_k))."""
     d_k = query.size(-1)
     scores = query @ key.transpose(-2, -1) / math.sqrt(d_k)  # (batch, h, n_q, n_k)
@@ -293,16 +249,12 @@ from typing import Any
 
 
 def scaling_chart(scaling: Any, *, n_keys: int) -> Any:
-    """Spread of the scores, largest weight and entropy against d_k, with and without scaling.
-
-    `scaling` is a pandas DataFrame with the columns that the cell above computes.
-    """
+    """Spread of the scores, largest weight and entropy against d_k, scaled and unscaled."""
     import altair as alt
 
+    log2 = alt.Scale(type="log", base=2)
     common = alt.Chart(scaling).encode(
-        x=alt.X(
-            "d_k:Q", scale=alt.Scale(type="log", base=2), axis=alt.Axis(values=[1, 8, 64, 512])
-        ),
+        x=alt.X("d_k:Q", scale=log2, axis=alt.Axis(values=[1, 8, 64, 512])),
         color=alt.Color("scores:N", title=None, legend=alt.Legend(orient="bottom")),
         tooltip=["d_k", "scores", "std of scores", "mean max weight", "mean entropy (nats)"],
     )
@@ -312,11 +264,9 @@ def scaling_chart(scaling: Any, *, n_keys: int) -> Any:
     entropy = lines.encode(
         y=alt.Y("mean entropy (nats):Q", scale=alt.Scale(domain=[0, math.log(n_keys)]))
     )
-    return (
-        spread.properties(title="spread of the scores")
-        | peak.properties(title="largest softmax weight")
-        | entropy.properties(title="entropy of the weights")
-    )
+    return (spread.properties(title="spread of the scores")
+            | peak.properties(title="largest softmax weight")
+            | entropy.properties(title="entropy of the weights"))
 
 
 # %%
@@ -333,20 +283,15 @@ class MultiHeadedAttention(nn.Module):
         self.attn: torch.Tensor | None = None  # (batch, h, n_q, n_k), for visualization
         self.dropout = nn.Dropout(p=dropout)
 
-    def forward(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """query (batch, n_q, d_model), key/value (batch, n_k, d_model) -> (batch, n_q, d_model)."""
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """query (batch, n_q, d_model), key/value (batch, n_k, d_model) -> (batch, n_q, d_model)"""
         if mask is not None and mask.dim() == 3:
             mask = mask.unsqueeze(1)  # (batch, 1, n_q or 1, n_k): the same mask for every head
-        # 1) project, and split d_model into h heads of width d_k
+        # 1) project with W^Q, W^K, W^V, and split d_model into h heads of width d_k
         query, key, value = [
             self.split_heads(linear(x))  # (batch, h, n, d_k)
-            for linear, x in zip(self.linears, (query, key, value), strict=False)
+            for linear, x in zip(self.linears[:3], (query, key, value), strict=True)
         ]
         # 2) attend, in all heads at once
         x, weights = attention(query, key, value, mask=mask, dropout=self.dropout)
@@ -370,22 +315,12 @@ def weights_heatmap(weights: torch.Tensor, *, title: str) -> Any:
 
     if weights.dim() != 2:
         raise ValueError(f"weights must be (n_q, n_k), got shape {tuple(weights.shape)}")
-    cells = [
-        {"query": i, "key": j, "weight": round(w, 3)}
-        for i, row in enumerate(weights.tolist())
-        for j, w in enumerate(row)
-    ]
-    return (
-        alt.Chart(alt.Data(values=cells))
-        .mark_rect()
-        .encode(
-            x="key:O",
-            y="query:O",
-            color=alt.Color("weight:Q", scale=alt.Scale(scheme="blues")),
-            tooltip=["query:O", "key:O", "weight:Q"],
-        )
-        .properties(width=220, height=220, title=title)
-    )
+    cells = [{"query": i, "key": j, "weight": round(w, 3)}
+             for i, row in enumerate(weights.tolist()) for j, w in enumerate(row)]
+    return alt.Chart(alt.Data(values=cells)).mark_rect().encode(
+        x="key:O", y="query:O", color=alt.Color("weight:Q", scale=alt.Scale(scheme="blues")),
+        tooltip=["query:O", "key:O", "weight:Q"],
+    ).properties(width=220, height=220, title=title)
 
 
 # %% [markdown]
@@ -458,6 +393,24 @@ class PositionalEncoding(nn.Module):
 
 
 # %%
+from typing import Any
+
+
+def encoding_heatmap(pe: torch.Tensor, *, title: str) -> Any:
+    """A positional encoding table (positions, d_model) as a grid, red below 0, blue above."""
+    import altair as alt
+
+    cells = [{"position": pos, "dimension": dim, "value": round(value, 2)}
+             for pos, row in enumerate(pe.tolist()) for dim, value in enumerate(row)]
+    ticks = [alt.Axis(values=list(range(0, size, 8))) for size in pe.shape]  # every 8th label
+    return alt.Chart(alt.Data(values=cells)).mark_rect().encode(
+        x=alt.X("dimension:O", axis=ticks[1]), y=alt.Y("position:O", axis=ticks[0]),
+        color=alt.Color("value:Q", scale=alt.Scale(scheme="redblue", domain=[-1, 1])),
+        tooltip=["position:O", "dimension:O", "value:Q"],
+    ).properties(width=384, height=240, title=title)
+
+
+# %%
 class LearnedPositionalEmbedding(nn.Module):
     """Add a trained vector per position (the alternative of Table 3, row E), then dropout."""
 
@@ -489,33 +442,20 @@ import torch
 from torch import nn
 
 
-def make_model(
-    src_vocab: int,
-    tgt_vocab: int,
-    N: int = 6,
-    d_model: int = 512,
-    d_ff: int = 2048,
-    h: int = 8,
-    dropout: float = 0.1,
-    *,
-    norm_first: bool = True,
-    share_embeddings: bool = False,
-) -> EncoderDecoder:
+def make_model(src_vocab: int, tgt_vocab: int, N: int = 6, d_model: int = 512, d_ff: int = 2048,
+               h: int = 8, dropout: float = 0.1, *, norm_first: bool = True,
+               share_embeddings: bool = False) -> EncoderDecoder:
     """Build a Transformer from hyperparameters; defaults are the paper's base model."""
     if share_embeddings and src_vocab != tgt_vocab:
-        raise ValueError(
-            f"share_embeddings=True needs one vocabulary: src_vocab={src_vocab} "
-            f"!= tgt_vocab={tgt_vocab}"
-        )
+        raise ValueError(f"share_embeddings=True needs one vocabulary: src_vocab={src_vocab} "
+                         f"!= tgt_vocab={tgt_vocab}")
     c = deepcopy
     attn = MultiHeadedAttention(h, d_model, dropout=dropout)
     ff = PositionwiseFeedForward(d_model, d_ff, dropout=dropout)
     position = PositionalEncoding(d_model, dropout)
     model = EncoderDecoder(
         Encoder(EncoderLayer(d_model, c(attn), c(ff), dropout, norm_first=norm_first), N),
-        Decoder(
-            DecoderLayer(d_model, c(attn), c(attn), c(ff), dropout, norm_first=norm_first), N
-        ),
+        Decoder(DecoderLayer(d_model, c(attn), c(attn), c(ff), dropout, norm_first=norm_first), N),
         nn.Sequential(Embeddings(d_model, src_vocab), c(position)),
         nn.Sequential(Embeddings(d_model, tgt_vocab), c(position)),
         Generator(d_model, tgt_vocab),
@@ -531,53 +471,9 @@ def make_model(
 
 
 # %%
-import math
-from collections.abc import Sequence
-
-
-def greedy_decode(
-    model: EncoderDecoder,
-    src: torch.Tensor,
-    src_mask: torch.Tensor,
-    max_len: int,
-    start_symbol: int,
-    end_symbol: int | None = None,
-    *,
-    use_cache: bool = False,
-    banned: Sequence[int] = (),
-) -> torch.Tensor:
-    """Most likely token at each step for a batch; (batch, <= max_len) ids from start_symbol.
-
-    A sequence that has produced `end_symbol` is padded with `end_symbol` until all have ended.
-    Ids in banned are never chosen (chapter 14 bans <s>, padding and <unk>). use_cache=True
-    gives the same ids with chapter 21's key/value cache, one step per token.
-    """
-    if src.dim() != 2:
-        raise ValueError(f"src must have shape (batch, n_src), got {tuple(src.shape)}")
-    if max_len < 1:
-        raise ValueError(f"max_len must be at least 1 (the start symbol), got {max_len}")
-    if use_cache:  # defined in chapter 21, which builds on this chapter
-        return cached_greedy_decode(  # noqa: F821
-            model, src, src_mask, max_len, start_symbol, end_symbol, banned=banned
-        )
-    batch = src.size(0)
-    with torch.no_grad():
-        memory = model.encode(src, src_mask)  # (batch, n_src, d_model), computed once
-        ys = torch.full((batch, 1), start_symbol, dtype=torch.long, device=src.device)
-        done = torch.zeros(batch, dtype=torch.bool, device=src.device)
-        for _ in range(max_len - 1):
-            tgt_mask = subsequent_mask(ys.size(1)).to(src.device)  # (1, n, n)
-            out = model.decode(memory, src_mask, ys, tgt_mask)  # (batch, n, d_model)
-            log_probs = model.generator(out[:, -1])  # (batch, vocab)
-            log_probs[:, list(banned)] = -math.inf
-            next_word = log_probs.argmax(dim=-1)  # (batch,)
-            if end_symbol is not None:
-                next_word = next_word.masked_fill(done, end_symbol)
-                done = done | (next_word == end_symbol)
-            ys = torch.cat([ys, next_word.unsqueeze(1)], dim=1)  # (batch, n + 1)
-            if end_symbol is not None and bool(done.all()):
-                break
-    return ys
+# The ids of <s>, </s>, <blank> (padding) and <unk> in every vocabulary of the book (chapter
+# 9's order); the toy tasks of chapters 12 and 13 have no <unk> and give id 3 to a symbol
+BOS_ID, EOS_ID, PAD_ID, UNK_ID = 0, 1, 2, 3
 
 
 # %% [markdown]
@@ -591,7 +487,7 @@ import torch
 class Batch:
     """A batch of token sequences with its masks, and for training, decoder inputs and labels."""
 
-    def __init__(self, src: torch.Tensor, tgt: torch.Tensor | None = None, pad: int = 2):
+    def __init__(self, src: torch.Tensor, tgt: torch.Tensor | None = None, pad: int = PAD_ID):
         if not isinstance(src, torch.Tensor) or src.dim() != 2 or src.is_floating_point():
             raise TypeError("src must be an integer tensor of shape (batch, n_src)")
         self.src = src  # (batch, n_src)
@@ -626,13 +522,9 @@ class Batch:
         return self.src.size(0)
 
     def __repr__(self) -> str:
-        shapes = ", ".join(
-            f"{name}={tuple(value.shape)}"
-            for name, value in vars(self).items()
-            if isinstance(value, torch.Tensor)
-        )
+        shapes = [f"{k}={tuple(v.shape)}" for k, v in vars(self).items() if torch.is_tensor(v)]
         ntokens = f", ntokens={self.ntokens}" if hasattr(self, "ntokens") else ""
-        return f"Batch({shapes}{ntokens})"
+        return f"Batch({', '.join(shapes)}{ntokens})"
 
 
 # %% [markdown]
@@ -675,8 +567,7 @@ class SimpleLossCompute:
 
 # %%
 import time
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterable, Iterator
 
 
 def accumulation_groups(batches: Iterable, accum_iter: int) -> Iterator[list]:
@@ -691,76 +582,10 @@ def accumulation_groups(batches: Iterable, accum_iter: int) -> Iterator[list]:
         yield group
 
 
-def run_groups(
-    batches: Iterable,
-    model: nn.Module,
-    loss_compute,
-    optimizer: torch.optim.Optimizer | None = None,
-    scheduler=None,
-    *,
-    accum_iter: int = 1,
-    train_state: TrainState | None = None,
-    group_norm: Callable[[int], float] | None = None,
-    sync_context: Callable[[bool], AbstractContextManager] | None = None,
-    forward_context: Callable[[], AbstractContextManager] | None = None,
-    after_group: Callable[[float, int, int], None] | None = None,
-) -> tuple[float, int]:
-    """The accumulation core of every loop in the book; the summed loss and target tokens.
-
-    With an optimizer it trains: each micro-batch's summed loss is divided by
-    group_norm(T), T the group's tokens (by default T itself), and the optimizer and scheduler
-    step once per group. Without one it only evaluates, computing no gradients.
-    sync_context(is_last) wraps a micro-batch's forward and backward, forward_context() its
-    forward (chapter 14 uses them for DistributedDataParallel and autocast); after_group gets
-    each group's summed loss, tokens and batch count.
-    """
-    train = optimizer is not None
-    total_loss, total_tokens = 0.0, 0
-    with torch.set_grad_enabled(train):
-        for group in accumulation_groups(batches, accum_iter):
-            tokens = sum(batch.ntokens for batch in group)  # T = T_1 + ... + T_k
-            norm = group_norm(tokens) if group_norm is not None else max(tokens, 1)
-            group_loss = 0.0
-            for i, batch in enumerate(group):
-                is_last = i == len(group) - 1
-                with sync_context(is_last) if sync_context is not None else nullcontext():
-                    with forward_context() if forward_context is not None else nullcontext():
-                        out = model(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask)
-                        loss_sum, loss = loss_compute(out, batch.tgt_y, norm)  # S_i, S_i / T
-                    if train:
-                        loss.backward()  # .grad accumulates the sum over the group
-                group_loss += loss_sum
-                if train and train_state is not None:
-                    train_state.step += 1
-                    train_state.samples += batch.src.size(0)
-                    train_state.tokens += batch.ntokens
-            if train:
-                optimizer.step()  # once per group of accum_iter micro-batches
-                optimizer.zero_grad(set_to_none=True)
-                if train_state is not None:
-                    train_state.accum_step += 1
-                if scheduler is not None:
-                    scheduler.step()  # the schedule counts optimizer steps
-            total_loss += group_loss
-            total_tokens += tokens
-            if after_group is not None:
-                after_group(group_loss, tokens, len(group))
-    return total_loss, total_tokens
-
-
-def run_epoch(
-    data_iter: Iterable,
-    model: nn.Module,
-    loss_compute,
-    optimizer: torch.optim.Optimizer | None = None,
-    scheduler=None,
-    *,
-    mode: str = "train",
-    accum_iter: int = 1,
-    train_state: TrainState | None = None,
-    log_every: int | None = 40,
-    progress: bool = False,
-) -> tuple[float, TrainState]:
+def run_epoch(data_iter: Iterable, model: nn.Module, loss_compute,
+              optimizer: torch.optim.Optimizer | None = None, scheduler=None, *,
+              mode: str = "train", accum_iter: int = 1, train_state: TrainState | None = None,
+              log_every: int | None = 40, progress: bool = False) -> tuple[float, TrainState]:
     """Run one pass over `data_iter`; return the mean loss per target token and the counters."""
     if mode not in ("train", "eval"):
         raise ValueError(f"mode must be 'train' or 'eval', got {mode!r}")
@@ -771,33 +596,24 @@ def run_epoch(
         raise ValueError("optimizer is required when mode='train'")
     state = TrainState() if train_state is None else train_state  # never shared between calls
     model.train(train)  # dropout on for training, off for evaluation
-    bar = None
+    groups = accumulation_groups(data_iter, accum_iter)
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(desc=mode, unit="batch", leave=False)
-    log = {"loss": 0.0, "tokens": 0, "start": time.perf_counter()}  # since the last log line
-
-    def after_group(loss_sum: float, tokens: int, n_batches: int) -> None:
-        log["loss"] += loss_sum
-        log["tokens"] += tokens
-        if bar is not None:
-            bar.update(n_batches)
+        groups = tqdm(groups, desc=mode, unit="group", leave=False)
+    total_loss, total_tokens = 0.0, 0
+    log_loss, log_tokens, start = 0.0, 0, time.perf_counter()  # since the last log line
+    for group in groups:
+        loss_sum, tokens = run_groups(group, model, loss_compute, optimizer if train else None,
+                                      scheduler, accum_iter=len(group), train_state=state)
+        total_loss, total_tokens = total_loss + loss_sum, total_tokens + tokens
+        log_loss, log_tokens = log_loss + loss_sum, log_tokens + tokens
         if train and log_every and state.accum_step % log_every == 0:
             lr = optimizer.param_groups[0]["lr"]
-            speed = log["tokens"] / max(time.perf_counter() - log["start"], 1e-9)
-            print(
-                f"step {state.accum_step:6d} | loss {log['loss'] / max(log['tokens'], 1):.4f}"
-                f" | lr {lr:.3g} | {speed:,.0f} tokens/s"
-            )
-            log.update(loss=0.0, tokens=0, start=time.perf_counter())
-
-    total_loss, total_tokens = run_groups(
-        data_iter, model, loss_compute, optimizer if train else None, scheduler,
-        accum_iter=accum_iter, train_state=state, after_group=after_group,
-    )
-    if bar is not None:
-        bar.close()
+            speed = log_tokens / max(time.perf_counter() - start, 1e-9)
+            print(f"step {state.accum_step:6d} | loss {log_loss / max(log_tokens, 1):.4f}"
+                  f" | lr {lr:.3g} | {speed:,.0f} tokens/s")
+            log_loss, log_tokens, start = 0.0, 0, time.perf_counter()
     return total_loss / max(total_tokens, 1), state
 
 
@@ -1308,20 +1124,14 @@ def smoothed_targets_chart(true_dist: torch.Tensor, target: torch.Tensor, *, tit
     if true_dist.dim() != 2 or true_dist.size(0) != target.numel():
         raise ValueError(f"true_dist must be (positions={target.numel()}, vocabulary), "
                          f"got shape {tuple(true_dist.shape)}")
-    cells = [
-        {"position": f"{row} (target {target[row].item()})", "token": col,
-         "probability": round(true_dist[row, col].item(), 4)}
-        for row in range(true_dist.size(0))
-        for col in range(true_dist.size(1))
-    ]
+    cells = [{"position": f"{row} (target {target[row].item()})", "token": col,
+              "probability": round(true_dist[row, col].item(), 4)}
+             for row in range(true_dist.size(0)) for col in range(true_dist.size(1))]
     base = alt.Chart(alt.Data(values=cells)).encode(
-        x=alt.X("token:O", title="token id (0 = padding)"),
-        y=alt.Y("position:O", title="target position"),
-    )
+        x=alt.X("token:O", title="token id"), y=alt.Y("position:O", title="target position"))
     heatmap = base.mark_rect().encode(
         color=alt.Color("probability:Q", scale=alt.Scale(scheme="blues", domain=[0, 1])),
-        tooltip=["position:O", "token:O", "probability:Q"],
-    )
+        tooltip=["position:O", "token:O", "probability:Q"])
     labels = base.mark_text(fontSize=11).encode(text=alt.Text("probability:Q", format=".2f"))
     return (heatmap + labels).properties(width=300, height=200, title=title)
 
@@ -1407,7 +1217,9 @@ def copy_batches(
 ) -> Iterator[Batch]:
     """Batches for the copy task: the target is the source between <s> (0) and </s> (1)."""
     for _ in range(n_batches):
-        src = random_sequences(batch_size, V, min_len=min_len, max_len=max_len, generator=generator)
+        src = random_sequences(
+            batch_size, V, min_len=min_len, max_len=max_len, generator=generator
+        )  # (batch_size, max_len)
         src = drop_sequences(src, exclude)  # (<= batch_size, max_len)
         yield seq2seq_batch(src, src)
 
@@ -1434,219 +1246,6 @@ def exact_matches(model: nn.Module, batch: Batch, *, start: int = 0, end: int = 
     )
 
 
-# %%
-from collections.abc import Sequence
-from dataclasses import dataclass
-
-import torch
-from torch import nn
-
-ATTENTION_KINDS = {
-    "encoder": "encoder self-attention",
-    "decoder": "decoder self-attention",
-    "cross": "decoder-to-source attention",
-}
-
-
-@dataclass(frozen=True)
-class AttentionMaps:
-    """A sentence pair's attention weights, each (N layers, h heads, rows, columns), and tokens."""
-
-    encoder: torch.Tensor  # (N, h, n_src, n_src)
-    decoder: torch.Tensor  # (N, h, n_tgt, n_tgt)
-    cross: torch.Tensor  # (N, h, n_tgt, n_src)
-    src_tokens: list[str]  # the n_src source tokens
-    tgt_tokens: list[str]  # the n_tgt decoder inputs: <s>, then the tokens produced so far
-
-    def axes(self, kind: str) -> tuple[torch.Tensor, list[str], list[str]]:
-        """The weights of one kind with the tokens of its rows (queries) and columns (keys)."""
-        if kind not in ATTENTION_KINDS:
-            raise ValueError(f"kind must be one of {', '.join(ATTENTION_KINDS)}, got {kind!r}")
-        rows = self.src_tokens if kind == "encoder" else self.tgt_tokens
-        cols = self.tgt_tokens if kind == "decoder" else self.src_tokens
-        return getattr(self, kind), rows, cols
-
-
-def real_length(ids: torch.Tensor, pad_id: int) -> int:
-    """How many ids of a 1-D row come before its padding (padding only at the end)."""
-    n = int((ids != pad_id).sum())
-    if n == 0 or bool((ids[n:] != pad_id).any()):
-        raise ValueError(
-            f"each row must be at least one token followed only by padding (pad_id={pad_id}), "
-            f"got {ids.tolist()}"
-        )
-    return n
-
-
-def attention_maps(
-    model: nn.Module,
-    src: torch.Tensor,
-    tgt: torch.Tensor,
-    *,
-    src_tokens: Sequence[Sequence[str]] | None = None,
-    tgt_tokens: Sequence[Sequence[str]] | None = None,
-    pad_id: int = 2,
-) -> list[AttentionMaps]:
-    """Every layer's and head's attention in one teacher-forced pass, one entry per sentence.
-
-    src (batch, n_src) and tgt (batch, n_tgt) hold ids padded at the end with pad_id; tgt is
-    the decoder input (starting with <s>). Padding is cut away; tokens default to the ids.
-    """
-    if src.dim() != 2 or tgt.dim() != 2 or src.size(0) != tgt.size(0):
-        raise ValueError(
-            "src and tgt must have shapes (batch, n_src) and (batch, n_tgt), "
-            f"got {tuple(src.shape)} and {tuple(tgt.shape)}"
-        )
-    src_mask = (src != pad_id).unsqueeze(-2)  # (batch, 1, n_src)
-    tgt_mask = (tgt != pad_id).unsqueeze(-2) & subsequent_mask(tgt.size(1)).to(tgt.device)
-    was_training = model.training
-    model.eval()  # no dropout: the weights the model uses when it translates
-    with torch.no_grad():
-        model(src, tgt, src_mask, tgt_mask)
-    model.train(was_training)
-    encoder = torch.stack([layer.self_attn.attn for layer in model.encoder.layers], dim=1)
-    decoder = torch.stack([layer.self_attn.attn for layer in model.decoder.layers], dim=1)
-    cross = torch.stack([layer.src_attn.attn for layer in model.decoder.layers], dim=1)
-    # each (batch, N, h, rows, columns)
-    maps = []
-    for b in range(src.size(0)):
-        n_src, n_tgt = real_length(src[b], pad_id), real_length(tgt[b], pad_id)
-        s_tok = src_tokens[b] if src_tokens else [str(i) for i in src[b, :n_src].tolist()]
-        t_tok = tgt_tokens[b] if tgt_tokens else [str(i) for i in tgt[b, :n_tgt].tolist()]
-        if len(s_tok) != n_src or len(t_tok) != n_tgt:
-            raise ValueError(
-                f"sentence {b} has {n_src} source and {n_tgt} target ids but "
-                f"{len(s_tok)} src_tokens and {len(t_tok)} tgt_tokens"
-            )
-        maps.append(AttentionMaps(
-            encoder=encoder[b, :, :, :n_src, :n_src].cpu(),  # (N, h, n_src, n_src)
-            decoder=decoder[b, :, :, :n_tgt, :n_tgt].cpu(),  # (N, h, n_tgt, n_tgt)
-            cross=cross[b, :, :, :n_tgt, :n_src].cpu(),  # (N, h, n_tgt, n_src)
-            src_tokens=list(s_tok),
-            tgt_tokens=list(t_tok),
-        ))
-    return maps
-
-
-# %%
-from collections.abc import Sequence
-from typing import Any
-
-
-def attention_records(
-    maps: AttentionMaps,
-    *,
-    kinds: Sequence[str] = ("encoder", "decoder", "cross"),
-    decimals: int = 3,
-    min_weight: float = 0.0,
-    **fields: Any,
-) -> list[dict[str, Any]]:
-    """Long-form rows for a heatmap: one per (kind, layer, head, row, column) with its weight.
-
-    Rows and columns are positions (tokens may repeat), labelled by their tokens; layers and
-    heads count from 1; `fields` (e.g. sentence=1) are added to every row. Rounded weights below
-    min_weight are left out, except in the first row and column, which keep every position on
-    a chart's axes.
-    """
-    records = []
-    for kind in kinds:
-        weights, row_tokens, col_tokens = maps.axes(kind)  # (N, h, rows, columns)
-        for layer, per_layer in enumerate(weights.tolist(), start=1):
-            for head, matrix in enumerate(per_layer, start=1):
-                for row, weight_row in enumerate(matrix):
-                    for col, weight in enumerate(weight_row):
-                        weight = round(weight, decimals)
-                        if weight < min_weight and row > 0 and col > 0:
-                            continue
-                        records.append({
-                            **fields, "kind": kind, "layer": layer, "head": head,
-                            "row": row, "row_token": row_tokens[row],
-                            "col": col, "col_token": col_tokens[col], "weight": weight,
-                        })
-    return records
-
-
-# %%
-import csv
-import io
-from collections.abc import Sequence
-from typing import Any
-
-
-def attention_chart(
-    records: Sequence[dict[str, Any]],
-    *,
-    controls: Sequence[str] = ("kind", "layer", "head"),
-    width: int = 340,
-    height: int = 340,
-    title: str = "",
-    initial: dict[str, Any] | None = None,
-):
-    """One heatmap of `attention_records` rows with a widget per control field to pick a map.
-
-    The data is embedded once; the widgets (a menu for the kind, a slider for runs of three or
-    more integers, buttons otherwise) drive a filter, so one chart shows every layer and head.
-    The chart opens on the first value of each control, or on the values `initial` gives.
-    """
-    import altair as alt
-
-    if not records:
-        raise ValueError("records is empty: there is no attention to draw")
-    missing = [field for field in controls if field not in records[0]]
-    if missing:
-        raise ValueError(f"controls {missing} are not fields of the records: {list(records[0])}")
-    params = []
-    for field in controls:
-        values = list(dict.fromkeys(r[field] for r in records))  # in order of appearance
-        name = f"{field} "
-        if field == "kind":
-            labels = [ATTENTION_KINDS.get(v, v) for v in values]
-            bind = alt.binding_select(options=values, labels=labels, name=name)
-        elif len(values) > 2 and values == list(range(values[0], values[0] + len(values))):
-            bind = alt.binding_range(min=values[0], max=values[-1], step=1, name=name)
-        else:
-            bind = alt.binding_radio(options=values, name=name)
-        value = (initial or {}).get(field, values[0])
-        if value not in values:
-            raise ValueError(f"initial {field}={value!r} is not among the values {values}")
-        params.append(alt.param(name=f"pick_{field}", value=value, bind=bind))
-    picked = " && ".join(f"datum['{field}'] == pick_{field}" for field in controls)
-    fields = list(records[0])
-    text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames=fields, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(records)
-    parse = {f: "number" if isinstance(records[0][f], int | float) else "string" for f in fields}
-    data = alt.Data(values=text.getvalue(), format=alt.CsvDataFormat(type="csv", parse=parse))
-    # "position token" categories keep repeated tokens apart; the axes show only the token.
-    axis = {"labelExpr": "substring(datum.value, indexof(datum.value, ' ') + 1)"}
-    return (
-        alt.Chart(data)
-        .transform_filter(picked)
-        .transform_calculate(
-            query="datum.row + ' ' + datum.row_token", key="datum.col + ' ' + datum.col_token"
-        )
-        .mark_rect()
-        .encode(
-            x=alt.X("key:N", sort=alt.EncodingSortField("col", op="min"), title="key (looked at)",
-                    axis=alt.Axis(labelAngle=-45, **axis)),
-            y=alt.Y("query:N", sort=alt.EncodingSortField("row", op="min"),
-                    title="query (looking)", axis=alt.Axis(**axis)),
-            color=alt.Color("weight:Q", title="weight",
-                            scale=alt.Scale(domain=[0, 1], range=["white", "#08306b"])),
-            tooltip=[
-                alt.Tooltip("row_token:N", title="query"),
-                alt.Tooltip("col_token:N", title="key"),
-                alt.Tooltip("weight:Q", format=".3f"),
-                alt.Tooltip("row:O", title="query position"),
-                alt.Tooltip("col:O", title="key position"),
-            ],
-        )
-        .add_params(*params)
-        .properties(width=width, height=height, title=title)
-    )
-
-
 # %% [markdown]
 # ## From book/13_sort_task.ipynb
 
@@ -1657,17 +1256,10 @@ from collections.abc import Iterator
 import torch
 
 
-def sort_batches(
-    V: int,
-    batch_size: int,
-    n_batches: int,
-    *,
-    min_len: int = 1,
-    max_len: int = 10,
-    generator: torch.Generator | None = None,
-    exclude: set[tuple[int, ...]] | None = None,
-    pad: int = 2,
-) -> Iterator[Batch]:
+def sort_batches(V: int, batch_size: int, n_batches: int, *, min_len: int = 1,
+                 max_len: int = 10, generator: torch.Generator | None = None,
+                 exclude: set[tuple[int, ...]] | None = None,
+                 pad: int = PAD_ID) -> Iterator[Batch]:
     """Batches for the sort task: the target is the source's symbols in increasing order."""
     for _ in range(n_batches):
         src = random_sequences(batch_size, V, min_len=min_len, max_len=max_len, generator=generator)
@@ -1675,7 +1267,7 @@ def sort_batches(
         yield seq2seq_batch(src, sorted_symbols(src, pad=pad), pad=pad)
 
 
-def sorted_symbols(src: torch.Tensor, *, pad: int = 2) -> torch.Tensor:
+def sorted_symbols(src: torch.Tensor, *, pad: int = PAD_ID) -> torch.Tensor:
     """Each row's symbols in increasing order, padding kept at the end."""
     above = int(src.max()) + 1  # an id larger than every symbol
     keyed = src.masked_fill(src == pad, above)  # (batch, n_src)
@@ -1813,9 +1405,6 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-PAD_ID = SPECIALS.index("<blank>")  # 2
-
-
 VOCAB_FILES = ("vocab_de.json", "vocab_en.json")
 SUBWORD_FILE = "subwords.model"  # one sentencepiece model for both languages (chapter 17)
 
@@ -1936,6 +1525,68 @@ def multi30k_loader(
 
 
 # %%
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, nullcontext
+
+import torch
+from torch import nn
+
+
+def run_groups(
+    batches: Iterable,
+    model: nn.Module,
+    loss_compute,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler=None,
+    *,
+    accum_iter: int = 1,
+    train_state: TrainState | None = None,
+    group_norm: Callable[[int], float] | None = None,
+    sync_context: Callable[[bool], AbstractContextManager] | None = None,
+    forward_context: Callable[[], AbstractContextManager] | None = None,
+    after_group: Callable[[float, int, int], None] | None = None,
+) -> tuple[float, int]:
+    """Chapter 8's accumulation core, grown by four hooks for real hardware.
+
+    group_norm(T) replaces the divisor T (DDP divides by the tokens of all ranks);
+    sync_context(is_last) wraps a micro-batch's forward and backward (DDP's no_sync),
+    forward_context() its forward (autocast); after_group(loss, tokens, batches) reports.
+    """
+    train = optimizer is not None
+    total_loss, total_tokens = 0.0, 0
+    with torch.set_grad_enabled(train):
+        for group in accumulation_groups(batches, accum_iter):
+            tokens = sum(batch.ntokens for batch in group)  # T = T_1 + ... + T_k
+            norm = group_norm(tokens) if group_norm is not None else max(tokens, 1)
+            group_loss = 0.0
+            for i, batch in enumerate(group):
+                is_last = i == len(group) - 1
+                with sync_context(is_last) if sync_context is not None else nullcontext():
+                    with forward_context() if forward_context is not None else nullcontext():
+                        out = model(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask)
+                        loss_sum, loss = loss_compute(out, batch.tgt_y, norm)  # S_i, S_i / T
+                    if train:
+                        loss.backward()  # .grad accumulates the sum over the group
+                group_loss += loss_sum
+                if train and train_state is not None:
+                    train_state.step += 1
+                    train_state.samples += batch.src.size(0)
+                    train_state.tokens += batch.ntokens
+            if train:
+                optimizer.step()  # once per group of accum_iter micro-batches
+                optimizer.zero_grad(set_to_none=True)
+                if train_state is not None:
+                    train_state.accum_step += 1
+                if scheduler is not None:
+                    scheduler.step()  # the schedule counts optimizer steps
+            total_loss += group_loss
+            total_tokens += tokens
+            if after_group is not None:
+                after_group(group_loss, tokens, len(group))
+    return total_loss, total_tokens
+
+
+# %%
 import time
 from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
@@ -1962,7 +1613,7 @@ def autocast_dtype_for(device: torch.device) -> torch.dtype | None:
 class LossAndNLL(SimpleLossCompute):
     """SimpleLossCompute that also adds up the labels' plain negative log-likelihood in nll."""
 
-    def __init__(self, generator: nn.Module, criterion: nn.Module, pad_id: int = 2):
+    def __init__(self, generator: nn.Module, criterion: nn.Module, pad_id: int = PAD_ID):
         super().__init__(generator, criterion)
         self.pad_id = pad_id
         self.nll = 0.0
@@ -2669,6 +2320,13 @@ def train_distributed(
 
 
 # %%
+import math
+from collections.abc import Sequence
+
+import torch
+
+
+# %%
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -2697,8 +2355,8 @@ def detokenize(tokens: Sequence[str]) -> str:
 
 
 def source_batch(
-    src_ids: Sequence[Sequence[int]], *, device: torch.device, bos_id: int = 0, eos_id: int = 1,
-    pad_id: int = 2,
+    src_ids: Sequence[Sequence[int]], *, device: torch.device, bos_id: int = BOS_ID,
+    eos_id: int = EOS_ID, pad_id: int = PAD_ID,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sources wrapped in <s> ... </s>, padded into one tensor on device, and their mask."""
     longest = max(len(ids) for ids in src_ids) + 2
@@ -2709,7 +2367,7 @@ def source_batch(
     return src, (src != pad_id).unsqueeze(-2)  # (batch, n_src), (batch, 1, n_src)
 
 
-def never_generated(bos_id: int = 0, pad_id: int = 2, unk_id: int = 3, *,
+def never_generated(bos_id: int = BOS_ID, pad_id: int = PAD_ID, unk_id: int = UNK_ID, *,
                     allow_unk: bool = False) -> list[int]:
     """The ids a translation must not contain: <s> and padding, and <unk> unless allowed."""
     return [bos_id, pad_id] + ([] if allow_unk else [unk_id])
@@ -2720,10 +2378,10 @@ def translate_batch(
     src_ids: Sequence[Sequence[int]],
     *,
     max_len: int = 72,
-    bos_id: int = 0,
-    eos_id: int = 1,
-    pad_id: int = 2,
-    unk_id: int = 3,
+    bos_id: int = BOS_ID,
+    eos_id: int = EOS_ID,
+    pad_id: int = PAD_ID,
+    unk_id: int = UNK_ID,
     allow_unk: bool = False,
 ) -> list[list[int]]:
     """Greedy translations of a batch of id lists, without `<s>` and cut at `</s>`.
@@ -2850,13 +2508,13 @@ SHIPPED_MODELS = {
         "model.pt": "7f5e9f5e59a49d401656ed2332705f93d86d118921e8494f36532f743e696548",
         "vocab_de.json": "6f0d3385a8223f9e43922604b4d9b421394968cfc64257893065b3dd88e15066",
         "vocab_en.json": "6e22d0081b9e032fbce602f62bc5a56aa78326cce2e50fe722217285380daebf",
-        "info.json": "42dd9ae2952004f9a461c1db8c68f8fc48619115bc5646f12f5a708832e4219e",
+        "info.json": "10f454fd56b9e37da971bc9886d3e86244eec6b03af5126cf7506ccab548abc7",
         "averaging.json": "3f30d9507d5da87fbfa50dbc63290913bb912a88c31e22ca1eb748ea8af6e27f",
     },
     "multi30k_cpu_subword": {
         "model.pt": "6cdd65383b3780f96df11f28d26eb827bed467bdc412ec2a77de72a324e1f32c",
         "subwords.model": "d3f7fe14d9a0a191b496c0a68c212d32217ee3fd1b5c17dba74eb1cee93def72",
-        "info.json": "d4e769727f72078aaa29cec2b04219d634544a47fe6abee5a974149169f9065c",
+        "info.json": "a0cc04b8e4dd180298fbdd87820d93e13f28ae0d7ada04d4096b1d863eb1e854",
         "results.json": "ba9d83b4e98361e717b0a45eacd7b0898267ef18060b83e4e69b4406bc146816",
     },
 }
@@ -2948,6 +2606,8 @@ def export_for_shipping(
         "command": command or notes.get("command"),
         "training_seconds": round(notes.get("elapsed_s", 0.0), 1),
         "hardware": notes.get("hardware"),
+        # pre-norm stacks end with a layer norm (chapter 2); post-norm ones have none
+        "variant": "pre-norm" if "encoder.norm.weight" in weights else "post-norm",
         "epochs": notes.get("epoch"),
         "history": notes.get("history", []),
         "torch": torch.__version__,
@@ -3367,6 +3027,65 @@ def _check_same_layout(
 
 
 # %%
+import functools
+
+import torch
+from torch import nn
+
+SORT_V = 13  # <s>, </s>, padding and the digits 0-9 (chapter 12)
+
+
+@functools.cache
+def averaging_test_set() -> tuple[Batch, frozenset]:
+    """1,000 held-out sort sequences of 4 to 10 digits (seed 1), and their set, which training
+    excludes."""
+    src = random_sequences(1000, SORT_V, min_len=4, max_len=10,
+                           generator=torch.Generator().manual_seed(1))
+    return seq2seq_batch(src, sorted_symbols(src)), frozenset(sequence_set(src))
+
+
+def sort_model_with_checkpoints(
+    seed: int = 0, *, steps: int = 500, every: int = 20
+) -> tuple[nn.Module, list[tuple[int, dict[str, torch.Tensor]]]]:
+    """Chapter 13's sort model trained for `steps` optimizer steps from `seed`, and a copy of
+    its weights every `every` steps: (optimizer step, weights) pairs."""
+    torch.manual_seed(seed)
+    model = make_model(SORT_V, SORT_V, N=2, d_model=64, d_ff=128, h=4, dropout=0.0)
+    criterion = LabelSmoothing(SORT_V, padding_idx=PAD_ID, smoothing=0.0)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_lambda=lambda step: rate(step, model_size=64, factor=0.5, warmup=100)
+    )
+    data = torch.Generator().manual_seed(seed)
+    _, held_out = averaging_test_set()
+    state, checkpoints = TrainState(), []
+    while state.accum_step < steps:
+        batches = sort_batches(SORT_V, 64, every, generator=data, exclude=held_out)
+        run_epoch(batches, model, SimpleLossCompute(model.generator, criterion), optimizer,
+                  scheduler, train_state=state, log_every=None)
+        checkpoints.append((state.accum_step, {k: v.clone() for k, v in
+                                               model.state_dict().items()}))
+    return model, checkpoints
+
+
+def held_out_loss(model: nn.Module, weights: dict[str, torch.Tensor]) -> float:
+    """Loss per target token of `weights` on the held-out sequences, with teacher forcing."""
+    test_batch, _ = averaging_test_set()
+    model.load_state_dict(weights)
+    criterion = LabelSmoothing(SORT_V, padding_idx=PAD_ID, smoothing=0.0)
+    loss, _ = run_epoch([test_batch], model, SimpleLossCompute(model.generator, criterion),
+                        mode="eval", log_every=None)
+    return loss
+
+
+def held_out_accuracy(model: nn.Module, weights: dict[str, torch.Tensor]) -> float:
+    """Share of held-out sequences that greedy decoding with `weights` sorts exactly."""
+    test_batch, _ = averaging_test_set()
+    model.load_state_dict(weights)
+    return exact_matches(model, test_batch) / test_batch.src.size(0)
+
+
+# %%
 from typing import Any
 
 
@@ -3700,44 +3419,85 @@ def _xavier(module: nn.Module) -> nn.Module:
 
 
 # %%
-from collections.abc import Sequence
-from typing import Any
+import functools
+
+import torch
+
+MINIATURE_VOCAB = 13  # <s>, </s>, padding and the digits 0-9 (chapter 12)
+MINIATURE = {"N": 2, "d_model": 32, "d_ff": 64, "h": 4, "dropout": 0.1, "smoothing": 0.1}
+MINIATURE_STEPS, MINIATURE_BATCH = 250, 32
+MINIATURE_VARIATIONS = [  # (row of Table 3, variant, the change to the base model)
+    ("base", "N=2, d_model=32, h=4, d_k=d_v=8", {}),
+    ("A", "h=1, d_k=d_v=32", {"h": 1}),
+    ("A", "h=2, d_k=d_v=16", {"h": 2}),
+    ("A", "h=8, d_k=d_v=4", {"h": 8}),
+    ("B", "d_k=2 (d_v=8)", {"d_k": 2}),
+    ("C", "N=1", {"N": 1}),
+    ("C", "d_model=16, d_k=d_v=4", {"d_model": 16, "d_ff": 32}),
+    ("C", "d_model=64, d_k=d_v=16", {"d_model": 64, "d_ff": 128}),
+    ("D", "P_drop=0", {"dropout": 0.0}),
+    ("D", "ε_ls=0", {"smoothing": 0.0}),
+    ("E", "learned positions", {"positions": "learned"}),
+    ("E", "no positions (control)", {"positions": "none"}),
+]
 
 
-def variations_chart(
-    runs: Sequence[dict[str, Any]],
-    means: Sequence[dict[str, Any]],
-    *,
-    order: Sequence[str],
-    panels: Sequence[tuple[str, str, float, float, str]],
-    title: str,
-) -> Any:
-    """A panel per measure: each run a circle, each variant's mean a tick, and the base model's
-    mean ± 2s a grey band. `panels` holds (field, axis title, base mean, s, d3 format)."""
-    import altair as alt
+@functools.cache
+def miniature_test_set() -> tuple[Batch, frozenset]:
+    """500 sequences of 4 to 10 digits from a seed no training run uses, and their set (which
+    training batches exclude)."""
+    data = torch.Generator().manual_seed(100)
+    src = random_sequences(500, MINIATURE_VOCAB, min_len=4, max_len=10, generator=data)
+    return seq2seq_batch(src, sorted_symbols(src)), frozenset(sequence_set(src))
 
-    if not panels:
-        raise ValueError("panels is empty: name at least one measure to draw")
-    color = alt.Color("row:N", title="row")
-    charts = []
-    for i, (field, axis_title, centre, s, axis_format) in enumerate(panels):
-        y = alt.Y("variant:N", sort=list(order), title=None, axis=alt.Axis() if i == 0 else None)
-        x = alt.X(f"{field}:Q", title=axis_title, axis=alt.Axis(format=axis_format),
-                  scale=alt.Scale(zero=False, padding=10))
-        band = alt.Chart(alt.Data(values=[{"lo": centre - 2 * s, "hi": centre + 2 * s}]))
-        band = band.mark_rect(color="lightgrey", opacity=0.5).encode(
-            x=alt.X("lo:Q", title=axis_title), x2="hi:Q"
-        )
-        dots = alt.Chart(alt.Data(values=list(runs))).mark_point(size=40).encode(
-            x=x, y=y, color=color,
-            tooltip=["variant:N", "seed:O", alt.Tooltip(f"{field}:Q", format=axis_format)],
-        )
-        ticks = alt.Chart(alt.Data(values=list(means))).mark_tick(thickness=3, size=14).encode(
-            x=x, y=y, color=color,
-            tooltip=["variant:N", alt.Tooltip(f"{field}:Q", format=axis_format)],
-        )
-        charts.append((band + dots + ticks).properties(width=260, height=300))
-    return alt.hconcat(*charts).properties(title=title)
+
+def train_miniature(model: nn.Module, seed: int, *, smoothing: float, peak: float,
+                    warmup: bool = True) -> dict:
+    """Train `model` for the miniature's steps from `seed`; held-out loss and exact matches.
+
+    The schedule is chapter 10's with 100 warm-up steps and `factor=peak`; warmup=False starts
+    at the schedule's peak and decays from there as the warmed-up schedule does after step 100.
+    """
+    test_batch, held_out = miniature_test_set()
+    V, d_model = MINIATURE_VOCAB, model.generator.proj.in_features
+    loss_compute = SimpleLossCompute(
+        model.generator, LabelSmoothing(V, padding_idx=PAD_ID, smoothing=smoothing)
+    )
+    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+
+    def schedule(step: int) -> float:
+        return rate(step if warmup else max(step, 100), model_size=d_model, factor=peak,
+                    warmup=100)
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=schedule)
+    data = torch.Generator().manual_seed(seed)
+    batches = sort_batches(V, MINIATURE_BATCH, MINIATURE_STEPS, generator=data,
+                           exclude=held_out)
+    run_epoch(batches, model, loss_compute, optimizer, scheduler, log_every=None)
+    cross_entropy = SimpleLossCompute(model.generator, LabelSmoothing(V, padding_idx=PAD_ID))
+    loss, _ = run_epoch([test_batch], model, cross_entropy, mode="eval", log_every=None)
+    return {"loss": loss, "exact": exact_matches(model, test_batch) / len(test_batch),
+            "params": sum(p.numel() for p in model.parameters())}
+
+
+def train_variation(change: dict, seed: int) -> dict:
+    """The base miniature with `change` applied, trained from `seed` (chapter 10's schedule at
+    factor 0.5)."""
+    options = MINIATURE | change
+    smoothing = options.pop("smoothing")
+    torch.manual_seed(seed)
+    V = MINIATURE_VOCAB
+    model = make_variant(V, V, **options, max_len=12)  # sequences have at most 11 tokens
+    return train_miniature(model, seed, smoothing=smoothing, peak=0.5)
+
+
+def train_norm(norm_first: bool, warmup: bool, seed: int) -> float:
+    """Held-out loss of the miniature without dropout or smoothing, post- or pre-norm, with or
+    without warm-up, at twice the variations' peak learning rate (factor 2)."""
+    torch.manual_seed(seed)
+    V = MINIATURE_VOCAB
+    model = make_model(V, V, N=2, d_model=32, d_ff=64, h=4, dropout=0.0, norm_first=norm_first)
+    return train_miniature(model, seed, smoothing=0.0, peak=2.0, warmup=warmup)["loss"]
 
 
 # %% [markdown]
@@ -4173,7 +3933,7 @@ def attend_cached(
     """attn's output (rows, 1, d_model) for one new position x (rows, 1, d_model), whose
     query meets keys and values (rows, h, n_k, d_k) that are already projected."""
     query = attn.split_heads(attn.linears[0](x))  # (rows, h, 1, d_k)
-    if isinstance(attn, FastMultiHeadedAttention):
+    if getattr(attn, "fused", False):  # FastMultiHeadedAttention, below
         mask = None if mask is None else mask != 0
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask)
     else:
@@ -4260,12 +4020,62 @@ def cached_greedy_decode(
 
 
 # %%
+import math
+from collections.abc import Sequence
+
+import torch
+
+
+def greedy_decode(
+    model: EncoderDecoder,
+    src: torch.Tensor,
+    src_mask: torch.Tensor,
+    max_len: int,
+    start_symbol: int,
+    end_symbol: int | None = None,
+    *,
+    banned: Sequence[int] = (),
+    use_cache: bool = False,
+) -> torch.Tensor:
+    """Chapter 14's greedy decoding, grown by `use_cache`: the same ids, one new position per
+    step with cached_greedy_decode."""
+    if use_cache:
+        return cached_greedy_decode(
+            model, src, src_mask, max_len, start_symbol, end_symbol, banned=banned
+        )
+    if src.dim() != 2:
+        raise ValueError(f"src must have shape (batch, n_src), got {tuple(src.shape)}")
+    if max_len < 1:
+        raise ValueError(f"max_len must be at least 1 (the start symbol), got {max_len}")
+    batch = src.size(0)
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)  # (batch, n_src, d_model), computed once
+        ys = torch.full((batch, 1), start_symbol, dtype=torch.long, device=src.device)
+        done = torch.zeros(batch, dtype=torch.bool, device=src.device)
+        for _ in range(max_len - 1):
+            tgt_mask = subsequent_mask(ys.size(1)).to(src.device)  # (1, n, n)
+            out = model.decode(memory, src_mask, ys, tgt_mask)  # (batch, n, d_model)
+            log_probs = model.generator(out[:, -1])  # (batch, vocab)
+            log_probs[:, list(banned)] = -math.inf  # never chosen
+            next_word = log_probs.argmax(dim=-1)  # (batch,)
+            if end_symbol is not None:
+                next_word = next_word.masked_fill(done, end_symbol)
+                done = done | (next_word == end_symbol)
+            ys = torch.cat([ys, next_word.unsqueeze(1)], dim=1)  # (batch, n + 1)
+            if end_symbol is not None and bool(done.all()):
+                break
+    return ys
+
+
+# %%
 class FastMultiHeadedAttention(MultiHeadedAttention):
     """MultiHeadedAttention through PyTorch's fused attention: the same weights and result.
 
     The attention weights are not stored; reading `.attn` computes the last call's weights
     (batch, h, n_q, n_k), before dropout, from the queries and keys that it keeps.
     """
+
+    fused = True  # attend_cached takes the fused kernel too
 
     def forward(
         self,
@@ -4701,7 +4511,7 @@ def translation_attention(
     tokenizer: Any,
     *,
     max_len: int = 72,
-) -> list[AttentionMaps]:
+) -> "list[AttentionMaps]":
     """Translate German sentences greedily, then capture the attention behind each translation."""
     if isinstance(sentences, str):
         raise TypeError("sentences must be a list of strings, got one str: wrap it in a list")
@@ -4732,7 +4542,7 @@ import torch
 
 
 def attention_summary(
-    maps: Sequence[AttentionMaps], *, kinds: Sequence[str] = ("encoder", "decoder", "cross")
+    maps: "Sequence[AttentionMaps]", *, kinds: Sequence[str] = ("encoder", "decoder", "cross")
 ) -> list[dict[str, Any]]:
     """Per kind, layer and head, over every row of every map: entropy (bits), mean |i - j|."""
     if not maps:
@@ -4886,8 +4696,6 @@ def make_language_model(
 
 # %%
 import torch.nn.functional as F
-
-BOS_ID, EOS_ID = SPECIALS.index("<s>"), SPECIALS.index("</s>")  # 0, 1; PAD_ID is 2
 
 
 def lm_batches(
@@ -5416,7 +5224,8 @@ def bar_chart(
         options = {"title": axis_title(title_text)}
         if field in quantitative:
             options["axis"] = alt.Axis(format=value_format) if value_format else alt.Undefined
-            options["scale"] = chart_scale({"domain": list(value_domain)} if value_domain else None)
+            domain = {"domain": list(value_domain)} if value_domain else None
+            options["scale"] = chart_scale(domain)
         else:
             options["sort"] = None
         channels[name] = (alt.X if name == "x" else alt.Y)(field, **options)
@@ -5469,6 +5278,219 @@ def mask_chart(
             tooltip=["query:N", "key:N", "may attend:N"],
         )
         .properties(width=size, height=size, title=title)
+    )
+
+
+# %%
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+ATTENTION_KINDS = {
+    "encoder": "encoder self-attention",
+    "decoder": "decoder self-attention",
+    "cross": "decoder-to-source attention",
+}
+
+
+@dataclass(frozen=True)
+class AttentionMaps:
+    """A sentence pair's attention weights, each (N layers, h heads, rows, columns), and tokens."""
+
+    encoder: torch.Tensor  # (N, h, n_src, n_src)
+    decoder: torch.Tensor  # (N, h, n_tgt, n_tgt)
+    cross: torch.Tensor  # (N, h, n_tgt, n_src)
+    src_tokens: list[str]  # the n_src source tokens
+    tgt_tokens: list[str]  # the n_tgt decoder inputs: <s>, then the tokens produced so far
+
+    def axes(self, kind: str) -> tuple[torch.Tensor, list[str], list[str]]:
+        """The weights of one kind with the tokens of its rows (queries) and columns (keys)."""
+        if kind not in ATTENTION_KINDS:
+            raise ValueError(f"kind must be one of {', '.join(ATTENTION_KINDS)}, got {kind!r}")
+        rows = self.src_tokens if kind == "encoder" else self.tgt_tokens
+        cols = self.tgt_tokens if kind == "decoder" else self.src_tokens
+        return getattr(self, kind), rows, cols
+
+
+def real_length(ids: torch.Tensor, pad_id: int) -> int:
+    """How many ids of a 1-D row come before its padding (padding only at the end)."""
+    n = int((ids != pad_id).sum())
+    if n == 0 or bool((ids[n:] != pad_id).any()):
+        raise ValueError(
+            f"each row must be at least one token followed only by padding (pad_id={pad_id}), "
+            f"got {ids.tolist()}"
+        )
+    return n
+
+
+def attention_maps(
+    model: nn.Module,
+    src: torch.Tensor,
+    tgt: torch.Tensor,
+    *,
+    src_tokens: Sequence[Sequence[str]] | None = None,
+    tgt_tokens: Sequence[Sequence[str]] | None = None,
+    pad_id: int = 2,
+) -> list[AttentionMaps]:
+    """Every layer's and head's attention in one teacher-forced pass, one entry per sentence.
+
+    src (batch, n_src) and tgt (batch, n_tgt) hold ids padded at the end with pad_id; tgt is
+    the decoder input (starting with <s>). Padding is cut away; tokens default to the ids.
+    """
+    if src.dim() != 2 or tgt.dim() != 2 or src.size(0) != tgt.size(0):
+        raise ValueError(
+            "src and tgt must have shapes (batch, n_src) and (batch, n_tgt), "
+            f"got {tuple(src.shape)} and {tuple(tgt.shape)}"
+        )
+    src_mask = (src != pad_id).unsqueeze(-2)  # (batch, 1, n_src)
+    tgt_mask = (tgt != pad_id).unsqueeze(-2) & subsequent_mask(tgt.size(1)).to(tgt.device)
+    was_training = model.training
+    model.eval()  # no dropout: the weights the model uses when it translates
+    with torch.no_grad():
+        model(src, tgt, src_mask, tgt_mask)
+    model.train(was_training)
+    encoder = torch.stack([layer.self_attn.attn for layer in model.encoder.layers], dim=1)
+    decoder = torch.stack([layer.self_attn.attn for layer in model.decoder.layers], dim=1)
+    cross = torch.stack([layer.src_attn.attn for layer in model.decoder.layers], dim=1)
+    # each (batch, N, h, rows, columns)
+    maps = []
+    for b in range(src.size(0)):
+        n_src, n_tgt = real_length(src[b], pad_id), real_length(tgt[b], pad_id)
+        s_tok = src_tokens[b] if src_tokens else [str(i) for i in src[b, :n_src].tolist()]
+        t_tok = tgt_tokens[b] if tgt_tokens else [str(i) for i in tgt[b, :n_tgt].tolist()]
+        if len(s_tok) != n_src or len(t_tok) != n_tgt:
+            raise ValueError(
+                f"sentence {b} has {n_src} source and {n_tgt} target ids but "
+                f"{len(s_tok)} src_tokens and {len(t_tok)} tgt_tokens"
+            )
+        maps.append(AttentionMaps(
+            encoder=encoder[b, :, :, :n_src, :n_src].cpu(),  # (N, h, n_src, n_src)
+            decoder=decoder[b, :, :, :n_tgt, :n_tgt].cpu(),  # (N, h, n_tgt, n_tgt)
+            cross=cross[b, :, :, :n_tgt, :n_src].cpu(),  # (N, h, n_tgt, n_src)
+            src_tokens=list(s_tok),
+            tgt_tokens=list(t_tok),
+        ))
+    return maps
+
+
+# %%
+from collections.abc import Sequence
+from typing import Any
+
+
+def attention_records(
+    maps: AttentionMaps,
+    *,
+    kinds: Sequence[str] = ("encoder", "decoder", "cross"),
+    decimals: int = 3,
+    min_weight: float = 0.0,
+    **fields: Any,
+) -> list[dict[str, Any]]:
+    """Long-form rows for a heatmap: one per (kind, layer, head, row, column) with its weight.
+
+    Rows and columns are positions (tokens may repeat), labelled by their tokens; layers and
+    heads count from 1; `fields` (e.g. sentence=1) are added to every row. Rounded weights below
+    min_weight are left out, except in the first row and column, which keep every position on
+    a chart's axes.
+    """
+    records = []
+    for kind in kinds:
+        weights, row_tokens, col_tokens = maps.axes(kind)  # (N, h, rows, columns)
+        for layer, per_layer in enumerate(weights.tolist(), start=1):
+            for head, matrix in enumerate(per_layer, start=1):
+                for row, weight_row in enumerate(matrix):
+                    for col, weight in enumerate(weight_row):
+                        weight = round(weight, decimals)
+                        if weight < min_weight and row > 0 and col > 0:
+                            continue
+                        records.append({
+                            **fields, "kind": kind, "layer": layer, "head": head,
+                            "row": row, "row_token": row_tokens[row],
+                            "col": col, "col_token": col_tokens[col], "weight": weight,
+                        })
+    return records
+
+
+# %%
+import csv
+import io
+from collections.abc import Sequence
+from typing import Any
+
+
+def attention_chart(
+    records: Sequence[dict[str, Any]],
+    *,
+    controls: Sequence[str] = ("kind", "layer", "head"),
+    width: int = 340,
+    height: int = 340,
+    title: str = "",
+    initial: dict[str, Any] | None = None,
+):
+    """One heatmap of `attention_records` rows with a widget per control field to pick a map.
+
+    The data is embedded once; the widgets (a menu for the kind, a slider for runs of three or
+    more integers, buttons otherwise) drive a filter, so one chart shows every layer and head.
+    The chart opens on the first value of each control, or on the values `initial` gives.
+    """
+    import altair as alt
+
+    if not records:
+        raise ValueError("records is empty: there is no attention to draw")
+    missing = [field for field in controls if field not in records[0]]
+    if missing:
+        raise ValueError(f"controls {missing} are not fields of the records: {list(records[0])}")
+    params = []
+    for field in controls:
+        values = list(dict.fromkeys(r[field] for r in records))  # in order of appearance
+        name = f"{field} "
+        if field == "kind":
+            labels = [ATTENTION_KINDS.get(v, v) for v in values]
+            bind = alt.binding_select(options=values, labels=labels, name=name)
+        elif len(values) > 2 and values == list(range(values[0], values[0] + len(values))):
+            bind = alt.binding_range(min=values[0], max=values[-1], step=1, name=name)
+        else:
+            bind = alt.binding_radio(options=values, name=name)
+        value = (initial or {}).get(field, values[0])
+        if value not in values:
+            raise ValueError(f"initial {field}={value!r} is not among the values {values}")
+        params.append(alt.param(name=f"pick_{field}", value=value, bind=bind))
+    picked = " && ".join(f"datum['{field}'] == pick_{field}" for field in controls)
+    fields = list(records[0])
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=fields, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(records)
+    parse = {f: "number" if isinstance(records[0][f], int | float) else "string" for f in fields}
+    data = alt.Data(values=text.getvalue(), format=alt.CsvDataFormat(type="csv", parse=parse))
+    # "position token" categories keep repeated tokens apart; the axes show only the token.
+    axis = {"labelExpr": "substring(datum.value, indexof(datum.value, ' ') + 1)"}
+    return (
+        alt.Chart(data)
+        .transform_filter(picked)
+        .transform_calculate(
+            query="datum.row + ' ' + datum.row_token", key="datum.col + ' ' + datum.col_token"
+        )
+        .mark_rect()
+        .encode(
+            x=alt.X("key:N", sort=alt.EncodingSortField("col", op="min"), title="key (looked at)",
+                    axis=alt.Axis(labelAngle=-45, **axis)),
+            y=alt.Y("query:N", sort=alt.EncodingSortField("row", op="min"),
+                    title="query (looking)", axis=alt.Axis(**axis)),
+            color=alt.Color("weight:Q", title="weight",
+                            scale=alt.Scale(domain=[0, 1], range=["white", "#08306b"])),
+            tooltip=[
+                alt.Tooltip("row_token:N", title="query"),
+                alt.Tooltip("col_token:N", title="key"),
+                alt.Tooltip("weight:Q", format=".3f"),
+                alt.Tooltip("row:O", title="query position"),
+                alt.Tooltip("col:O", title="key position"),
+            ],
+        )
+        .add_params(*params)
+        .properties(width=width, height=height, title=title)
     )
 
 
@@ -5533,8 +5555,12 @@ def book_data(name: str) -> Any:
     if root is not None and (root / "book" / "data" / name).is_file():
         return json.loads((root / "book" / "data" / name).read_text())
     url = f"{BOOK_REPOSITORY}/raw/{BOOK_REPOSITORY_REF}/book/data/{name}"
-    with urllib.request.urlopen(url, timeout=60) as response:
-        return json.loads(response.read())
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response:
+            return json.loads(response.read())
+    except OSError as err:  # no such file, or no network
+        raise FileNotFoundError(f"book/data/{name} is not in this checkout, and downloading "
+                                f"{url} failed ({err})") from None
 
 
 def seed_summary(runs: Sequence[Mapping[str, Any]], metric: str) -> list[dict[str, Any]]:
@@ -5555,7 +5581,7 @@ def seeds_chart(
     runs: Sequence[Mapping[str, Any]], *, metric: str, title: str, value_format: str = "%",
     width: int = 420,
 ) -> Any:
-    """Every run as a point (colour: the kernels it ran with), and each variant's mean as a tick."""
+    """Every run as a point (colour: the kernels it ran with), each variant's mean as a tick."""
     import altair as alt
 
     records = chart_rows([{k: run[k] for k in ("variant", "seed", "kernels", metric)}
@@ -5570,5 +5596,6 @@ def seeds_chart(
     )
     means = [{"variant": s["variant"], "mean": s["mean"]} for s in seed_summary(records, metric)]
     ticks = alt.Chart(alt.Data(values=means)).mark_tick(color="black", thickness=2, size=18)
-    ticks = ticks.encode(x="mean:Q", y=y, tooltip=["variant:N", alt.Tooltip("mean:Q", format=".4")])
+    tooltip = ["variant:N", alt.Tooltip("mean:Q", format=".4")]
+    ticks = ticks.encode(x="mean:Q", y=y, tooltip=tooltip)
     return (points + ticks).properties(title=title, width=width)

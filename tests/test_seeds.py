@@ -94,7 +94,7 @@ def test_chapter_25_claims_hold_in_its_sweep():
 def test_chapter_19_claims_hold_in_its_sweeps():
     """Seven rows beat or lose to the base model in all ten (seed, kernels) pairs, four split;
     the post-norm model without warm-up is the only one that fails to learn."""
-    runs = book_data("seeds_model_variations")["runs"]
+    runs = book_data("seeds_model_variations.json")["runs"]
     base = {(r["seed"], r["kernels"]): r["loss"] for r in runs if r["row"] == "base"}
     lower: dict[str, int] = {}
     for r in runs:
@@ -105,7 +105,7 @@ def test_chapter_19_claims_hold_in_its_sweeps():
         ["h=8, d_k=d_v=4", "P_drop=0", "ε_ls=0", "learned positions"])
     assert sorted(v for v, n in lower.items() if n == 0) == sorted(
         ["h=1, d_k=d_v=32", "d_model=16, d_k=d_v=4", "no positions (control)"])
-    norm = summary("norm_warmup", "loss")
+    norm = summary("seeds_norm_warmup.json", "loss")
     assert norm["post-norm, no warm-up"]["min"] > max(
         row["max"] for name, row in norm.items() if name != "post-norm, no warm-up")
 
@@ -113,7 +113,7 @@ def test_chapter_19_claims_hold_in_its_sweeps():
 def test_chapter_16_claims_hold_in_its_sweep():
     """Every average beats the last checkpoint; twenty checkpoints are worse than ten."""
     runs: dict[tuple, dict[str, float]] = {}
-    for run in book_data("seeds_checkpoint_averaging")["runs"]:
+    for run in book_data("seeds_checkpoint_averaging.json")["runs"]:
         runs.setdefault((run["seed"], run["kernels"]), {})[run["variant"]] = run["loss"]
     assert len(runs) == 10
     for loss in runs.values():
@@ -208,3 +208,11 @@ def test_the_chapters_chart_draws_exactly_the_runs_of_its_sweep(path):
         for spec in [output.get("data", {}).get("application/vnd.vegalite.v5+json")] if spec
     ]
     assert sorted(tuple(r[k] for k in key) for r in sweep["runs"]) in drawn
+
+
+def test_book_data_names_a_file_that_is_neither_here_nor_downloadable(monkeypatch):
+    import the_annotated_transformer as book
+
+    monkeypatch.setattr(book, "BOOK_REPOSITORY", "http://127.0.0.1:9")  # nothing listens there
+    with pytest.raises(FileNotFoundError, match="no_such_sweep.json is not in this checkout"):
+        book_data("no_such_sweep.json")

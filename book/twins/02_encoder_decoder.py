@@ -1,18 +1,10 @@
 # %% [markdown]
 # # The encoder and the decoder
 #
-# Section 3.1 of the paper describes the Transformer from the outside in. Like the translation
-# models before it {cite}`sutskever2014sequence,bahdanau2015neural`, it has two halves. The
-# **encoder** reads the whole source sentence $(x_1, \dots, x_n)$ and turns it into a sequence
-# of vectors $\mathbf{z} = (z_1, \dots, z_n)$, one per source token, each of width
-# $d_\text{model}$. The **decoder** writes the output sentence $(y_1, \dots, y_m)$ one token at
-# a time; to choose $y_{i}$ it looks at $\mathbf{z}$ and at the tokens $y_1, \dots, y_{i-1}$ it
-# has already written. A model that feeds its own outputs back in as inputs like this is
-# called *auto-regressive*.
-#
-# This chapter builds that skeleton: the two stacks, the pieces they are made of, and the mask
-# that keeps the decoder from reading ahead. The attention and feed-forward layers that fill
-# the skeleton come in the next two chapters.
+# Section 3.1 of the paper: the **encoder** turns the source $(x_1, \dots, x_n)$ into vectors
+# $\mathbf{z} = (z_1, \dots, z_n)$ of width $d_\text{model}$; the *auto-regressive* **decoder**
+# writes $(y_1, \dots, y_m)$ one token at a time from $\mathbf{z}$ and its own earlier tokens.
+# This chapter builds that skeleton and the mask that keeps the decoder from reading ahead.
 
 # %% tags=["setup", "hide-cell"]
 # Setup (hidden in the book): in Colab, install the book's package; everywhere, import what
@@ -32,36 +24,22 @@ from the_annotated_transformer import enable_book_charts, mask_chart
 enable_book_charts()
 
 # %% [markdown]
-# ## The whole model in one picture
+# ## The encoder-decoder
 #
 # ```{figure} figures/transformer.svg
 # :name: fig-transformer
 # :width: 560px
 #
-# The Transformer. Left, the encoder: $N$ identical layers, each a self-attention block and a
-# feed-forward block. Right, the decoder: $N$ layers that add a third block, attention over the
-# encoder's output (the *memory*). Every block is wrapped in a residual connection and a layer
-# normalization ("add & norm", drawn in the paper's post-norm order; see below). Token
-# embeddings plus positional encodings go in at the bottom; a linear layer and a softmax turn
-# the decoder's output into next-token probabilities at the top.
+# The Transformer: left the encoder, $N$ layers of self-attention and feed-forward blocks; right
+# the decoder, with a third block attending to the encoder's output (the *memory*).
 # ```
 #
-# The picture has four kinds of parts: embeddings (chapter 4), attention (chapter 3),
-# feed-forward layers (chapter 4), and the plumbing that connects them, which is this chapter.
-# We start with the outermost box.
-
-# %% [markdown]
-# ## The encoder-decoder
-#
-# `EncoderDecoder` holds five parts and knows the order to call them in. The source is embedded
-# and encoded once; the result, the *memory*, is then read by the decoder for every target
-# position. Keeping `encode` and `decode` as separate methods matters at inference time: when
-# we generate a translation token by token we encode the source once and call `decode` again
-# and again.
-#
-# The masks say which positions may be looked at. `src_mask` hides padding in the source;
-# `tgt_mask` also hides the future (more on it at the end of this chapter). Throughout the book
-# a mask is a boolean tensor that is **True where attention is allowed**.
+# `EncoderDecoder` holds five parts and calls them in order. The source is encoded once into the
+# memory, which the decoder reads for every target position; with `encode` and `decode` apart,
+# generation encodes once and decodes token by token. Masks are boolean and **True where
+# attention is allowed**: `src_mask` hides source padding, `tgt_mask` also the future. The
+# `Generator` returns log-probabilities, with `log_softmax` to avoid the underflow of
+# `log(softmax(x))`. Each stack repeats one layer $N = 6$ times: `clones` makes the copies.
 
 # %% tags=["export"]
 import copy
@@ -73,14 +51,8 @@ from torch import nn
 class EncoderDecoder(nn.Module):
     """The Transformer's outer shape: encode the source once, decode the target against it."""
 
-    def __init__(
-        self,
-        encoder: nn.Module,
-        decoder: nn.Module,
-        src_embed: nn.Module,
-        tgt_embed: nn.Module,
-        generator: nn.Module,
-    ) -> None:
+    def __init__(self, encoder: nn.Module, decoder: nn.Module, src_embed: nn.Module,
+                 tgt_embed: nn.Module, generator: nn.Module) -> None:
         super().__init__()
         self.encoder = encoder
         self.decoder = decoder
@@ -88,9 +60,8 @@ class EncoderDecoder(nn.Module):
         self.tgt_embed = tgt_embed
         self.generator = generator
 
-    def forward(
-        self, src: torch.Tensor, tgt: torch.Tensor, src_mask: torch.Tensor, tgt_mask: torch.Tensor
-    ) -> torch.Tensor:
+    def forward(self, src: torch.Tensor, tgt: torch.Tensor, src_mask: torch.Tensor,
+                tgt_mask: torch.Tensor) -> torch.Tensor:
         """Decoder output (batch, n_tgt, d_model); `self.generator` turns it into log-probs."""
         return self.decode(self.encode(src, src_mask), src_mask, tgt, tgt_mask)
 
@@ -98,13 +69,8 @@ class EncoderDecoder(nn.Module):
         """Memory (batch, n_src, d_model) from source token ids (batch, n_src)."""
         return self.encoder(self.src_embed(src), src_mask)
 
-    def decode(
-        self,
-        memory: torch.Tensor,
-        src_mask: torch.Tensor,
-        tgt: torch.Tensor,
-        tgt_mask: torch.Tensor,
-    ) -> torch.Tensor:
+    def decode(self, memory: torch.Tensor, src_mask: torch.Tensor, tgt: torch.Tensor,
+               tgt_mask: torch.Tensor) -> torch.Tensor:
         """Decoder output (batch, n_tgt, d_model) for target ids (batch, n_tgt) given memory."""
         return self.decoder(self.tgt_embed(tgt), memory, src_mask, tgt_mask)
 
@@ -121,51 +87,34 @@ class Generator(nn.Module):
         return torch.log_softmax(self.proj(x), dim=-1)
 
 
-# %% [markdown]
-# The generator returns log-probabilities rather than probabilities: the training loss needs
-# their logarithm anyway, and `log_softmax` computes it without the underflow that
-# `log(softmax(x))` suffers when a probability is tiny.
-
-# %%
-torch.manual_seed(0)
-generator = Generator(d_model=8, vocab=5)
-log_probs = generator(torch.randn(2, 3, 8))
-print("log-probabilities:", tuple(log_probs.shape))
-print("probabilities sum to 1:", torch.allclose(log_probs.exp().sum(-1), torch.ones(2, 3)))
-
-# %% [markdown]
-# ## Stacks of identical layers
-#
-# Both stacks repeat one layer $N = 6$ times. The copies have the same shape but their own
-# weights, so we build one layer and deep-copy it.
-
-# %% tags=["export"]
 def clones(module: nn.Module, N: int) -> nn.ModuleList:
     """N independent deep copies of `module`: same shape, separate weights."""
     return nn.ModuleList([copy.deepcopy(module) for _ in range(N)])
 
 
 # %%
+torch.manual_seed(0)
+log_probs = Generator(d_model=8, vocab=5)(torch.randn(2, 3, 8))
+print("log-probabilities:", tuple(log_probs.shape))
+print("probabilities sum to 1:", torch.allclose(log_probs.exp().sum(-1), torch.ones(2, 3)))
 layers = clones(nn.Linear(4, 4), 3)
 print(len(layers), "layers; weights shared:", layers[0].weight is layers[1].weight)
 
 # %% [markdown]
 # ## Layer normalization
 #
-# Every block's output passes through a layer normalization {cite}`ba2016layer`. For one
-# position's vector $x \in \mathbb{R}^{d}$ it subtracts the mean $\mu$ of the $d$ features,
-# divides by their standard deviation, then applies a learned scale $\gamma$ (`weight`) and
-# shift $\beta$ (`bias`):
+# Every block's output passes through a layer normalization {cite}`ba2016layer`: it subtracts
+# the mean $\mu$ of each position's $d$ features, divides by their standard deviation $\sigma$,
+# then applies a learned scale $\gamma$ (`weight`) and shift $\beta$ (`bias`),
+# $\mathrm{LayerNorm}(x) = \gamma \odot (x - \mu) / \sqrt{\sigma^2 + \epsilon} + \beta$. Working
+# on one position at a time, it behaves the same in training and inference, unlike batch
+# normalization, and keeps the activations' scale steady through a deep stack.
 #
-# $$
-# \mathrm{LayerNorm}(x) = \gamma \odot \frac{x - \mu}{\sqrt{\sigma^2 + \epsilon}} + \beta,
-# \qquad \mu = \frac{1}{d}\sum_{j} x_j,\quad \sigma^2 = \frac{1}{d}\sum_j (x_j - \mu)^2 .
-# $$
-#
-# Unlike batch normalization it looks at one position at a time, so it behaves the same in
-# training and at inference and does not care about the batch size or the sequence length.
-# It keeps the scale of the activations steady from layer to layer, which is what lets a deep
-# stack of residual blocks train.
+# ```{note}
+# The classic Annotated Transformer divided by the unbiased $\mathrm{std}(x) + \epsilon$; ours,
+# like `torch.nn.LayerNorm`, uses the biased variance with $\epsilon$ inside the square root, so
+# the two can be compared.
+# ```
 
 # %% tags=["export"]
 class LayerNorm(nn.Module):
@@ -183,54 +132,35 @@ class LayerNorm(nn.Module):
         return self.weight * (x - mean) / torch.sqrt(var + self.eps) + self.bias
 
 
-# %% [markdown]
-# ```{note}
-# The classic Annotated Transformer divided by the *unbiased* standard deviation plus
-# $\epsilon$, $(x-\mu)/(\mathrm{std}(x) + \epsilon)$. Ours puts $\epsilon$ inside the square
-# root and uses the biased variance, as `torch.nn.LayerNorm` and the layer-norm paper do, so our
-# layers can be checked against PyTorch's (and are, just below).
-# ```
-
 # %%
 torch.manual_seed(0)
 x = torch.randn(2, 5, 16) * 3 + 1
 ours, reference = LayerNorm(16), nn.LayerNorm(16, eps=1e-6)
-print("matches torch.nn.LayerNorm:", torch.allclose(ours(x), reference(x), atol=1e-6))
 y = ours(x)
+print("matches torch.nn.LayerNorm:", torch.allclose(y, reference(x), atol=1e-6))
 print("every position has mean 0:", torch.allclose(y.mean(-1), torch.zeros(2, 5), atol=1e-5))
 print("and variance 1:", torch.allclose(y.var(-1, unbiased=False), torch.ones(2, 5), atol=1e-4))
 
 # %% [markdown]
 # ## Residual connections, and where the norm goes
 #
-# Each block (self-attention, cross-attention or feed-forward) is a *sublayer*, wrapped in a
-# residual connection {cite}`he2016deep`: the block computes a change and adds it to its input,
-# so the signal, and the gradient, always has a direct path through the stack. The paper puts
-# the layer norm *after* the addition (**post-norm**):
+# Each block is a *sublayer* inside a residual connection {cite}`he2016deep`: it adds a change to
+# its input, so signal and gradient always have a direct path through the stack. The paper
+# normalizes *after* the addition (**post-norm**), with dropout on the sublayer's output (§5.4):
 #
-# $$ \mathrm{LayerNorm}\big(x + \mathrm{Dropout}(\mathrm{Sublayer}(x))\big). $$
+# > That is, the output of each sub-layer is $\mathrm{LayerNorm}(x + \mathrm{Sublayer}(x))$,
+# > where $\mathrm{Sublayer}(x)$ is the function implemented by the sub-layer itself.
+# > — {cite:t}`vaswani2017attention`, §3.1
 #
-# The classic Annotated Transformer, and most models trained since, put it *before* the
-# sublayer, on the sublayer's input only (**pre-norm**):
-#
-# $$ x + \mathrm{Dropout}\big(\mathrm{Sublayer}(\mathrm{LayerNorm}(x))\big). $$
-#
-# In pre-norm the residual path from the embeddings to the top of the stack is never
-# normalized, just added to; {cite:t}`xiong2020layer` show that this keeps the gradients at the
-# start of training well-scaled, so pre-norm models need less care with the learning-rate
-# warm-up, whereas post-norm models can diverge without it (chapter 19 trains both, with and
-# without warm-up, and shows it happen). Because nothing normalizes the
-# residual stream in pre-norm, each stack then ends with one final layer norm; in post-norm the
-# last block's output is already normalized and the extra norm would be redundant.
-#
-# Our `SublayerConnection` does both, pre-norm by default; `norm_first=False` gives the paper's
-# model. Dropout on the sublayer's output is the paper's "residual dropout" (§5.4).
+# Most later models normalize the sublayer's input instead (**pre-norm**),
+# $x + \mathrm{Dropout}(\mathrm{Sublayer}(\mathrm{LayerNorm}(x)))$, so the residual path is never
+# normalized; early gradients stay well-scaled and warm-up matters less {cite}`xiong2020layer`
+# (chapter 19 trains both), and the stack ends with one final layer norm.
 #
 # ```{note}
-# The classic Annotated Transformer put the norm first "for code simplicity" and could build
-# only the pre-norm model. We keep pre-norm as the default, since it is the easier model to
-# train, and add `norm_first=False` so that the paper's own arrangement can be built and
-# compared, layer for layer, with PyTorch's `nn.TransformerEncoderLayer(norm_first=False)`.
+# The classic version could build only pre-norm. We keep it as the default, the easier model to
+# train; `norm_first=False` gives the paper's post-norm, which the tests compare with PyTorch's
+# `nn.TransformerEncoderLayer(norm_first=False)`.
 # ```
 
 # %% tags=["export"]
@@ -251,27 +181,20 @@ class SublayerConnection(nn.Module):
 
 
 # %% [markdown]
-# ## The encoder
+# ## The encoder and the decoder stacks
 #
 # An encoder layer has two sublayers: self-attention, in which every source position gathers
-# information from every other, then a position-wise feed-forward network that transforms each
-# position on its own. The layer takes those two as modules (they are built in the next two
-# chapters), so any module with the right call signature will do. `size` is $d_\text{model}$:
-# every sublayer maps vectors of that width to vectors of that width, which is what makes the
-# residual additions possible.
+# information from every other, then a position-wise feed-forward network; both arrive as modules
+# (chapters 3 and 4). A decoder layer puts *cross-attention* (the paper's encoder-decoder
+# attention) between the two: queries from the decoder, keys and values from the memory, the only
+# place where the target side sees the source. `size` is $d_\text{model}$.
 
 # %% tags=["export"]
 class EncoderLayer(nn.Module):
     """One encoder layer: self-attention, then feed-forward, each in a sublayer connection."""
 
-    def __init__(
-        self,
-        size: int,
-        self_attn: nn.Module,
-        feed_forward: nn.Module,
-        dropout: float,
-        norm_first: bool = True,
-    ) -> None:
+    def __init__(self, size: int, self_attn: nn.Module, feed_forward: nn.Module,
+                 dropout: float, norm_first: bool = True) -> None:
         super().__init__()
         self.self_attn = self_attn
         self.feed_forward = feed_forward
@@ -285,7 +208,7 @@ class EncoderLayer(nn.Module):
 
 
 class Encoder(nn.Module):
-    """N encoder layers; a final layer norm in pre-norm models, where the stream is unnormalized."""
+    """N encoder layers; a final layer norm in pre-norm models, whose stream is unnormalized."""
 
     def __init__(self, layer: EncoderLayer, N: int) -> None:
         super().__init__()
@@ -299,27 +222,11 @@ class Encoder(nn.Module):
         return self.norm(x)
 
 
-# %% [markdown]
-# ## The decoder
-#
-# A decoder layer has a third sublayer between the two: *cross-attention* (the paper calls it
-# encoder-decoder attention), whose queries come from the decoder and whose keys and values
-# are the encoder's memory. That is the only place the target side sees the source. The
-# self-attention of the decoder uses `tgt_mask`, the cross-attention uses `src_mask`.
-
-# %% tags=["export"]
 class DecoderLayer(nn.Module):
     """One decoder layer: masked self-attention, attention over the memory, feed-forward."""
 
-    def __init__(
-        self,
-        size: int,
-        self_attn: nn.Module,
-        src_attn: nn.Module,
-        feed_forward: nn.Module,
-        dropout: float,
-        norm_first: bool = True,
-    ) -> None:
+    def __init__(self, size: int, self_attn: nn.Module, src_attn: nn.Module,
+                 feed_forward: nn.Module, dropout: float, norm_first: bool = True) -> None:
         super().__init__()
         self.size = size
         self.self_attn = self_attn
@@ -328,16 +235,10 @@ class DecoderLayer(nn.Module):
         self.sublayer = clones(SublayerConnection(size, dropout, norm_first=norm_first), 3)
         self.norm_first = norm_first
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        memory: torch.Tensor,
-        src_mask: torch.Tensor | None,
-        tgt_mask: torch.Tensor | None,
-    ) -> torch.Tensor:
-        m = memory  # (batch, n_src, d_model)
+    def forward(self, x: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor | None,
+                tgt_mask: torch.Tensor | None) -> torch.Tensor:
         x = self.sublayer[0](x, lambda x: self.self_attn(x, x, x, tgt_mask))  # (batch, n_tgt, d)
-        x = self.sublayer[1](x, lambda x: self.src_attn(x, m, m, src_mask))
+        x = self.sublayer[1](x, lambda x: self.src_attn(x, memory, memory, src_mask))
         return self.sublayer[2](x, self.feed_forward)
 
 
@@ -349,52 +250,36 @@ class Decoder(nn.Module):
         self.layers = clones(layer, N)
         self.norm = LayerNorm(layer.size) if layer.norm_first else nn.Identity()
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        memory: torch.Tensor,
-        src_mask: torch.Tensor | None,
-        tgt_mask: torch.Tensor | None,
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor | None,
+                tgt_mask: torch.Tensor | None) -> torch.Tensor:
         """Output (batch, n_tgt, d_model) from the embedded target and the memory."""
         for layer in self.layers:
             x = layer(x, memory, src_mask, tgt_mask)
         return self.norm(x)
 
 
-# %% [markdown]
-# The stacks already run. Attention and feed-forward layers do not exist yet, so as a stand-in
-# we give each layer a "self-attention" that averages the values and a small MLP; the real ones
-# slot into the same places in chapter 5.
-
 # %%
-class MeanAttention(nn.Module):
-    """A placeholder for attention: every query gets the plain mean of the values."""
-
-    def forward(self, query, key, value, mask=None):
-        return value.mean(dim=1, keepdim=True).expand_as(query)
+def mean_attention(query, key, value, mask=None):
+    """A stand-in for attention (chapter 3): every query gets the plain mean of the values."""
+    return value.mean(dim=1, keepdim=True).expand_as(query)
 
 
 torch.manual_seed(0)
-d_model = 16
-mlp = nn.Sequential(nn.Linear(d_model, 32), nn.ReLU(), nn.Linear(32, d_model))
-encoder = Encoder(EncoderLayer(d_model, MeanAttention(), mlp, dropout=0.0), N=2)
-decoder = Decoder(DecoderLayer(d_model, MeanAttention(), MeanAttention(), mlp, dropout=0.0), N=2)
-memory = encoder(torch.randn(2, 7, d_model), mask=None)
-out = decoder(torch.randn(2, 5, d_model), memory, src_mask=None, tgt_mask=None)
+mlp = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16))  # stand-in feed-forward
+encoder = Encoder(EncoderLayer(16, mean_attention, mlp, dropout=0.0), N=2)
+decoder = Decoder(DecoderLayer(16, mean_attention, mean_attention, mlp, dropout=0.0), N=2)
+memory = encoder(torch.randn(2, 7, 16), mask=None)  # (batch, n_src, d_model)
+out = decoder(torch.randn(2, 5, 16), memory, src_mask=None, tgt_mask=None)
 print("memory:", tuple(memory.shape), " decoder output:", tuple(out.shape))
 
 # %% [markdown]
 # ## Not reading ahead: the subsequent mask
 #
-# During training the decoder sees the whole target sentence at once: its input is the target
-# shifted right by one (a start token in front), and at every position it must predict the
-# next token. Processing all positions in parallel is what makes the Transformer fast to
-# train, but it would let position $i$ simply look up the answer at position $i + 1$. The
-# decoder's self-attention therefore gets a mask that lets position $i$ attend only to
-# positions $j \le i$: a lower-triangular matrix of True. Together with the one-position shift,
-# the prediction for position $i$ then depends only on the tokens before it, exactly as at
-# inference time, when the later tokens do not exist yet.
+# In training the decoder gets the whole target at once, shifted right by one (a start token in
+# front), and every position predicts the next token. As all positions run in parallel, $i$ could
+# read the answer at $i + 1$, so the decoder's self-attention lets $i$ attend only to $j \le i$:
+# a lower-triangular mask. With the shift, the prediction at $i$ depends only on earlier tokens,
+# as at inference. Below, the masks of a 4- and a 20-token target (rows queries, columns keys).
 
 # %% tags=["export"]
 def subsequent_mask(size: int) -> torch.Tensor:
@@ -408,45 +293,29 @@ def subsequent_mask(size: int) -> torch.Tensor:
 
 # %%
 print(subsequent_mask(4).int())
-
-# %% [markdown]
-# The chart shows the mask for a 20-token target: each row is a query position (a token being
-# predicted), each column a key position it might look at. Hover over a cell to read it.
-
-# %%
 mask_chart(subsequent_mask(20), title="subsequent_mask(20)", size=320)
 
 
 # %% [markdown]
 # ## What we have, and what comes next
 #
-# We have the skeleton of the Transformer: `EncoderDecoder` with its `encode` and `decode`
-# steps, the `Generator`, encoder and decoder stacks built from `clones` of one layer, the
-# residual `SublayerConnection` in pre-norm or post-norm form, our own `LayerNorm`, and the
-# causal `subsequent_mask`. Each layer is still waiting for its two essential parts. The next
-# chapter builds the first and most important: attention.
-
-# %% [markdown]
+# The skeleton stands; the next chapter builds the first part its layers wait for: attention.
+#
 # ## Exercises
 #
-# 1. **A norm without the mean.** Many models trained after the Transformer replace layer norm
-#    by *RMS norm* {cite}`zhang2019root`, which does not subtract the mean:
+# 1. **A norm without the mean.** *RMS norm* {cite}`zhang2019root` does not subtract the mean:
 #    $\mathrm{RMSNorm}(x) = g \odot x / \sqrt{\overline{x^2} + \epsilon}$. Write
-#    `rms_norm(x, weight, eps)` over the last dimension. The check asks that, with unit weights,
-#    each position comes out with a root mean square of 1, that scaling the input changes
-#    nothing, and that on inputs whose mean is zero it agrees with our `LayerNorm`.
+#    `rms_norm(x, weight, eps)` over the last dimension; the check asks for a unit root mean
+#    square, invariance to scaling the input, and agreement with `LayerNorm` on zero-mean inputs.
 # 2. **Looking back only a little.** Write `window_mask(size, k)`: like `subsequent_mask`, but
-#    query $i$ may attend only to the $k$ most recent positions, $i - k < j \le i$. With
-#    $k$ = `size` it must equal `subsequent_mask(size)`.
-# 3. **Why pre-norm needs a final norm.** In a post-norm stack every layer's output has been
-#    through a layer norm; in a pre-norm stack it has not. What does the scale of the residual
-#    stream do as pre-norm layers are added, and what does the final `LayerNorm` fix?
+#    query $i$ sees only the $k$ most recent positions, $i - k < j \le i$.
+# 3. **Why pre-norm needs a final norm.** What does the scale of the residual stream do as
+#    pre-norm layers are added, and what does the final `LayerNorm` fix?
 #
 # ```{dropdown} Answer to 3
-# Each pre-norm layer *adds* its sublayer's output to the stream and nothing rescales it, so
-# the stream tends to grow with depth, and the last layer's output has no fixed scale. The
-# final `LayerNorm` gives the decoder's output, and so the generator's input, mean 0 and
-# variance 1 per position, as a post-norm stack gives by construction.
+# Each pre-norm layer *adds* its sublayer's output to the stream and nothing rescales it, so the
+# stream tends to grow with depth. The final `LayerNorm` gives the generator's input mean 0 and
+# variance 1 per position, as a post-norm stack does by construction.
 # ```
 
 # %% tags=["hide-cell"]

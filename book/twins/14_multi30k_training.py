@@ -29,7 +29,10 @@ if "google.colab" in sys.modules:
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
 
 from the_annotated_transformer import (
-    SPECIALS,
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    UNK_ID,
     Batch,
     EncoderDecoder,
     LabelSmoothing,
@@ -37,6 +40,7 @@ from the_annotated_transformer import (
     TokenBudgetSampler,
     TrainState,
     Vocab,
+    accumulation_groups,
     collate_batch,
     download_file,
     enable_book_charts,
@@ -52,6 +56,7 @@ from the_annotated_transformer import (
     repository_root,
     run_groups,
     sha256_of,
+    subsequent_mask,
     tokenize,
     tokenize_pairs,
 )
@@ -355,9 +360,6 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-PAD_ID = SPECIALS.index("<blank>")  # 2
-
-
 VOCAB_FILES = ("vocab_de.json", "vocab_en.json")
 SUBWORD_FILE = "subwords.model"  # one sentencepiece model for both languages (chapter 17)
 
@@ -498,7 +500,11 @@ print(next(iter(shares[0])))
 # ## One epoch, on any device
 #
 # `train_epoch` and `evaluate` are chapter 8's accumulation core, `run_groups`, with three
-# additions for real hardware, and one for reporting.
+# additions for real hardware, and one for reporting. Chapter 8's version has no place for them,
+# so this chapter grows it, the way the book grows every definition that a later chapter needs
+# more from: it defines `run_groups` again, under the same name, with four new keyword
+# arguments whose defaults give chapter 8's loop (the cell below; the appendix describes the
+# mechanism).
 #
 # **Moving batches.** Each `Batch` is moved to the process's device just before use.
 #
@@ -515,30 +521,93 @@ print(next(iter(shares[0])))
 # backward pass of an optimizer step the ranks add up their token counts $T_r$ with one small
 # all-reduce (a single number), and each divides by $T / R$ with $T = \sum_r T_r$: after DDP's
 # division by $R$ the gradient is exactly that of $\sum_r S_r / T$. This is chapter 8's rule
-# for accumulation, extended across devices, and `run_groups` takes it as its `group_norm`.
+# for accumulation, extended across devices: `run_groups`'s new `group_norm`.
 # (The test suite checks that two processes take the same steps as one process on the same
 # global batches.)
 #
 # With gradient accumulation, the micro-batches before the last of a group run inside
-# `model.no_sync()`: their gradients only accumulate locally, and the all-reduce happens once,
-# in the backward pass of the group's last micro-batch, on the sum.
+# `model.no_sync()` (the new `sync_context`): their gradients only accumulate locally, and the
+# all-reduce happens once, in the backward pass of the group's last micro-batch, on the sum.
 #
 # **bfloat16 autocast.** On GPUs that support it, the forward pass runs under
-# `torch.autocast(dtype=torch.bfloat16)`: matrix multiplications take 16-bit inputs, which
-# moves half the bytes and runs on the tensor cores at several times the float32 speed, while
-# reductions such as softmax and the loss stay in float32 and the weights and optimizer state
-# remain float32 {cite}`micikevicius2018mixed`. bfloat16 keeps float32's 8 exponent bits and
-# gives up mantissa bits instead, so unlike float16 it cannot overflow where float32 would not,
-# and no loss scaling is needed {cite}`kalamkar2019study`. "Supports" means in hardware: GPUs
-# from compute capability 8.0 (Ampere) on. `torch.cuda.is_bf16_supported()` also says yes on
-# older GPUs such as the V100 or T4, where bfloat16 is emulated and slower than float32, so
-# `autocast_dtype_for` asks for the compute capability instead. On a CPU autocast is off: the
-# float32 numbers there are the reference the tests compare against.
+# `torch.autocast(dtype=torch.bfloat16)` (the new `forward_context`): matrix multiplications take
+# 16-bit inputs, which moves half the bytes and runs on the tensor cores at several times the
+# float32 speed, while reductions such as softmax and the loss stay in float32 and the weights
+# and optimizer state remain float32 {cite}`micikevicius2018mixed`. bfloat16 keeps float32's 8
+# exponent bits and gives up mantissa bits instead, so unlike float16 it cannot overflow where
+# float32 would not, and no loss scaling is needed {cite}`kalamkar2019study`. "Supports" means in
+# hardware: GPUs from compute capability 8.0 (Ampere) on. `torch.cuda.is_bf16_supported()` also
+# says yes on older GPUs such as the V100 or T4, where bfloat16 is emulated and slower than
+# float32, so `autocast_dtype_for` asks for the compute capability instead. On a CPU autocast is
+# off: the float32 numbers there are the reference the tests compare against.
 #
 # **Likelihood.** The label-smoothed loss that training minimizes is not the model's
 # likelihood: even a perfect model pays for the smoothing. So the loss function below also adds
 # up the plain negative log-likelihood of the reference tokens, and the history reports it per
 # token beside the smoothed loss, with the perplexity $e^{\text{NLL}}$.
+
+# %% tags=["export", "extends"]
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, nullcontext
+
+import torch
+from torch import nn
+
+
+def run_groups(
+    batches: Iterable,
+    model: nn.Module,
+    loss_compute,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler=None,
+    *,
+    accum_iter: int = 1,
+    train_state: TrainState | None = None,
+    group_norm: Callable[[int], float] | None = None,
+    sync_context: Callable[[bool], AbstractContextManager] | None = None,
+    forward_context: Callable[[], AbstractContextManager] | None = None,
+    after_group: Callable[[float, int, int], None] | None = None,
+) -> tuple[float, int]:
+    """Chapter 8's accumulation core, grown by four hooks for real hardware.
+
+    group_norm(T) replaces the divisor T (DDP divides by the tokens of all ranks);
+    sync_context(is_last) wraps a micro-batch's forward and backward (DDP's no_sync),
+    forward_context() its forward (autocast); after_group(loss, tokens, batches) reports.
+    """
+    train = optimizer is not None
+    total_loss, total_tokens = 0.0, 0
+    with torch.set_grad_enabled(train):
+        for group in accumulation_groups(batches, accum_iter):
+            tokens = sum(batch.ntokens for batch in group)  # T = T_1 + ... + T_k
+            norm = group_norm(tokens) if group_norm is not None else max(tokens, 1)
+            group_loss = 0.0
+            for i, batch in enumerate(group):
+                is_last = i == len(group) - 1
+                with sync_context(is_last) if sync_context is not None else nullcontext():
+                    with forward_context() if forward_context is not None else nullcontext():
+                        out = model(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask)
+                        loss_sum, loss = loss_compute(out, batch.tgt_y, norm)  # S_i, S_i / T
+                    if train:
+                        loss.backward()  # .grad accumulates the sum over the group
+                group_loss += loss_sum
+                if train and train_state is not None:
+                    train_state.step += 1
+                    train_state.samples += batch.src.size(0)
+                    train_state.tokens += batch.ntokens
+            if train:
+                optimizer.step()  # once per group of accum_iter micro-batches
+                optimizer.zero_grad(set_to_none=True)
+                if train_state is not None:
+                    train_state.accum_step += 1
+                if scheduler is not None:
+                    scheduler.step()  # the schedule counts optimizer steps
+            total_loss += group_loss
+            total_tokens += tokens
+            if after_group is not None:
+                after_group(group_loss, tokens, len(group))
+    return total_loss, total_tokens
+
+
 
 # %% tags=["export"]
 import time
@@ -567,7 +636,7 @@ def autocast_dtype_for(device: torch.device) -> torch.dtype | None:
 class LossAndNLL(SimpleLossCompute):
     """SimpleLossCompute that also adds up the labels' plain negative log-likelihood in nll."""
 
-    def __init__(self, generator: nn.Module, criterion: nn.Module, pad_id: int = 2):
+    def __init__(self, generator: nn.Module, criterion: nn.Module, pad_id: int = PAD_ID):
         super().__init__(generator, criterion)
         self.pad_id = pad_id
         self.nll = 0.0
@@ -1376,7 +1445,10 @@ def train_distributed(
 # ## Translating and scoring
 #
 # To translate, the model decodes greedily (chapter 5's `greedy_decode`, which works on whole
-# batches and pads a finished sentence with `</s>`). Sentences are sorted by length before they
+# batches and pads a finished sentence with `</s>`). A translation must never contain `<s>`,
+# padding or, unless the reader asks for it, `<unk>`, and nothing in chapter 5's loop prevents
+# it: a model that gives those ids a high probability would emit them. So `greedy_decode` grows
+# one keyword here, `banned`, whose ids get the log-probability $-\infty$ before the argmax. Sentences are sorted by length before they
 # are cut into batches, so that a batch carries little padding, and the results are put back
 # in input order. Each output is cut at its first `</s>` and turned back into text.
 #
@@ -1395,6 +1467,53 @@ def train_distributed(
 #
 # The table of examples walks the validation set in order from a given position, so that two
 # calls show different sentences and a reader can look them up.
+
+# %% tags=["export", "extends"]
+import math
+from collections.abc import Sequence
+
+import torch
+
+
+def greedy_decode(
+    model: EncoderDecoder,
+    src: torch.Tensor,
+    src_mask: torch.Tensor,
+    max_len: int,
+    start_symbol: int,
+    end_symbol: int | None = None,
+    *,
+    banned: Sequence[int] = (),
+) -> torch.Tensor:
+    """Chapter 5's greedy decoding, grown by `banned`: ids that are never chosen.
+
+    A translation must not contain <s>, padding or (unless asked for) <unk>; their
+    log-probabilities are set to -inf before the argmax.
+    """
+    if src.dim() != 2:
+        raise ValueError(f"src must have shape (batch, n_src), got {tuple(src.shape)}")
+    if max_len < 1:
+        raise ValueError(f"max_len must be at least 1 (the start symbol), got {max_len}")
+    batch = src.size(0)
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)  # (batch, n_src, d_model), computed once
+        ys = torch.full((batch, 1), start_symbol, dtype=torch.long, device=src.device)
+        done = torch.zeros(batch, dtype=torch.bool, device=src.device)
+        for _ in range(max_len - 1):
+            tgt_mask = subsequent_mask(ys.size(1)).to(src.device)  # (1, n, n)
+            out = model.decode(memory, src_mask, ys, tgt_mask)  # (batch, n, d_model)
+            log_probs = model.generator(out[:, -1])  # (batch, vocab)
+            log_probs[:, list(banned)] = -math.inf  # never chosen
+            next_word = log_probs.argmax(dim=-1)  # (batch,)
+            if end_symbol is not None:
+                next_word = next_word.masked_fill(done, end_symbol)
+                done = done | (next_word == end_symbol)
+            ys = torch.cat([ys, next_word.unsqueeze(1)], dim=1)  # (batch, n + 1)
+            if end_symbol is not None and bool(done.all()):
+                break
+    return ys
+
+
 
 # %% tags=["export"]
 from collections.abc import Callable, Sequence
@@ -1425,8 +1544,8 @@ def detokenize(tokens: Sequence[str]) -> str:
 
 
 def source_batch(
-    src_ids: Sequence[Sequence[int]], *, device: torch.device, bos_id: int = 0, eos_id: int = 1,
-    pad_id: int = 2,
+    src_ids: Sequence[Sequence[int]], *, device: torch.device, bos_id: int = BOS_ID,
+    eos_id: int = EOS_ID, pad_id: int = PAD_ID,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sources wrapped in <s> ... </s>, padded into one tensor on device, and their mask."""
     longest = max(len(ids) for ids in src_ids) + 2
@@ -1437,7 +1556,7 @@ def source_batch(
     return src, (src != pad_id).unsqueeze(-2)  # (batch, n_src), (batch, 1, n_src)
 
 
-def never_generated(bos_id: int = 0, pad_id: int = 2, unk_id: int = 3, *,
+def never_generated(bos_id: int = BOS_ID, pad_id: int = PAD_ID, unk_id: int = UNK_ID, *,
                     allow_unk: bool = False) -> list[int]:
     """The ids a translation must not contain: <s> and padding, and <unk> unless allowed."""
     return [bos_id, pad_id] + ([] if allow_unk else [unk_id])
@@ -1448,10 +1567,10 @@ def translate_batch(
     src_ids: Sequence[Sequence[int]],
     *,
     max_len: int = 72,
-    bos_id: int = 0,
-    eos_id: int = 1,
-    pad_id: int = 2,
-    unk_id: int = 3,
+    bos_id: int = BOS_ID,
+    eos_id: int = EOS_ID,
+    pad_id: int = PAD_ID,
+    unk_id: int = UNK_ID,
     allow_unk: bool = False,
 ) -> list[list[int]]:
     """Greedy translations of a batch of id lists, without `<s>` and cut at `</s>`.
@@ -1633,7 +1752,7 @@ line_chart(losses, x="epoch:O", y="loss:Q", color="split:N", y_scale={"zero": Fa
 # hour or more to spare) can load it; chapter 18 ships a second, better one, trained on subwords, and
 # `load_trained_model(name=...)` picks between them. `export_for_shipping` takes a training checkpoint and keeps only what
 # translation needs: the weights in half precision (half the bytes; a translation does not
-# notice), the two vocabularies, and an `info.json` with the configuration, the command that
+# notice), the two vocabularies, and an `info.json` with the configuration, the variant, the command that
 # trained it, its training time and the hardware. `load_trained_model` converts the weights
 # back to float32 and builds the model from the stored configuration. Called without a path it
 # loads the shipped model from `book/models/multi30k_cpu/`. Outside a copy of the repository
@@ -1643,6 +1762,15 @@ line_chart(losses, x="epoch:O", y="loss:Q", color="split:N", y_scale={"zero": Fa
 # already there are checked against the same checksums, once per process. With neither a copy
 # nor a network, `load_trained_model` says how to get the model; it trains one (67 minutes of
 # training on this book's CPU, as the model's note below records) only when asked to, with `train_if_missing=True`.
+#
+# ```{admonition} Which model this is
+# Both shipped models are **pre-norm** (`make_model`'s default `norm_first=True`; their
+# `info.json` says `"variant": "pre-norm"`): the layer norm stands before each sublayer and once
+# more at the top of each stack, where the paper puts it after each residual addition
+# (post-norm, `norm_first=False`; chapter 2 shows both). Pre-norm trains reliably with the short
+# warm-up that a run of an hour on a CPU allows; chapter 19 trains the paper's post-norm model
+# beside it.
+# ```
 
 # %% tags=["export"]
 import functools
@@ -1668,13 +1796,13 @@ SHIPPED_MODELS = {
         "model.pt": "7f5e9f5e59a49d401656ed2332705f93d86d118921e8494f36532f743e696548",
         "vocab_de.json": "6f0d3385a8223f9e43922604b4d9b421394968cfc64257893065b3dd88e15066",
         "vocab_en.json": "6e22d0081b9e032fbce602f62bc5a56aa78326cce2e50fe722217285380daebf",
-        "info.json": "42dd9ae2952004f9a461c1db8c68f8fc48619115bc5646f12f5a708832e4219e",
+        "info.json": "10f454fd56b9e37da971bc9886d3e86244eec6b03af5126cf7506ccab548abc7",
         "averaging.json": "3f30d9507d5da87fbfa50dbc63290913bb912a88c31e22ca1eb748ea8af6e27f",
     },
     "multi30k_cpu_subword": {
         "model.pt": "6cdd65383b3780f96df11f28d26eb827bed467bdc412ec2a77de72a324e1f32c",
         "subwords.model": "d3f7fe14d9a0a191b496c0a68c212d32217ee3fd1b5c17dba74eb1cee93def72",
-        "info.json": "d4e769727f72078aaa29cec2b04219d634544a47fe6abee5a974149169f9065c",
+        "info.json": "a0cc04b8e4dd180298fbdd87820d93e13f28ae0d7ada04d4096b1d863eb1e854",
         "results.json": "ba9d83b4e98361e717b0a45eacd7b0898267ef18060b83e4e69b4406bc146816",
     },
 }
@@ -1766,6 +1894,8 @@ def export_for_shipping(
         "command": command or notes.get("command"),
         "training_seconds": round(notes.get("elapsed_s", 0.0), 1),
         "hardware": notes.get("hardware"),
+        # pre-norm stacks end with a layer norm (chapter 2); post-norm ones have none
+        "variant": "pre-norm" if "encoder.norm.weight" in weights else "post-norm",
         "epochs": notes.get("epoch"),
         "history": notes.get("history", []),
         "torch": torch.__version__,

@@ -132,7 +132,7 @@ def attend_cached(
     """attn's output (rows, 1, d_model) for one new position x (rows, 1, d_model), whose
     query meets keys and values (rows, h, n_k, d_k) that are already projected."""
     query = attn.split_heads(attn.linears[0](x))  # (rows, h, 1, d_k)
-    if isinstance(attn, FastMultiHeadedAttention):
+    if getattr(attn, "fused", False):  # FastMultiHeadedAttention, below
         mask = None if mask is None else mask != 0
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask)
     else:
@@ -180,7 +180,8 @@ def decode_step(
 # the cache belongs to. The output is allocated at its full length and filled in, so a sentence
 # that has left the batch keeps its `</s>` padding, as `greedy_decode` pads it; and the loop
 # ends when the last sentence ends, so the output has the same length too.
-# `greedy_decode(..., use_cache=True)` calls it.
+# `greedy_decode` grows one keyword, `use_cache`, that hands the work to it; the default keeps
+# chapter 14's loop, the reference that the check below compares against.
 
 # %% tags=["export"]
 import math
@@ -223,6 +224,55 @@ def cached_greedy_decode(
                 rows, tokens = rows[keep], tokens[keep]
                 cache.select(keep)
     return ys[:, :length]
+
+
+# %% tags=["export", "extends"]
+import math
+from collections.abc import Sequence
+
+import torch
+
+
+def greedy_decode(
+    model: EncoderDecoder,
+    src: torch.Tensor,
+    src_mask: torch.Tensor,
+    max_len: int,
+    start_symbol: int,
+    end_symbol: int | None = None,
+    *,
+    banned: Sequence[int] = (),
+    use_cache: bool = False,
+) -> torch.Tensor:
+    """Chapter 14's greedy decoding, grown by `use_cache`: the same ids, one new position per
+    step with cached_greedy_decode."""
+    if use_cache:
+        return cached_greedy_decode(
+            model, src, src_mask, max_len, start_symbol, end_symbol, banned=banned
+        )
+    if src.dim() != 2:
+        raise ValueError(f"src must have shape (batch, n_src), got {tuple(src.shape)}")
+    if max_len < 1:
+        raise ValueError(f"max_len must be at least 1 (the start symbol), got {max_len}")
+    batch = src.size(0)
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)  # (batch, n_src, d_model), computed once
+        ys = torch.full((batch, 1), start_symbol, dtype=torch.long, device=src.device)
+        done = torch.zeros(batch, dtype=torch.bool, device=src.device)
+        for _ in range(max_len - 1):
+            tgt_mask = subsequent_mask(ys.size(1)).to(src.device)  # (1, n, n)
+            out = model.decode(memory, src_mask, ys, tgt_mask)  # (batch, n, d_model)
+            log_probs = model.generator(out[:, -1])  # (batch, vocab)
+            log_probs[:, list(banned)] = -math.inf  # never chosen
+            next_word = log_probs.argmax(dim=-1)  # (batch,)
+            if end_symbol is not None:
+                next_word = next_word.masked_fill(done, end_symbol)
+                done = done | (next_word == end_symbol)
+            ys = torch.cat([ys, next_word.unsqueeze(1)], dim=1)  # (batch, n + 1)
+            if end_symbol is not None and bool(done.all()):
+                break
+    return ys
+
 
 
 # %% [markdown]
@@ -333,6 +383,8 @@ class FastMultiHeadedAttention(MultiHeadedAttention):
     The attention weights are not stored; reading `.attn` computes the last call's weights
     (batch, h, n_q, n_k), before dropout, from the queries and keys that it keeps.
     """
+
+    fused = True  # attend_cached takes the fused kernel too
 
     def forward(
         self,

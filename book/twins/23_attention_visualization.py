@@ -88,10 +88,10 @@ enable_book_charts()
 # dropout), stack the layers, and cut each sentence of a padded batch back to its real length,
 # so that no row or column belongs to padding.
 #
-# Chapter 12 wrote this down as `attention_maps`, which returns one `AttentionMaps` per
-# sentence, together with `attention_records` and `attention_chart`, which turn the maps into
-# the charts below, so that the copy and sort models could show what they learned to attend
-# to. Here we use the same three functions on translation.
+# The appendix {doc}`appendix_infrastructure` writes this down as `attention_maps`, which
+# returns one `AttentionMaps` per sentence, together with `attention_records` and
+# `attention_chart`, which turn the maps into the charts below; chapters 12 and 13 used them on
+# the copy and sort models. Here we use the same three functions on translation.
 
 # %% [markdown]
 # For translation we want the maps behind the model's own output. `translation_attention`
@@ -117,7 +117,7 @@ def translation_attention(
     tokenizer: Any,
     *,
     max_len: int = 72,
-) -> list[AttentionMaps]:
+) -> "list[AttentionMaps]":
     """Translate German sentences greedily, then capture the attention behind each translation."""
     if isinstance(sentences, str):
         raise TypeError("sentences must be a list of strings, got one str: wrap it in a list")
@@ -166,7 +166,7 @@ for i, m in zip(chosen, maps, strict=True):
 # first sentence must stay two columns. Tokens are only labels. To keep the book's pages light
 # we round weights to 3 decimals and, for the charts, leave out cells below 1%, which a colour
 # scale from 0 to 1 would draw as white anyway (the first row and column are always kept, so
-# every token stays on the axes). Chapter 12's `attention_records` makes these rows.
+# every token stays on the axes). The appendix's `attention_records` makes these rows.
 
 # %%
 records = []
@@ -179,7 +179,7 @@ for record in records[:3]:
     print(record)
 
 # %% [markdown]
-# `attention_chart` (chapter 12) draws all of them as one heatmap and lets the reader choose
+# `attention_chart` (in the appendix) draws all of them as one heatmap and lets the reader choose
 # which map to see. Each choice is a Vega-Lite parameter bound to a widget (a menu for the
 # kind, sliders for layer and head, buttons for the sentence) and a filter keeps the cells of the chosen map. The data is
 # embedded once, as CSV, about a quarter of the size of the same rows as JSON objects. The
@@ -273,7 +273,7 @@ import torch
 
 
 def attention_summary(
-    maps: Sequence[AttentionMaps], *, kinds: Sequence[str] = ("encoder", "decoder", "cross")
+    maps: "Sequence[AttentionMaps]", *, kinds: Sequence[str] = ("encoder", "decoder", "cross")
 ) -> list[dict[str, Any]]:
     """Per kind, layer and head, over every row of every map: entropy (bits), mean |i - j|."""
     if not maps:

@@ -68,6 +68,8 @@ if "google.colab" in sys.modules:
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
 
 from the_annotated_transformer import (
+    BOS_ID,
+    EOS_ID,
     PAD_ID,
     SPECIALS,
     Embeddings,
@@ -267,8 +269,6 @@ for positions in ("sinusoidal", "rotary"):
 
 # %% tags=["export"]
 import torch.nn.functional as F
-
-BOS_ID, EOS_ID = SPECIALS.index("<s>"), SPECIALS.index("</s>")  # 0, 1; PAD_ID is 2
 
 
 def lm_batches(

@@ -3,10 +3,10 @@
 #
 # The chapters call a few functions that have nothing to do with the Transformer: the renderer
 # that stores every chart so that it draws wherever a chapter is opened, the chart helpers that
-# several chapters share, and the code that downloads a file and checks it against its
-# published checksum. They are collected here, out of the way of the model, and like every
-# other definition they go into `the_annotated_transformer.py`, which the chapters import by
-# name.
+# several chapters share, the capture and drawing of attention maps, and the code that downloads a
+# file and checks it against its published checksum. They are collected here, out of the way of
+# the model, and like every other definition they go into `the_annotated_transformer.py`, which
+# the chapters import by name.
 
 # %% tags=["setup", "hide-cell"]
 # Setup (hidden in the book): in Colab, install the book's package; everywhere, import what
@@ -21,7 +21,12 @@ if "google.colab" in sys.modules:
     package = f"the-annotated-transformer[book] @ git+{REPO}@{REF}"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
 
-from the_annotated_transformer import BOOK_REPOSITORY, BOOK_REPOSITORY_REF, subsequent_mask
+from the_annotated_transformer import (
+    BOOK_REPOSITORY,
+    BOOK_REPOSITORY_REF,
+    make_model,
+    subsequent_mask,
+)
 
 # %% [markdown]
 # ## Charts that draw everywhere
@@ -224,7 +229,8 @@ def bar_chart(
         options = {"title": axis_title(title_text)}
         if field in quantitative:
             options["axis"] = alt.Axis(format=value_format) if value_format else alt.Undefined
-            options["scale"] = chart_scale({"domain": list(value_domain)} if value_domain else None)
+            domain = {"domain": list(value_domain)} if value_domain else None
+            options["scale"] = chart_scale(domain)
         else:
             options["sort"] = None
         channels[name] = (alt.X if name == "x" else alt.Y)(field, **options)
@@ -293,6 +299,270 @@ try:
     line_chart([{"epoch": 1, "loss": 2.0}], x="epoch:Q", y="los:Q", title="a typo")
 except ValueError as err:
     print(err)
+
+# %% [markdown]
+# ## Attention maps and their charts
+#
+# Chapters 12, 13 and 23 look at where trained models attend. Chapter 3's `MultiHeadedAttention`
+# keeps the weights of its last call in `.attn`, a detached tensor of shape (batch, $h$, $n_q$,
+# $n_k$), and each layer has its own modules for the three kinds of attention: the encoder's
+# self-attention (source positions look at source positions), the decoder's self-attention
+# (target positions look at earlier target positions) and the decoder-to-source attention
+# (target positions look at the encoder's output). One forward pass fills all of them.
+# `attention_maps` makes that pass, *teacher-forced* on a known decoder input and in evaluation
+# mode, stacks the layers, and cuts each sequence of a padded batch back to its real length, so
+# that no row or column belongs to padding. It returns one `AttentionMaps` per sequence.
+
+# %% tags=["export"]
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+ATTENTION_KINDS = {
+    "encoder": "encoder self-attention",
+    "decoder": "decoder self-attention",
+    "cross": "decoder-to-source attention",
+}
+
+
+@dataclass(frozen=True)
+class AttentionMaps:
+    """A sentence pair's attention weights, each (N layers, h heads, rows, columns), and tokens."""
+
+    encoder: torch.Tensor  # (N, h, n_src, n_src)
+    decoder: torch.Tensor  # (N, h, n_tgt, n_tgt)
+    cross: torch.Tensor  # (N, h, n_tgt, n_src)
+    src_tokens: list[str]  # the n_src source tokens
+    tgt_tokens: list[str]  # the n_tgt decoder inputs: <s>, then the tokens produced so far
+
+    def axes(self, kind: str) -> tuple[torch.Tensor, list[str], list[str]]:
+        """The weights of one kind with the tokens of its rows (queries) and columns (keys)."""
+        if kind not in ATTENTION_KINDS:
+            raise ValueError(f"kind must be one of {', '.join(ATTENTION_KINDS)}, got {kind!r}")
+        rows = self.src_tokens if kind == "encoder" else self.tgt_tokens
+        cols = self.tgt_tokens if kind == "decoder" else self.src_tokens
+        return getattr(self, kind), rows, cols
+
+
+def real_length(ids: torch.Tensor, pad_id: int) -> int:
+    """How many ids of a 1-D row come before its padding (padding only at the end)."""
+    n = int((ids != pad_id).sum())
+    if n == 0 or bool((ids[n:] != pad_id).any()):
+        raise ValueError(
+            f"each row must be at least one token followed only by padding (pad_id={pad_id}), "
+            f"got {ids.tolist()}"
+        )
+    return n
+
+
+def attention_maps(
+    model: nn.Module,
+    src: torch.Tensor,
+    tgt: torch.Tensor,
+    *,
+    src_tokens: Sequence[Sequence[str]] | None = None,
+    tgt_tokens: Sequence[Sequence[str]] | None = None,
+    pad_id: int = 2,
+) -> list[AttentionMaps]:
+    """Every layer's and head's attention in one teacher-forced pass, one entry per sentence.
+
+    src (batch, n_src) and tgt (batch, n_tgt) hold ids padded at the end with pad_id; tgt is
+    the decoder input (starting with <s>). Padding is cut away; tokens default to the ids.
+    """
+    if src.dim() != 2 or tgt.dim() != 2 or src.size(0) != tgt.size(0):
+        raise ValueError(
+            "src and tgt must have shapes (batch, n_src) and (batch, n_tgt), "
+            f"got {tuple(src.shape)} and {tuple(tgt.shape)}"
+        )
+    src_mask = (src != pad_id).unsqueeze(-2)  # (batch, 1, n_src)
+    tgt_mask = (tgt != pad_id).unsqueeze(-2) & subsequent_mask(tgt.size(1)).to(tgt.device)
+    was_training = model.training
+    model.eval()  # no dropout: the weights the model uses when it translates
+    with torch.no_grad():
+        model(src, tgt, src_mask, tgt_mask)
+    model.train(was_training)
+    encoder = torch.stack([layer.self_attn.attn for layer in model.encoder.layers], dim=1)
+    decoder = torch.stack([layer.self_attn.attn for layer in model.decoder.layers], dim=1)
+    cross = torch.stack([layer.src_attn.attn for layer in model.decoder.layers], dim=1)
+    # each (batch, N, h, rows, columns)
+    maps = []
+    for b in range(src.size(0)):
+        n_src, n_tgt = real_length(src[b], pad_id), real_length(tgt[b], pad_id)
+        s_tok = src_tokens[b] if src_tokens else [str(i) for i in src[b, :n_src].tolist()]
+        t_tok = tgt_tokens[b] if tgt_tokens else [str(i) for i in tgt[b, :n_tgt].tolist()]
+        if len(s_tok) != n_src or len(t_tok) != n_tgt:
+            raise ValueError(
+                f"sentence {b} has {n_src} source and {n_tgt} target ids but "
+                f"{len(s_tok)} src_tokens and {len(t_tok)} tgt_tokens"
+            )
+        maps.append(AttentionMaps(
+            encoder=encoder[b, :, :, :n_src, :n_src].cpu(),  # (N, h, n_src, n_src)
+            decoder=decoder[b, :, :, :n_tgt, :n_tgt].cpu(),  # (N, h, n_tgt, n_tgt)
+            cross=cross[b, :, :, :n_tgt, :n_src].cpu(),  # (N, h, n_tgt, n_src)
+            src_tokens=list(s_tok),
+            tgt_tokens=list(t_tok),
+        ))
+    return maps
+
+
+# %% [markdown]
+# A check on a small untrained model: two sequences of different lengths in one padded batch.
+# Each map has the shape layers × heads × rows × columns, every row sums to 1 over the real
+# positions, the decoder's self-attention puts nothing above the diagonal, and the first
+# sequence's maps are the same whether it comes alone or padded in a batch.
+
+# %%
+torch.manual_seed(0)
+tiny = make_model(11, 11, N=2, d_model=32, d_ff=64, h=4)
+src = torch.tensor([[0, 5, 6, 7, 1], [0, 8, 1, 2, 2]])  # (batch, n_src), 2 = padding
+tgt = torch.tensor([[0, 4, 9, 3], [0, 10, 2, 2]])  # (batch, n_tgt)
+batch_maps = attention_maps(tiny, src, tgt)
+for b, m in enumerate(batch_maps):
+    print(f"sentence {b}: encoder {tuple(m.encoder.shape)}, decoder {tuple(m.decoder.shape)}, "
+          f"cross {tuple(m.cross.shape)}")
+    for kind in ATTENTION_KINDS:
+        weights, _, _ = m.axes(kind)
+        torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]))
+    assert (m.decoder.triu(diagonal=1) == 0).all()
+alone = attention_maps(tiny, src[:1], tgt[:1])[0]
+for kind in ATTENTION_KINDS:
+    torch.testing.assert_close(alone.axes(kind)[0], batch_maps[0].axes(kind)[0])
+print("rows sum to 1; padding changes nothing")
+
+# %% [markdown]
+# A heatmap in altair wants long-form data, one row per cell: `attention_records` makes a row
+# for each (kind, layer, head, query position, key position) with its weight, rounded to 3
+# decimals. Positions, not tokens, place the cells, because tokens repeat (a sentence may hold
+# the same word twice); tokens are only labels. Cells below `min_weight` can be left out to keep
+# pages light, except in the first row and column, which keep every token on the axes.
+
+# %% tags=["export"]
+from collections.abc import Sequence
+from typing import Any
+
+
+def attention_records(
+    maps: AttentionMaps,
+    *,
+    kinds: Sequence[str] = ("encoder", "decoder", "cross"),
+    decimals: int = 3,
+    min_weight: float = 0.0,
+    **fields: Any,
+) -> list[dict[str, Any]]:
+    """Long-form rows for a heatmap: one per (kind, layer, head, row, column) with its weight.
+
+    Rows and columns are positions (tokens may repeat), labelled by their tokens; layers and
+    heads count from 1; `fields` (e.g. sentence=1) are added to every row. Rounded weights below
+    min_weight are left out, except in the first row and column, which keep every position on
+    a chart's axes.
+    """
+    records = []
+    for kind in kinds:
+        weights, row_tokens, col_tokens = maps.axes(kind)  # (N, h, rows, columns)
+        for layer, per_layer in enumerate(weights.tolist(), start=1):
+            for head, matrix in enumerate(per_layer, start=1):
+                for row, weight_row in enumerate(matrix):
+                    for col, weight in enumerate(weight_row):
+                        weight = round(weight, decimals)
+                        if weight < min_weight and row > 0 and col > 0:
+                            continue
+                        records.append({
+                            **fields, "kind": kind, "layer": layer, "head": head,
+                            "row": row, "row_token": row_tokens[row],
+                            "col": col, "col_token": col_tokens[col], "weight": weight,
+                        })
+    return records
+
+
+# %% [markdown]
+# `attention_chart` draws all the rows as one heatmap and lets the reader choose which map to
+# see: each control field becomes a Vega-Lite parameter bound to a widget (a menu for the kind,
+# a slider for a run of three or more integers such as layers, buttons otherwise), and a filter
+# keeps the cells of the chosen map. The data is embedded once, as CSV, which is smaller than
+# the same rows as JSON objects.
+
+# %% tags=["export"]
+import csv
+import io
+from collections.abc import Sequence
+from typing import Any
+
+
+def attention_chart(
+    records: Sequence[dict[str, Any]],
+    *,
+    controls: Sequence[str] = ("kind", "layer", "head"),
+    width: int = 340,
+    height: int = 340,
+    title: str = "",
+    initial: dict[str, Any] | None = None,
+):
+    """One heatmap of `attention_records` rows with a widget per control field to pick a map.
+
+    The data is embedded once; the widgets (a menu for the kind, a slider for runs of three or
+    more integers, buttons otherwise) drive a filter, so one chart shows every layer and head.
+    The chart opens on the first value of each control, or on the values `initial` gives.
+    """
+    import altair as alt
+
+    if not records:
+        raise ValueError("records is empty: there is no attention to draw")
+    missing = [field for field in controls if field not in records[0]]
+    if missing:
+        raise ValueError(f"controls {missing} are not fields of the records: {list(records[0])}")
+    params = []
+    for field in controls:
+        values = list(dict.fromkeys(r[field] for r in records))  # in order of appearance
+        name = f"{field} "
+        if field == "kind":
+            labels = [ATTENTION_KINDS.get(v, v) for v in values]
+            bind = alt.binding_select(options=values, labels=labels, name=name)
+        elif len(values) > 2 and values == list(range(values[0], values[0] + len(values))):
+            bind = alt.binding_range(min=values[0], max=values[-1], step=1, name=name)
+        else:
+            bind = alt.binding_radio(options=values, name=name)
+        value = (initial or {}).get(field, values[0])
+        if value not in values:
+            raise ValueError(f"initial {field}={value!r} is not among the values {values}")
+        params.append(alt.param(name=f"pick_{field}", value=value, bind=bind))
+    picked = " && ".join(f"datum['{field}'] == pick_{field}" for field in controls)
+    fields = list(records[0])
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=fields, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(records)
+    parse = {f: "number" if isinstance(records[0][f], int | float) else "string" for f in fields}
+    data = alt.Data(values=text.getvalue(), format=alt.CsvDataFormat(type="csv", parse=parse))
+    # "position token" categories keep repeated tokens apart; the axes show only the token.
+    axis = {"labelExpr": "substring(datum.value, indexof(datum.value, ' ') + 1)"}
+    return (
+        alt.Chart(data)
+        .transform_filter(picked)
+        .transform_calculate(
+            query="datum.row + ' ' + datum.row_token", key="datum.col + ' ' + datum.col_token"
+        )
+        .mark_rect()
+        .encode(
+            x=alt.X("key:N", sort=alt.EncodingSortField("col", op="min"), title="key (looked at)",
+                    axis=alt.Axis(labelAngle=-45, **axis)),
+            y=alt.Y("query:N", sort=alt.EncodingSortField("row", op="min"),
+                    title="query (looking)", axis=alt.Axis(**axis)),
+            color=alt.Color("weight:Q", title="weight",
+                            scale=alt.Scale(domain=[0, 1], range=["white", "#08306b"])),
+            tooltip=[
+                alt.Tooltip("row_token:N", title="query"),
+                alt.Tooltip("col_token:N", title="key"),
+                alt.Tooltip("weight:Q", format=".3f"),
+                alt.Tooltip("row:O", title="query position"),
+                alt.Tooltip("col:O", title="key position"),
+            ],
+        )
+        .add_params(*params)
+        .properties(width=width, height=height, title=title)
+    )
+
 
 # %% [markdown]
 # ## Downloads and checksums
@@ -395,8 +665,12 @@ def book_data(name: str) -> Any:
     if root is not None and (root / "book" / "data" / name).is_file():
         return json.loads((root / "book" / "data" / name).read_text())
     url = f"{BOOK_REPOSITORY}/raw/{BOOK_REPOSITORY_REF}/book/data/{name}"
-    with urllib.request.urlopen(url, timeout=60) as response:
-        return json.loads(response.read())
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response:
+            return json.loads(response.read())
+    except OSError as err:  # no such file, or no network
+        raise FileNotFoundError(f"book/data/{name} is not in this checkout, and downloading "
+                                f"{url} failed ({err})") from None
 
 
 def seed_summary(runs: Sequence[Mapping[str, Any]], metric: str) -> list[dict[str, Any]]:
@@ -417,7 +691,7 @@ def seeds_chart(
     runs: Sequence[Mapping[str, Any]], *, metric: str, title: str, value_format: str = "%",
     width: int = 420,
 ) -> Any:
-    """Every run as a point (colour: the kernels it ran with), and each variant's mean as a tick."""
+    """Every run as a point (colour: the kernels it ran with), each variant's mean as a tick."""
     import altair as alt
 
     records = chart_rows([{k: run[k] for k in ("variant", "seed", "kernels", metric)}
@@ -432,7 +706,8 @@ def seeds_chart(
     )
     means = [{"variant": s["variant"], "mean": s["mean"]} for s in seed_summary(records, metric)]
     ticks = alt.Chart(alt.Data(values=means)).mark_tick(color="black", thickness=2, size=18)
-    ticks = ticks.encode(x="mean:Q", y=y, tooltip=["variant:N", alt.Tooltip("mean:Q", format=".4")])
+    tooltip = ["variant:N", alt.Tooltip("mean:Q", format=".4")]
+    ticks = ticks.encode(x="mean:Q", y=y, tooltip=tooltip)
     return (points + ticks).properties(title=title, width=width)
 
 
