@@ -622,97 +622,6 @@ def run_epoch(data_iter: Iterable, model: nn.Module, loss_compute,
 
 
 # %%
-import gzip
-import os
-from pathlib import Path
-
-MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
-MULTI30K_SPLITS = {"train": 29_000, "val": 1_014, "test_2016_flickr": 1_000}
-MULTI30K_SHA256 = {
-    "train.de.gz": "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6",
-    "train.en.gz": "d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f",
-    "val.de.gz": "f0cba2f995189cf5770f29a8a9a537a3ad3f51657ad873405082ff6863a5e75a",
-    "val.en.gz": "14f7d25ddd868909a9213e361768460edcacdd6ab9d1e77b92560dc10c10dc28",
-    "test_2016_flickr.de.gz": "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8",
-    "test_2016_flickr.en.gz": "611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9",
-}
-
-
-def dataset_dir(name: str, env: str, data_dir: str | os.PathLike | None = None) -> Path:
-    """A data set's folder: data_dir, $env, ../shared/data/<name> beside the repository, or the
-    cache ~/.cache/annotated-transformer/<name> (where a download goes)."""
-    if data_dir is not None:
-        return Path(data_dir).expanduser()
-    if os.environ.get(env):
-        return Path(os.environ[env]).expanduser()
-    root = repository_root()
-    if root is not None and (root.parent / "shared" / "data" / name).is_dir():
-        return (root.parent / "shared" / "data" / name).resolve()
-    return Path.home() / ".cache" / "annotated-transformer" / name
-
-
-def multi30k_dir(data_dir: str | os.PathLike | None = None) -> Path:
-    """The Multi30k folder: data_dir, $MULTI30K_DIR, ../shared/data/multi30k, or the cache."""
-    return dataset_dir("multi30k", "MULTI30K_DIR", data_dir)
-
-
-def multi30k_file(name: str, folder: Path) -> Path:
-    """The path of one Multi30k file in folder, downloaded if missing, its checksum verified."""
-    path = folder / name
-    expected = MULTI30K_SHA256[name]
-    if not path.exists():
-        url = MULTI30K_URL + name
-        try:
-            download_file(url, path, sha256=expected)
-        except OSError as err:  # no network, an HTTP error, a timeout, a read-only folder
-            raise FileNotFoundError(
-                f"Multi30k file {name} is not in {folder} and could not be downloaded from "
-                f"{url} ({err}): connect to the internet and try again, copy the file there, "
-                "or set MULTI30K_DIR to a folder that holds the Multi30k files"
-            ) from err
-    actual = sha256_of(path)
-    if actual != expected:
-        raise ValueError(
-            f"Multi30k file {path} is truncated or corrupted (SHA-256 {actual}, expected "
-            f"{expected}): delete it to download it again, or set MULTI30K_DIR to a folder "
-            "with intact copies"
-        )
-    return path
-
-
-def read_sentence_pairs(
-    src_path: str | os.PathLike, tgt_path: str | os.PathLike
-) -> list[tuple[str, str]]:
-    """Line i of the gzipped src_path paired with line i of tgt_path; unequal counts raise."""
-    sides = []
-    for path in (src_path, tgt_path):
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            lines = f.read().split("\n")
-        if lines[-1] == "":  # the newline that ends the last line
-            lines.pop()
-        sides.append(lines)
-    src, tgt = sides
-    if len(src) != len(tgt):
-        raise ValueError(
-            f"{Path(src_path).name} has {len(src)} lines but {Path(tgt_path).name} has "
-            f"{len(tgt)}: the files are not parallel; delete both to download them again"
-        )
-    return list(zip(src, tgt, strict=True))
-
-
-def load_multi30k(
-    split: str, data_dir: str | os.PathLike | None = None
-) -> list[tuple[str, str]]:
-    """The (German, English) sentence pairs of one Multi30k split, exactly as published."""
-    if split not in MULTI30K_SPLITS:
-        raise ValueError(f"split={split!r} is not one of {', '.join(MULTI30K_SPLITS)}")
-    folder = multi30k_dir(data_dir)
-    return read_sentence_pairs(
-        multi30k_file(f"{split}.de.gz", folder), multi30k_file(f"{split}.en.gz", folder)
-    )
-
-
-# %%
 from collections.abc import Sequence
 from typing import Any
 
@@ -730,41 +639,14 @@ def tokenize(text: str, tokenizer: Any) -> list[str]:
     return [token.text for token in split(text) if not token.is_space]
 
 
-def tokenize_pairs(
-    pairs: Sequence[tuple[str, str]], tokenizer_src: Any, tokenizer_tgt: Any
-) -> list[tuple[list[str], list[str]]]:
+def tokenize_pairs(pairs: Sequence[tuple[str, str]], tokenizer_src: Any,
+                   tokenizer_tgt: Any) -> list[tuple[list[str], list[str]]]:
     """Each sentence pair as two lists of tokens."""
     return [(tokenize(src, tokenizer_src), tokenize(tgt, tokenizer_tgt)) for src, tgt in pairs]
 
 
 # %%
-from collections import Counter
-
-
-def length_histogram(pairs: Sequence[tuple[Sequence[str], Sequence[str]]], *, title: str) -> Any:
-    """How many sentence pairs have each length, German (side 0) over English (side 1)."""
-    import altair as alt
-
-    rows = []
-    for language, side in [("German", 0), ("English", 1)]:
-        counts = Counter(len(pair[side]) for pair in pairs)
-        rows += [{"language": language, "tokens": n, "sentences": c} for n, c in counts.items()]
-    if not rows:
-        raise ValueError("pairs is empty: there are no lengths to count")
-    return (
-        alt.Chart(alt.Data(values=rows))
-        .mark_bar(opacity=0.6)
-        .encode(
-            x=alt.X("tokens:Q", bin=alt.Bin(step=1), title="sentence length (tokens)"),
-            y=alt.Y("sentences:Q", stack=None, title="training sentences"),
-            color=alt.Color("language:N", title=None),
-            tooltip=["language:N", "tokens:Q", "sentences:Q"],
-        )
-        .properties(width=520, height=220, title=title)
-    )
-
-
-# %%
+import json
 import os
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -777,28 +659,16 @@ class Vocab:
     """A table between tokens and ids; a token it does not hold maps to the id of `<unk>`."""
 
     def __init__(self, itos: Sequence[str], *, unk: str = "<unk>") -> None:
-        itos = list(itos)
-        if len(set(itos)) != len(itos):
-            raise ValueError("itos has repeated tokens; each token needs exactly one id")
-        if unk not in itos:
-            raise ValueError(f"unk={unk!r} is not among the tokens in itos")
-        self.itos = itos  # id -> token
-        self.stoi = {token: i for i, token in enumerate(itos)}  # token -> id
+        self.itos = list(itos)  # id -> token
+        self.stoi = {token: i for i, token in enumerate(self.itos)}  # token -> id
         self.unk = unk
+        if len(self.stoi) != len(self.itos) or unk not in self.stoi:
+            raise ValueError(f"itos must hold each token once, unk={unk!r} among them")
 
     @classmethod
-    def build(
-        cls,
-        token_lists: Iterable[Sequence[str]],
-        *,
-        min_freq: int = 2,
-        specials: Sequence[str] = SPECIALS,
-    ) -> "Vocab":
+    def build(cls, token_lists: Iterable[Sequence[str]], *, min_freq: int = 2,
+              specials: Sequence[str] = SPECIALS) -> "Vocab":
         """Specials first, then each token seen at least min_freq times, most frequent first."""
-        if not isinstance(min_freq, int) or min_freq < 1:
-            raise ValueError(f"min_freq must be a positive integer, got {min_freq!r}")
-        if "<unk>" not in specials:
-            raise ValueError(f"specials must include '<unk>', got {tuple(specials)}")
         counts = Counter()
         for tokens in token_lists:
             if isinstance(tokens, str):
@@ -829,26 +699,20 @@ class Vocab:
 
     def lookup_tokens(self, ids: Iterable[int]) -> list[str]:
         """The tokens of ids (ints, or a 1-D tensor)."""
-        tokens = []
+        ids = [int(i) for i in ids]
         for i in ids:
-            i = int(i)
             if not 0 <= i < len(self.itos):
                 raise ValueError(f"id {i} is out of range for a vocabulary of {len(self)} tokens")
-            tokens.append(self.itos[i])
-        return tokens
+        return [self.itos[i] for i in ids]
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the vocabulary as JSON: readable, and safe to load (unlike a pickle)."""
-        import json
-
         data = {"format": "Vocab", "version": 1, "unk": self.unk, "itos": self.itos}
         Path(path).write_text(json.dumps(data, ensure_ascii=False, indent=0) + "\n", "utf-8")
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Vocab":
         """A vocabulary that `save` wrote."""
-        import json
-
         data = json.loads(Path(path).read_text("utf-8"))
         if not isinstance(data, dict) or data.get("format") != "Vocab":
             raise ValueError(f"{path} is not a vocabulary written by Vocab.save")
@@ -861,16 +725,14 @@ from collections.abc import Iterable, Sequence
 import torch
 
 
-def encode_pairs(
-    token_pairs: Iterable[tuple[Sequence[str], Sequence[str]]], vocab_src: Vocab, vocab_tgt: Vocab
-) -> list[tuple[list[int], list[int]]]:
+def encode_pairs(token_pairs: Iterable[tuple[Sequence[str], Sequence[str]]], vocab_src: Vocab,
+                 vocab_tgt: Vocab) -> list[tuple[list[int], list[int]]]:
     """Each token pair as two lists of ids (without `<s>` and `</s>`)."""
     return [(vocab_src.encode(src), vocab_tgt.encode(tgt)) for src, tgt in token_pairs]
 
 
-def filter_by_length(
-    examples: Sequence[tuple[Sequence[int], Sequence[int]]], *, max_len: int
-) -> tuple[list[tuple[Sequence[int], Sequence[int]]], int]:
+def filter_by_length(examples: Sequence[tuple[Sequence[int], Sequence[int]]], *,
+                     max_len: int) -> tuple[list[tuple[Sequence[int], Sequence[int]]], int]:
     """The pairs whose both sides fit max_len with `<s>` and `</s>`, and how many were dropped."""
     if not isinstance(max_len, int) or max_len < 3:
         raise ValueError(f"max_len must be an integer >= 3 (<s>, a token, </s>), got {max_len!r}")
@@ -885,13 +747,8 @@ def example_lengths(
     return [len(src) + 2 for src, _ in examples], [len(tgt) + 2 for _, tgt in examples]
 
 
-def collate_batch(
-    batch: Sequence[tuple[Sequence[int], Sequence[int]]],
-    *,
-    bos_id: int = 0,
-    eos_id: int = 1,
-    pad_id: int = 2,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def collate_batch(batch: Sequence[tuple[Sequence[int], Sequence[int]]], *, bos_id: int = 0,
+                  eos_id: int = 1, pad_id: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
     """Wrap each sentence in `<s>` ... `</s>` and pad to the longest in the batch (never cut)."""
     if len(batch) == 0:
         raise ValueError("batch is empty; collate_batch needs at least one (src, tgt) pair")
@@ -903,9 +760,7 @@ def collate_batch(
             out[row, : len(s) + 2] = torch.tensor([bos_id, *s, eos_id], dtype=torch.long)
         return out
 
-    src = pad([src for src, _ in batch])  # (batch, n_src)
-    tgt = pad([tgt for _, tgt in batch])  # (batch, n_tgt)
-    return src, tgt
+    return pad([src for src, _ in batch]), pad([tgt for _, tgt in batch])  # (batch, n_src/tgt)
 
 
 # %%
@@ -918,62 +773,28 @@ from torch.utils.data import Sampler
 class TokenBudgetSampler(Sampler[list[int]]):
     """Batches of similar-length examples whose padded src and tgt each fit max_tokens."""
 
-    def __init__(
-        self,
-        src_lengths: Sequence[int],
-        tgt_lengths: Sequence[int],
-        *,
-        max_tokens: int,
-        pool_size: int | None = None,
-        shuffle: bool = True,
-        seed: int = 0,
-        num_replicas: int = 1,
-        rank: int = 0,
-    ) -> None:
+    def __init__(self, src_lengths: Sequence[int], tgt_lengths: Sequence[int], *, max_tokens: int,
+                 pool_size: int | None = None, shuffle: bool = True, seed: int = 0,
+                 num_replicas: int = 1, rank: int = 0) -> None:
         super().__init__()
         self.src_lengths = [int(n) for n in src_lengths]
         self.tgt_lengths = [int(n) for n in tgt_lengths]
-        n = len(self.src_lengths)
-        if len(self.tgt_lengths) != n:
-            raise ValueError(
-                f"src_lengths has {n} entries but tgt_lengths has {len(self.tgt_lengths)}; "
-                "both must describe the same examples"
-            )
-        if n == 0:
-            raise ValueError("src_lengths is empty; the sampler needs at least one example")
-        pool_size = n if pool_size is None else pool_size
-        for name, value in [("max_tokens", max_tokens), ("pool_size", pool_size),
-                            ("num_replicas", num_replicas)]:
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if not isinstance(rank, int) or not 0 <= rank < num_replicas:
-            raise ValueError(f"rank must be in [0, num_replicas={num_replicas}), got {rank!r}")
-        if n < num_replicas:
-            raise ValueError(
-                f"{n} examples cannot give each of num_replicas={num_replicas} ranks a batch"
-            )
-        too_long = [
-            i for i in range(n) if max(self.src_lengths[i], self.tgt_lengths[i]) > max_tokens
-        ]
-        if too_long:
-            i = too_long[0]
-            raise ValueError(
-                f"example {i} has {self.src_lengths[i]} source and {self.tgt_lengths[i]} target "
-                f"tokens, more than max_tokens={max_tokens} on its own ({len(too_long)} such "
-                "examples): drop long pairs first (filter_by_length) or raise max_tokens"
-            )
+        check_token_budget(self.src_lengths, self.tgt_lengths, max_tokens=max_tokens,
+                           pool_size=pool_size, num_replicas=num_replicas, rank=rank)
         self.max_tokens = max_tokens
-        self.pool_size = pool_size
-        self.shuffle = shuffle
-        self.seed = seed
-        self.num_replicas = num_replicas
-        self.rank = rank
-        self.epoch = 0
+        self.pool_size = pool_size or len(self.src_lengths)
+        self.shuffle, self.seed, self.epoch = shuffle, seed, 0
+        self.num_replicas, self.rank = num_replicas, rank
         self._cache: tuple[int, list[list[int]]] | None = None  # (epoch, its batches)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch and with it the order; call it with the same epoch on every rank."""
         self.epoch = epoch
+
+    def _length_key(self, i: int) -> tuple[int, int, int]:
+        """Sort by the longer side first: it is the one the budget binds on."""
+        src, tgt = self.src_lengths[i], self.tgt_lengths[i]
+        return max(src, tgt), src, tgt
 
     def _fill(self, pool: list[int]) -> list[list[int]]:
         """Cut a length-sorted pool into batches, closing one when the next example won't fit."""
@@ -988,19 +809,6 @@ class TokenBudgetSampler(Sampler[list[int]]):
         batches.append(batch)
         return batches
 
-    def _split_to_multiple(self, batches: list[list[int]]) -> list[list[int]]:
-        """Halve the largest batches until every rank can have the same number of them."""
-        while len(batches) % self.num_replicas:
-            j = max(range(len(batches)), key=lambda k: len(batches[k]))
-            if len(batches[j]) < 2:
-                raise ValueError(
-                    f"cannot share {len(batches)} one-example batches equally among "
-                    f"num_replicas={self.num_replicas} ranks; raise max_tokens"
-                )
-            half = len(batches[j]) // 2
-            batches[j : j + 1] = [batches[j][:half], batches[j][half:]]
-        return batches
-
     def batches(self) -> list[list[int]]:
         """All ranks' batches of this epoch, in order (rank r takes every num_replicas-th)."""
         if self._cache is not None and self._cache[0] == self.epoch:
@@ -1013,16 +821,11 @@ class TokenBudgetSampler(Sampler[list[int]]):
             # 1) shuffled pool, 2) sorted by length (stable: ties stay shuffled), 3) cut
             pool = sorted(order[start : start + self.pool_size], key=self._length_key)
             batches += self._fill(pool)
-        batches = self._split_to_multiple(batches)
+        batches = split_batches_for_ranks(batches, self.num_replicas)  # the same count per rank
         if self.shuffle:  # 4) shuffle the batches themselves
             batches = [batches[j] for j in torch.randperm(len(batches), generator=generator)]
         self._cache = (self.epoch, batches)
         return batches
-
-    def _length_key(self, i: int) -> tuple[int, int, int]:
-        """Sort by the longer side first: it is the one the budget binds on."""
-        src, tgt = self.src_lengths[i], self.tgt_lengths[i]
-        return max(src, tgt), src, tgt
 
     def __iter__(self) -> Iterator[list[int]]:
         yield from self.batches()[self.rank :: self.num_replicas]
@@ -1031,9 +834,8 @@ class TokenBudgetSampler(Sampler[list[int]]):
         return len(self.batches()) // self.num_replicas
 
 
-def padding_fraction(
-    batches: Iterable[Sequence[int]], src_lengths: Sequence[int], tgt_lengths: Sequence[int]
-) -> float:
+def padding_fraction(batches: Iterable[Sequence[int]], src_lengths: Sequence[int],
+                     tgt_lengths: Sequence[int]) -> float:
     """The share of padding in the padded src and tgt tensors of batches (lists of indices)."""
     padded = real = 0
     for batch in batches:
@@ -5599,3 +5401,188 @@ def seeds_chart(
     tooltip = ["variant:N", alt.Tooltip("mean:Q", format=".4")]
     ticks = ticks.encode(x="mean:Q", y=y, tooltip=tooltip)
     return (points + ticks).properties(title=title, width=width)
+
+
+# %% [markdown]
+# ## From book/appendix_data.ipynb
+
+
+# %%
+import os
+from pathlib import Path
+
+
+def dataset_dir(name: str, env: str, data_dir: str | os.PathLike | None = None) -> Path:
+    """A data set's folder: data_dir, $env, ../shared/data/<name> beside the repository, or the
+    cache ~/.cache/annotated-transformer/<name> (where a download goes)."""
+    if data_dir is not None:
+        return Path(data_dir).expanduser()
+    if os.environ.get(env):
+        return Path(os.environ[env]).expanduser()
+    root = repository_root()
+    if root is not None and (root.parent / "shared" / "data" / name).is_dir():
+        return (root.parent / "shared" / "data" / name).resolve()
+    return Path.home() / ".cache" / "annotated-transformer" / name
+
+
+def multi30k_dir(data_dir: str | os.PathLike | None = None) -> Path:
+    """The Multi30k folder: data_dir, $MULTI30K_DIR, ../shared/data/multi30k, or the cache."""
+    return dataset_dir("multi30k", "MULTI30K_DIR", data_dir)
+
+
+# %%
+MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
+MULTI30K_SHA256 = {
+    "train.de.gz": "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6",
+    "train.en.gz": "d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f",
+    "val.de.gz": "f0cba2f995189cf5770f29a8a9a537a3ad3f51657ad873405082ff6863a5e75a",
+    "val.en.gz": "14f7d25ddd868909a9213e361768460edcacdd6ab9d1e77b92560dc10c10dc28",
+    "test_2016_flickr.de.gz": "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8",
+    "test_2016_flickr.en.gz": "611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9",
+}
+
+
+def multi30k_file(name: str, folder: Path) -> Path:
+    """The path of one Multi30k file in folder, downloaded if missing, its checksum verified."""
+    path = folder / name
+    expected = MULTI30K_SHA256[name]
+    if not path.exists():
+        url = MULTI30K_URL + name
+        try:
+            download_file(url, path, sha256=expected)
+        except OSError as err:  # no network, an HTTP error, a timeout, a read-only folder
+            raise FileNotFoundError(
+                f"Multi30k file {name} is not in {folder} and could not be downloaded from "
+                f"{url} ({err}): connect to the internet and try again, copy the file there, "
+                "or set MULTI30K_DIR to a folder that holds the Multi30k files"
+            ) from err
+    actual = sha256_of(path)
+    if actual != expected:
+        raise ValueError(
+            f"Multi30k file {path} is truncated or corrupted (SHA-256 {actual}, expected "
+            f"{expected}): delete it to download it again, or set MULTI30K_DIR to a folder "
+            "with intact copies"
+        )
+    return path
+
+
+# %%
+import gzip
+import os
+from pathlib import Path
+
+MULTI30K_SPLITS = {"train": 29_000, "val": 1_014, "test_2016_flickr": 1_000}
+
+
+def read_sentence_pairs(
+    src_path: str | os.PathLike, tgt_path: str | os.PathLike
+) -> list[tuple[str, str]]:
+    """Line i of the gzipped src_path paired with line i of tgt_path; unequal counts raise."""
+    sides = []
+    for path in (src_path, tgt_path):
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            lines = f.read().split("\n")
+        if lines[-1] == "":  # the newline that ends the last line
+            lines.pop()
+        sides.append(lines)
+    src, tgt = sides
+    if len(src) != len(tgt):
+        raise ValueError(
+            f"{Path(src_path).name} has {len(src)} lines but {Path(tgt_path).name} has "
+            f"{len(tgt)}: the files are not parallel; delete both to download them again"
+        )
+    return list(zip(src, tgt, strict=True))
+
+
+def load_multi30k(
+    split: str, data_dir: str | os.PathLike | None = None
+) -> list[tuple[str, str]]:
+    """The (German, English) sentence pairs of one Multi30k split, exactly as published."""
+    if split not in MULTI30K_SPLITS:
+        raise ValueError(f"split={split!r} is not one of {', '.join(MULTI30K_SPLITS)}")
+    folder = multi30k_dir(data_dir)
+    return read_sentence_pairs(
+        multi30k_file(f"{split}.de.gz", folder), multi30k_file(f"{split}.en.gz", folder)
+    )
+
+
+# %%
+from collections.abc import Sequence
+
+
+def check_token_budget(
+    src_lengths: Sequence[int], tgt_lengths: Sequence[int], *, max_tokens: int,
+    pool_size: int | None = None, num_replicas: int = 1, rank: int = 0,
+) -> None:
+    """Raise a ValueError naming the argument if TokenBudgetSampler cannot keep its promise."""
+    n = len(src_lengths)
+    if len(tgt_lengths) != n:
+        raise ValueError(
+            f"src_lengths has {n} entries but tgt_lengths has {len(tgt_lengths)}; "
+            "both must describe the same examples"
+        )
+    if n == 0:
+        raise ValueError("src_lengths is empty; the sampler needs at least one example")
+    pool_size = n if pool_size is None else pool_size
+    for name, value in [("max_tokens", max_tokens), ("pool_size", pool_size),
+                        ("num_replicas", num_replicas)]:
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if not isinstance(rank, int) or not 0 <= rank < num_replicas:
+        raise ValueError(f"rank must be in [0, num_replicas={num_replicas}), got {rank!r}")
+    if n < num_replicas:
+        raise ValueError(
+            f"{n} examples cannot give each of num_replicas={num_replicas} ranks a batch"
+        )
+    too_long = [i for i in range(n) if max(src_lengths[i], tgt_lengths[i]) > max_tokens]
+    if too_long:
+        i = too_long[0]
+        raise ValueError(
+            f"example {i} has {src_lengths[i]} source and {tgt_lengths[i]} target "
+            f"tokens, more than max_tokens={max_tokens} on its own ({len(too_long)} of {n} "
+            "examples exceed it): drop long pairs first (filter_by_length) or raise max_tokens"
+        )
+
+
+# %%
+def split_batches_for_ranks(batches: list[list[int]], num_replicas: int) -> list[list[int]]:
+    """Halve the largest batches until every rank can have the same number of them."""
+    while len(batches) % num_replicas:
+        j = max(range(len(batches)), key=lambda k: len(batches[k]))
+        if len(batches[j]) < 2:
+            raise ValueError(
+                f"cannot share {len(batches)} one-example batches equally among "
+                f"num_replicas={num_replicas} ranks; raise max_tokens"
+            )
+        half = len(batches[j]) // 2
+        batches[j : j + 1] = [batches[j][:half], batches[j][half:]]
+    return batches
+
+
+# %%
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+
+def length_histogram(pairs: Sequence[tuple[Sequence[str], Sequence[str]]], *, title: str) -> Any:
+    """How many sentence pairs have each length, German (side 0) over English (side 1)."""
+    import altair as alt
+
+    rows = []
+    for language, side in [("German", 0), ("English", 1)]:
+        counts = Counter(len(pair[side]) for pair in pairs)
+        rows += [{"language": language, "tokens": n, "sentences": c} for n, c in counts.items()]
+    if not rows:
+        raise ValueError("pairs is empty: there are no lengths to count")
+    return (
+        alt.Chart(alt.Data(values=rows))
+        .mark_bar(opacity=0.6)
+        .encode(
+            x=alt.X("tokens:Q", bin=alt.Bin(step=1), title="sentence length (tokens)"),
+            y=alt.Y("sentences:Q", stack=None, title="training sentences"),
+            color=alt.Color("language:N", title=None),
+            tooltip=["language:N", "tokens:Q", "sentences:Q"],
+        )
+        .properties(width=520, height=220, title=title)
+    )

@@ -35,8 +35,10 @@ def exported_names(nb) -> set[str]:
         for node in ast.parse(cell.source).body:
             if isinstance(node, ast.FunctionDef | ast.ClassDef):
                 names.add(node.name)
-            elif isinstance(node, ast.Assign):
-                names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+            elif isinstance(node, ast.Assign):  # also `BOS_ID, EOS_ID = 0, 1`
+                names |= {
+                    n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name)
+                }
             elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
                 names.add(node.target.id)
     return names

@@ -348,7 +348,8 @@ with tempfile.TemporaryDirectory() as folder:
 # The shares are disjoint and together cover the data once per epoch. They must also be of
 # *equal length*: in distributed training every rank takes part in every gradient exchange,
 # and a rank with one batch more would wait forever for partners that have finished their
-# epoch. Chapter 9's sampler splits batches until their number is a multiple of $R$.
+# epoch. `split_batches_for_ranks` (appendix, *Finding the data*) splits the largest batches until
+# their number is a multiple of $R$.
 #
 # Finally, a `DataLoader` turns index lists into `Batch` objects (chapter 7) with their masks.
 

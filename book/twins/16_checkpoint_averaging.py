@@ -407,9 +407,9 @@ line_chart(curve, x="step:Q", y="loss:Q", color="weights:N", y_scale={"type": "l
 
 # %% [markdown]
 # In the run stored with this page, over the last ten checkpoints (steps 320 to 500) the
-# single checkpoints' held-out loss jumps up and down between 0.0202 and 0.1221 from one
-# checkpoint to the next, while the average of five stays between 0.0067 and 0.0151 and is
-# lower every time, by a factor of 2.6 to 17.4. Another machine prints other values; the cell
+# single checkpoints' held-out loss jumps up and down between 0.0232 and 0.0802 from one
+# checkpoint to the next, while the average of five stays between 0.0056 and 0.0182 and is
+# lower every time, by a factor of 1.8 to 9.5. Another machine prints other values; the cell
 # asserts that the average is lower at no fewer than 8 of those 10 checkpoints. The jumps are
 # the shaken marble of the first section, and the average's smooth descent is roughly what the
 # run would look like without them. A learning rate that decayed to zero would calm the single
@@ -494,16 +494,16 @@ alt.hconcat(*(
 
 # %% [markdown]
 # In the run stored with this page the loss dips along the line between steps 400 and 500: the
-# midpoint, which is the average of the two checkpoints, has loss 0.0083, lower than either
-# end (0.0743 and 0.0582), and beyond either end the loss climbs. The two checkpoints sit on
+# midpoint, which is the average of the two checkpoints, has loss 0.0121, lower than either
+# end (0.0273 and 0.0254), and beyond either end the loss climbs. The two checkpoints sit on
 # opposite walls of one valley, as in the picture of the bowl. Another machine's run prints
 # other losses; the cell asserts only that the midpoint is lower than the worse of the two
 # ends.
 #
 # Between the final weights and their permuted twin the line does the opposite. Both ends have
 # the same loss up to rounding, which the cells above assert, because they are the same
-# function (loss 0.0582, and 85.6 % sorted, in the stored run); their average has loss 0.3446
-# and sorts 45.6 %. This ridge is asserted too, so every machine that passes the tests shows
+# function (loss 0.0254, and 93.8 % sorted, in the stored run); their average has loss 0.2329
+# and sorts 51.3 %. This ridge is asserted too, so every machine that passes the tests shows
 # it: the average's loss is more than twice that of the ends. Averaging is done slot by slot,
 # and in the two networks the slots hold different units. The damage is limited here only
 # because we shuffled the feed-forward layers alone, so that attention and embeddings still

@@ -55,11 +55,11 @@ enable_book_charts()
 #
 # The Penn Treebank is licensed by the LDC; NLTK distributes a sample of it, the files
 # `wsj_0001` to `wsj_0199` (3,914 sentences, about a tenth of the WSJ part), for non-commercial
-# use {cite}`bird2009natural`. The book never ships it. As with Multi30k in chapter 9, the code
-# looks for `treebank.zip` in a folder (an argument, the `PTB_SAMPLE_DIR` environment variable,
+# use {cite}`bird2009natural`. The book never ships it. As with Multi30k (appendix, *Finding the data*),
+# the code looks for `treebank.zip` in a folder (an argument, the `PTB_SAMPLE_DIR` environment variable,
 # `../shared/data/ptb-sample` next to the repository, or a cache folder), downloads it from the
-# NLTK data repository when it is missing, and checks its SHA-256 with chapter 9's
-# `download_file` and `sha256_of`.
+# NLTK data repository when it is missing, and checks its SHA-256 with the infrastructure
+# appendix's `download_file` and `sha256_of`.
 #
 # Each `.mrg` file holds trees written as nested brackets, `(NP (DT the) (NN board) )`: a label,
 # then the children, where the innermost brackets pair a part-of-speech tag with a word. A

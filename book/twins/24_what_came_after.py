@@ -377,8 +377,8 @@ print("both validation perplexities between 10 and 80, within 25 % of each other
 # %% [markdown]
 # A uniform guess over the vocabulary would have a perplexity equal to its size, over 6,000;
 # after one pass both models are down to a few dozen choices per word. In the run stored with
-# this page the two validation perplexities are 34.0 with sinusoids and 34.3 with rotary
-# positions, less than 1% apart; another machine's run prints other values. The assert after
+# this page the two validation perplexities are 34.0 with sinusoids and 34.4 with rotary
+# positions, about 1% apart; another machine's run prints other values. The assert after
 # the training cell guarantees much less: that both lie between 10 and 80 and within 25% of
 # each other. With one run of each, and a gap far smaller than the test allows, this cannot
 # rank the two kinds of position on captions of about a dozen words, and that is what one

@@ -6,7 +6,7 @@
 # several chapters share, the capture and drawing of attention maps, and the code that downloads a
 # file and checks it against its published checksum. They are collected here, out of the way of
 # the model, and like every other definition they go into `the_annotated_transformer.py`, which
-# the chapters import by name.
+# the chapters import by name. The first section tells how that module is assembled.
 
 # %% tags=["setup", "hide-cell"]
 # Setup (hidden in the book): in Colab, install the book's package; everywhere, import what
@@ -24,9 +24,50 @@ if "google.colab" in sys.modules:
 from the_annotated_transformer import (
     BOOK_REPOSITORY,
     BOOK_REPOSITORY_REF,
+    greedy_decode,
     make_model,
+    run_groups,
     subsequent_mask,
 )
+
+# %% [markdown]
+# ## One module, grown chapter by chapter
+#
+# Every cell tagged `export` goes into `the_annotated_transformer.py` (`make sync` writes it; the
+# chapters are the source). Most names are defined once, in the chapter that explains them. A few
+# are *grown*: the chapter that teaches an idea shows its smallest version, and a later chapter
+# that needs more defines the same name again, in a cell tagged `export` and `extends`. The grown
+# definition keeps every earlier parameter as it was and adds keyword-only options whose defaults
+# give the earlier behaviour, so a call written in an earlier chapter means the same thing after
+# the name has grown. Running the chapters in order, the name means the grown definition from
+# that cell on; the module keeps only the last one.
+#
+# Chapter 5's `greedy_decode` is the plain decoding loop; chapter 14 adds `banned`, the ids a
+# translation must never contain, and chapter 21 adds `use_cache`, which reuses the keys and
+# values of earlier steps. Chapter 8's `run_groups` accumulates gradients over a group of
+# batches; chapter 14 adds the hooks that DistributedDataParallel and autocast need. The module's
+# signatures, each parameter with the chapter that brought it:
+
+# %%
+import inspect
+
+grown_in = {"banned": 14, "use_cache": 21, "group_norm": 14, "sync_context": 14,
+            "forward_context": 14, "after_group": 14}
+first_in = {"greedy_decode": 5, "run_groups": 8}
+for function in [greedy_decode, run_groups]:
+    names = list(inspect.signature(function).parameters)
+    chapter_of = {name: grown_in.get(name, first_in[function.__name__]) for name in names}
+    first = [name for name in names if name not in grown_in]
+    assert names[:len(first)] == first  # the grown parameters come after the first ones
+    print(f"{function.__name__}:")
+    for chapter in sorted(set(chapter_of.values())):
+        print(f"  chapter {chapter}:", ", ".join(n for n in names if chapter_of[n] == chapter))
+
+# %% [markdown]
+# The tests hold the rule: a name defined in two chapters must be tagged `extends` in the later
+# one, the grown signature must begin with the earlier one, a first definition may not carry a
+# parameter that only a later chapter uses, and each grown definition, at its defaults, must
+# compute what its first definition computes.
 
 # %% [markdown]
 # ## Charts that draw everywhere
@@ -568,8 +609,8 @@ def attention_chart(
 # ## Downloads and checksums
 #
 # Data that arrives over the network can arrive broken, and a broken download that is read
-# anyway fails much later and far from the cause. So every file the book downloads (Multi30k
-# in chapter 9, the shipped model in chapter 14) goes through `download_file`: it writes to a
+# anyway fails much later and far from the cause. So every file the book downloads (Multi30k,
+# see *Finding the data*; the shipped model in chapter 14) goes through `download_file`: it writes to a
 # temporary file next to the target and renames it only once its SHA-256 checksum is the
 # published one, so a half-finished download never looks like a finished one.
 # `repository_root` finds the checkout a chapter runs in, where the book keeps its data and
