@@ -13,7 +13,7 @@
 #   make bench   training and decoding speed of the readable and fast paths (chapter 21),
 #                about 10 minutes on a CPU; writes book/data/bench_cpu.json (or _cuda)
 #   make bench-quick   the same rows at tiny sizes, in under a minute
-#   make seeds   the multi-seed sweeps that chapters 22 and 25 draw (tools/seeds.py), into
+#   make seeds   the multi-seed sweeps that chapters 23 and 26 draw (tools/seeds.py), into
 #                book/data/seeds_*.json; about 25 minutes on 2 cores, stored runs are kept
 # Each target first sets up .venv (tools/setup_env.sh) with the layer it needs, so any of them
 # works on a fresh clone: `translate` and `train` need torch and the package's `book` extra
@@ -40,8 +40,8 @@ DEVICES ?= 1
 # first run, every other chapter the second; the split keeps the two runs about as long.
 NBVAL_FIRST_HALF := $(addprefix book/,05_full_model.ipynb 08_training_loop.ipynb \
 	11_regularization.ipynb 12_copy_task.ipynb 13_sort_task.ipynb 14_multi30k_training.ipynb \
-	19_model_variations.ipynb 20_constituency_parsing.ipynb 23_attention_visualization.ipynb \
-	24_what_came_after.ipynb)
+	19_model_variations.ipynb 20_constituency_parsing.ipynb 24_attention_visualization.ipynb \
+	25_what_came_after.ipynb)
 
 .PHONY: book test nbval test-portable test-cli-layer sync lint lock clean distclean setup train \
 	translate bench bench-quick seeds

@@ -1512,616 +1512,6 @@ def evaluate(
 
 
 # %%
-import hashlib
-import inspect
-import math
-import os
-import platform
-import sys
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Any
-
-import torch
-import torch.distributed as dist
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader
-
-
-def rng_states(device: torch.device) -> dict[str, torch.Tensor | None]:
-    """This process's random number generator states, as tensors (safe for weights_only)."""
-    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    return {"torch": torch.get_rng_state(), "cuda": cuda}
-
-
-def set_rng_states(states: dict[str, torch.Tensor | None], device: torch.device) -> None:
-    """Restore what rng_states returned, so that dropout draws the same masks again."""
-    torch.set_rng_state(states["torch"])
-    if device.type == "cuda" and states.get("cuda") is not None:
-        torch.cuda.set_rng_state(states["cuda"], device)
-
-
-def device_report(device: torch.device) -> dict[str, float]:
-    """Peak GPU memory of this process and the GPU's utilization (nvidia-ml-py, if installed)."""
-    if device.type != "cuda":
-        return {}
-    report = {"max_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30}
-    try:  # torch asks NVML, translating the index through CUDA_VISIBLE_DEVICES
-        report["utilization_percent"] = float(torch.cuda.utilization(device))
-    except Exception:  # nvidia-ml-py missing or no driver access: memory alone is still useful
-        pass
-    return report
-
-
-def hardware_name(device: torch.device, world_size: int) -> str:
-    """The devices a run used, in words, for the checkpoint and the shipped model's notes."""
-    if device.type == "cuda":
-        return f"{world_size} x {torch.cuda.get_device_name(device)}"
-    cpu = platform.processor() or platform.machine()
-    try:  # Linux names the processor model here
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-        cpu = f"{names[0]}, {len(names)} cores" if names else cpu
-    except OSError:
-        pass
-    return f"{world_size} CPU process(es) x {torch.get_num_threads()} thread(s), {cpu}"
-
-
-RESUMABLE_CHANGES = ("epochs", "checkpoint_dir", "keep_epochs", "bleu_every", "accum_iter")
-RUN_FILES = ("last.pt", "best.pt", "epoch_*.pt")
-
-
-@dataclass
-class Process:
-    """Where this process stands in the run: its rank, how many there are, its device."""
-
-    rank: int
-    world_size: int
-    device: torch.device
-
-    @property
-    def distributed(self) -> bool:
-        return self.world_size > 1
-
-
-@dataclass
-class Run:
-    """What changes as a run trains, and what it trains with."""
-
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    criterion: nn.Module
-    train_state: TrainState
-    history: list[dict[str, float]]
-    epoch: int = 0  # epochs done
-    elapsed_s: float = 0.0  # seconds of training, over all sessions of the run
-    best_bleu: float | None = None
-
-
-def setup_process(rank: int, world_size: int, threads: int | None) -> Process:
-    """1) One device per process, never more CPU threads than cores, and the process group."""
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-        if threads is None and world_size > 1:
-            local_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-            threads = max(1, (cores or os.cpu_count() or 1) // local_size)
-    if threads is not None:
-        torch.set_num_threads(threads)
-    if world_size > 1:  # MASTER_ADDR and MASTER_PORT come from train_distributed or torchrun
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, rank=rank, world_size=world_size,
-                                store=attempt_store(rank, world_size))
-    return Process(rank, world_size, device)
-
-
-def attempt_store(rank: int, world_size: int) -> dist.Store | None:
-    """Under torchrun, the rendezvous store seen through this attempt's own key prefix.
-
-    After a restart the store still holds the addresses that the dead processes published;
-    read by the new ones, they lead nowhere. None outside torchrun (the default env:// store).
-    """
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    if attempt is None:
-        return None
-    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # else rank 0's
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
-                          is_master=not agent_store and rank == 0)
-    return dist.PrefixStore(f"annotated-transformer/attempt-{attempt}", store)
-
-
-def from_rank0(process: Process, compute: Callable[[], Any]) -> Any:
-    """compute() on rank 0 only, and its result sent to every rank; its error raised on all."""
-    result, error = None, None
-    if process.rank == 0:
-        try:
-            result = compute()
-        except Exception as err:  # the other ranks must hear of it, or they wait forever
-            error = err
-    if process.distributed:
-        box = [(result, error)]
-        dist.broadcast_object_list(box, src=0)
-        result, error = box[0]
-    if error is not None:
-        raise error
-    return result
-
-
-def fingerprint(value: Any) -> int:
-    """A 56-bit hash of repr(value): two ranks agree on it when they agree on the value."""
-    return int.from_bytes(hashlib.blake2b(repr(value).encode(), digest_size=7).digest(), "big")
-
-
-def weights_fingerprint(model: nn.Module) -> int:
-    """An exact integer summary of the weights' bits, independent of any float rounding."""
-    total = 0
-    for tensor in unwrap(model).state_dict().values():
-        values = tensor.detach().cpu().contiguous().reshape(-1)
-        if values.dtype == torch.float32:
-            values = values.view(torch.int32)  # the bits, so that the sum is exact
-        total = (total * 1_000_003 + int(values.long().sum())) % (1 << 55)
-    return total
-
-
-def check_same_on_all_ranks(process: Process, values: list[int], what: str) -> None:
-    """Stop every rank with one clear error when the ranks' values differ (one all-reduce)."""
-    if not process.distributed:
-        return
-    both = torch.tensor([*values, *(-v for v in values)], dtype=torch.int64,
-                        device=process.device)
-    dist.all_reduce(both, op=dist.ReduceOp.MAX)  # the largest value, and minus the smallest
-    high = both[: len(values)].tolist()
-    low = [-v for v in both[len(values) :].tolist()]
-    if high != low:
-        raise RuntimeError(
-            f"rank {process.rank} of {process.world_size}: the ranks disagree on {what} "
-            f"(this rank has {values}; across the ranks they range from {low} to {high})"
-        )
-
-
-def prepare_checkpoint_dir(
-    folder: str | os.PathLike, *, resume: bool, overwrite: bool, restarted: bool = False
-) -> bool:
-    """2) Whether to resume from folder/last.pt; never mix a fresh run with another's files."""
-    if resume and overwrite:
-        raise ValueError("resume and overwrite exclude each other: choose one")
-    folder = Path(folder)
-    if (folder / "last.pt").is_file() and (resume or restarted):
-        return True
-    if resume:
-        raise FileNotFoundError(
-            f"cannot resume: the checkpoint folder {folder} holds no last.pt; start without "
-            "resume, or point the checkpoint folder at the run to continue"
-        )
-    old = sorted(path for pattern in RUN_FILES for path in folder.glob(pattern))
-    if old and not (overwrite or restarted):
-        raise FileExistsError(
-            f"the checkpoint folder {folder} already holds another run's "
-            f"{', '.join(p.name for p in old)}: resume it, overwrite it (its checkpoints are "
-            "deleted), or choose another checkpoint folder"
-        )
-    for path in old:
-        path.unlink()
-    return False
-
-
-@dataclass
-class RunData:
-    """What a rank trains and validates on."""
-
-    vocab_src: Vocab
-    vocab_tgt: Vocab
-    train_loader: DataLoader
-    val_loader: DataLoader
-    val_pairs: list[tuple[str, str]]  # the validation sentences, for BLEU
-    tokenizers: tuple[Any, Any]
-
-
-def training_pairs(
-    config: TrainConfig, pairs: dict[str, Sequence[tuple[str, str]]] | None
-) -> dict[str, list[tuple[str, str]]]:
-    """The train and val sentence pairs, given or Multi30k's, cut to the config's limits."""
-    if pairs is None:
-        pairs = {split: load_multi30k(split) for split in ("train", "val")}
-    missing = sorted({"train", "val"} - set(pairs))
-    if missing:
-        raise ValueError(f"pairs must hold the splits 'train' and 'val'; missing {missing}")
-    return {"train": list(pairs["train"])[: config.train_limit],
-            "val": list(pairs["val"])[: config.val_limit]}
-
-
-def load_data(
-    process: Process, config: TrainConfig, pairs: dict[str, list[tuple[str, str]]],
-    *, resuming: bool,
-) -> RunData:
-    """3) Rank 0's vocabularies on every rank, and this rank's share of the batches."""
-    tokenizers = load_tokenizers()
-
-    def vocabularies() -> tuple[Vocab, Vocab]:
-        if resuming:  # the ids the checkpoint's embeddings were trained with
-            return read_vocabularies(config.checkpoint_dir, subwords=config.subwords > 0)
-        return multi30k_vocabularies(config, tokenizers, pairs=pairs["train"])
-
-    vocab_src, vocab_tgt = from_rank0(process, vocabularies)
-    train_data, val_data = (
-        encode_examples(pairs[split], vocab_src, vocab_tgt, tokenizers, max_len=config.max_len)
-        for split in ("train", "val")
-    )
-    shard = {"max_tokens": config.max_tokens, "num_replicas": process.world_size,
-             "rank": process.rank, "seed": config.seed}
-    train_loader = multi30k_loader(train_data, shuffle=True, **shard)
-    val_loader = multi30k_loader(val_data, shuffle=False, **shard)
-    return RunData(vocab_src, vocab_tgt, train_loader, val_loader, pairs["val"], tokenizers)
-
-
-def schedule_steps(config: TrainConfig, *, batches_per_epoch: int, world_size: int) -> dict:
-    """The run's schedule in optimizer steps, refused when training would end in the warm-up.
-
-    `config.warmup` counts the steps of one process without accumulation. A run whose steps
-    each take k = world_size x accum_iter micro-batches walks the same data in k times fewer
-    steps, so its warm-up is warmup / k steps (and its peak rate sqrt(k) times higher).
-    """
-    k = world_size * config.accum_iter
-    per_epoch = math.ceil(batches_per_epoch / config.accum_iter)
-    plan = {"micro_batches_per_step": k, "steps_per_epoch": per_epoch,
-            "total_steps": config.epochs * per_epoch, "warmup": max(1, round(config.warmup / k))}
-    if plan["total_steps"] <= plan["warmup"]:
-        raise ValueError(
-            f"the run would take {plan['total_steps']} optimizer steps ({per_epoch} per epoch x "
-            f"{config.epochs}: {batches_per_epoch} micro-batches per process, accum_iter "
-            f"{config.accum_iter}), not more than its {plan['warmup']} warm-up steps "
-            f"(warmup={config.warmup} / {k} micro-batches per step), so the learning rate "
-            "would never peak: raise epochs or lower warmup"
-        )
-    return plan
-
-
-def build_training(
-    process: Process, config: TrainConfig, src_vocab: int, tgt_vocab: int, *, warmup: int
-) -> Run:
-    """4) Model (the same initial weights on every rank), optimizer, schedule and loss; warmup
-    is the run's warm-up in its own optimizer steps (schedule_steps)."""
-    torch.manual_seed(config.seed)
-    model = make_model(
-        src_vocab, tgt_vocab, N=config.N, d_model=config.d_model, d_ff=config.d_ff,
-        h=config.h, dropout=config.dropout, share_embeddings=config.share_embeddings,
-    ).to(process.device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer,
-        lr_lambda=lambda step: rate(step, config.d_model, config.lr_factor, warmup),
-    )
-    criterion = LabelSmoothing(tgt_vocab, PAD_ID, smoothing=config.label_smoothing)
-    return Run(model, optimizer, scheduler, criterion, TrainState(), [])
-
-
-def config_differences(stored: dict[str, Any], config: TrainConfig, world_size: int,
-                       stored_world_size: int) -> list[str]:
-    """What a resumed run would change that it may not: every field but RESUMABLE_CHANGES."""
-    changes = [
-        f"{name}={stored[name]!r} in the checkpoint but {value!r} now"
-        for name, value in asdict(config).items()
-        if name in stored and name not in RESUMABLE_CHANGES and stored[name] != value
-    ]
-    before = stored_world_size * stored.get("accum_iter", config.accum_iter)
-    if before != world_size * config.accum_iter:
-        changes.append(
-            f"processes x accum_iter = {before} in the checkpoint but "
-            f"{world_size} x {config.accum_iter} now (another global batch)"
-        )
-    return changes
-
-
-def read_resume_checkpoint(path: Path, config: TrainConfig, world_size: int) -> dict[str, Any]:
-    """last.pt, checked against the configuration of the run that is to continue it."""
-    checkpoint = load_checkpoint(path)
-    changes = config_differences(checkpoint["config"], config, world_size,
-                                 len(checkpoint["rng"]))
-    if changes:
-        raise ValueError(f"cannot resume from {path}: " + "; ".join(changes))
-    return checkpoint
-
-
-def resume_run(process: Process, config: TrainConfig, run: Run, *, resuming: bool) -> None:
-    """5) Rank 0's checkpoint on every rank, before DDP wraps the model; ranks must agree."""
-    if not resuming:
-        torch.manual_seed(config.seed + process.rank)  # each rank its own dropout masks
-        return
-    path = Path(config.checkpoint_dir) / "last.pt"
-    checkpoint = from_rank0(process, lambda: read_resume_checkpoint(path, config,
-                                                                    process.world_size))
-    run.model.load_state_dict(checkpoint["model"])
-    run.optimizer.load_state_dict(checkpoint["optimizer"])
-    run.scheduler.load_state_dict(checkpoint["scheduler"])
-    run.train_state = TrainState(**checkpoint["train_state"])
-    run.epoch, run.history = checkpoint["epoch"], checkpoint["history"]
-    run.elapsed_s, run.best_bleu = checkpoint["elapsed_s"], checkpoint.get("best_bleu")
-    check_same_on_all_ranks(
-        process, [run.epoch, run.train_state.accum_step, weights_fingerprint(run.model)],
-        f"the epoch, step and weights resumed from rank 0's {path}",
-    )
-    if len(checkpoint["rng"]) == process.world_size:
-        set_rng_states(checkpoint["rng"][process.rank], process.device)
-    else:
-        if process.rank == 0:
-            print(f"{path} was written by {len(checkpoint['rng'])} processes, not "
-                  f"{process.world_size}: random states start afresh", file=sys.stderr)
-        torch.manual_seed(config.seed + 1_000 * run.epoch + process.rank)
-    if process.rank == 0:
-        print(f"resumed from {path} after epoch {run.epoch}", file=sys.stderr)
-
-
-def validation_bleu(process: Process, model: nn.Module, data: RunData, max_len: int) -> float:
-    """Greedy BLEU on the validation pairs; each rank translates its share of the sources."""
-    pairs = data.val_pairs
-    share = [de for de, _ in pairs[process.rank :: process.world_size]]
-    outputs = translate(unwrap(model), share, data.vocab_src, data.vocab_tgt, data.tokenizers[0],
-                        max_len=max_len)
-    shares = [outputs]
-    if process.distributed:
-        shares = [None] * process.world_size
-        dist.all_gather_object(shares, outputs)
-    hypotheses = [""] * len(pairs)
-    for rank, translated in enumerate(shares):  # back into the order of the pairs
-        hypotheses[rank :: process.world_size] = translated
-    return bleu(hypotheses, [en for _, en in pairs])[0]
-
-
-def all_ranks_sum(process: Process, values: list[float]) -> list[float]:
-    """The sums over all ranks of a few numbers (loss sums, token counts)."""
-    if not process.distributed:
-        return values
-    totals = torch.tensor(values, dtype=torch.float64, device=process.device)
-    dist.all_reduce(totals)
-    return totals.tolist()
-
-
-def save_epoch(process: Process, config: TrainConfig, run: Run, improved: bool) -> None:
-    """7) Rank 0 writes last.pt (and best.pt, epoch_NNN.pt); every rank waits until it is done."""
-    rng_all = [rng_states(process.device)]
-    if process.distributed:
-        rng_all = [None] * process.world_size
-        dist.all_gather_object(rng_all, rng_states(process.device))
-    folder = Path(config.checkpoint_dir)
-
-    def save() -> None:
-        weights = {"model": unwrap(run.model).state_dict(), "config": asdict(config),
-                   "epoch": run.epoch}
-        save_checkpoint(
-            {
-                **weights,
-                "optimizer": run.optimizer.state_dict(),
-                "scheduler": run.scheduler.state_dict(),
-                "train_state": asdict(run.train_state),
-                "rng": rng_all,
-                "history": run.history,
-                "best_bleu": run.best_bleu,
-                "elapsed_s": run.elapsed_s,
-                "hardware": hardware_name(process.device, process.world_size),
-                "command": " ".join(["python", *sys.argv]),
-            },
-            folder / "last.pt",
-        )
-        if improved:
-            save_checkpoint({**weights, "val_bleu": run.best_bleu}, folder / "best.pt")
-        if config.keep_epochs:  # weights only: what checkpoint averaging needs
-            save_checkpoint(weights, folder / f"epoch_{run.epoch:03d}.pt")
-            stale = run.epoch - config.keep_epochs
-            (folder / f"epoch_{stale:03d}.pt").unlink(missing_ok=True)
-
-    from_rank0(process, save)  # also the barrier: no rank runs ahead of a slow or failed save
-
-
-def duration(seconds: float) -> str:
-    """A time span as a person reads it: seconds, minutes or hours."""
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    return f"{seconds / 60:.1f} min" if seconds < 3600 else f"{seconds / 3600:.2f} h"
-
-
-def epoch_line(
-    record: dict[str, float], *, epochs: int, trained_s: float, left_s: float
-) -> str:
-    """One line per epoch: losses, perplexity, BLEU, speed, the training time so far and an
-    estimate of the time left, and on GPUs memory and load."""
-    line = (f"epoch {record['epoch']:2d}/{epochs} | train loss {record['train_loss']:.4f} | "
-            f"val loss {record['val_loss']:.4f} | val ppl {record['val_ppl']:.2f}")
-    if "val_bleu" in record:
-        line += f" | val BLEU {record['val_bleu']:.2f}"
-    line += (f" | {record['tokens_per_s']:,.0f} tokens/s | {record['seconds']:.1f} s | "
-             f"trained {duration(trained_s)}, about {duration(left_s)} left")
-    if "max_memory_gib" in record:
-        line += f" | {record['max_memory_gib']:.1f} GiB peak"
-    if "utilization_percent" in record:
-        line += f" | GPU {record['utilization_percent']:.0f}% busy"
-    return line
-
-
-def train_epochs(
-    process: Process, config: TrainConfig, run: Run, data: RunData, *, progress: bool
-) -> list[dict[str, float]]:
-    """6) The epochs: check the batches, train, validate, score, report, checkpoint."""
-    train_loader, val_loader = data.train_loader, data.val_loader
-    device, autocast_dtype = process.device, autocast_dtype_for(process.device)
-    walls = []  # each epoch's wall-clock time, validation and checkpoint included
-    for epoch in range(run.epoch, config.epochs):
-        wall = time.perf_counter()
-        sampler = train_loader.batch_sampler
-        sampler.set_epoch(epoch)  # a new order, the same on every rank
-        check_same_on_all_ranks(
-            process, [len(train_loader), fingerprint(sampler.batches())],
-            f"the number of training batches per rank and the batch list of epoch {epoch + 1} "
-            "(every rank must see the same sentence pairs, max_tokens and seed)",
-        )
-        bar = None
-        if progress and process.rank == 0:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=len(train_loader), desc=f"epoch {epoch + 1}/{config.epochs}",
-                       unit="batch", file=sys.stderr, leave=False)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        start = time.perf_counter()
-        train_sums = train_epoch(
-            run.model, train_loader, run.criterion, run.optimizer, run.scheduler, device=device,
-            accum_iter=config.accum_iter, train_state=run.train_state,
-            autocast_dtype=autocast_dtype, bar=bar,
-        )
-        seconds = time.perf_counter() - start
-        if bar is not None:
-            bar.close()
-        check_same_on_all_ranks(process, [weights_fingerprint(run.model)],
-                                f"the weights after epoch {epoch + 1}")
-        val_sums = evaluate(run.model, val_loader, run.criterion, device=device,
-                            autocast_dtype=autocast_dtype)
-        loss, tokens, nll, val_loss, val_tokens, val_nll = all_ranks_sum(
-            process, [*train_sums, *val_sums]
-        )
-        run.epoch, run.elapsed_s = epoch + 1, run.elapsed_s + seconds
-        record = {
-            "epoch": run.epoch,
-            "train_loss": loss / max(tokens, 1),
-            "train_nll": nll / max(tokens, 1),
-            "val_loss": val_loss / max(val_tokens, 1),
-            "val_nll": val_nll / max(val_tokens, 1),
-            "val_ppl": math.exp(val_nll / max(val_tokens, 1)),
-            "seconds": seconds,
-            "tokens_per_s": tokens / seconds,
-            **device_report(device),
-        }
-        improved = False
-        if config.bleu_every and run.epoch % config.bleu_every == 0:
-            record["val_bleu"] = validation_bleu(process, run.model, data, config.max_len)
-            improved = run.best_bleu is None or record["val_bleu"] > run.best_bleu
-            run.best_bleu = record["val_bleu"] if improved else run.best_bleu
-        run.history.append(record)
-        save_epoch(process, config, run, improved)
-        walls.append(time.perf_counter() - wall)
-        if process.rank == 0:
-            left = sum(walls) / len(walls) * (config.epochs - run.epoch)
-            print(epoch_line(record, epochs=config.epochs, trained_s=run.elapsed_s, left_s=left),
-                  flush=True)
-    return run.history
-
-
-def wrap_ddp(model: nn.Module, device: torch.device) -> DistributedDataParallel:
-    """DDP that does not re-send the constant positional-encoding tables every forward pass."""
-    options = {"device_ids": [device.index] if device.type == "cuda" else None}
-    # torch 2.13 renamed broadcast_buffers (and deprecated the old name) to forward_sync_buffers
-    known = inspect.signature(DistributedDataParallel).parameters
-    options["forward_sync_buffers" if "forward_sync_buffers" in known else "broadcast_buffers"] = (
-        False
-    )
-    return DistributedDataParallel(model, **options)
-
-
-def train_worker(
-    rank: int | None = None,
-    world_size: int | None = None,
-    config: TrainConfig | None = None,
-    *,
-    resume: bool = False,
-    overwrite: bool = False,
-    progress: bool = True,
-    threads: int | None = None,
-    pairs: dict[str, Sequence[tuple[str, str]]] | None = None,
-) -> list[dict[str, float]]:
-    """Train (or resume) on one device as one of world_size processes; the per-epoch history.
-
-    Started by train_distributed, by torchrun (rank and world size then come from the
-    environment: RANK, WORLD_SIZE, LOCAL_RANK), or called directly for one process. pairs
-    replaces Multi30k: {"train": [(german, english), ...], "val": [...]}.
-    """
-    config = training_config("cpu") if config is None else config
-    rank = int(os.environ.get("RANK", 0)) if rank is None else rank
-    world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
-    if config.max_tokens < config.max_len:
-        raise ValueError(
-            f"max_tokens={config.max_tokens} per device is less than max_len={config.max_len}: "
-            "the longest sentences would not fit into a batch; raise max_tokens"
-        )
-    process = setup_process(rank, world_size, threads)
-    try:
-        restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-        resuming = from_rank0(process, lambda: prepare_checkpoint_dir(
-            config.checkpoint_dir, resume=resume, overwrite=overwrite, restarted=restarted))
-        split_pairs = training_pairs(config, pairs)
-        data = load_data(process, config, split_pairs, resuming=resuming)
-        plan = schedule_steps(config, batches_per_epoch=len(data.train_loader),
-                              world_size=process.world_size)
-        if progress and process.rank == 0:
-            print(f"schedule: {plan['total_steps']} optimizer steps ({config.epochs} epochs of "
-                  f"{plan['steps_per_epoch']}), warm-up {plan['warmup']} steps", flush=True)
-        run = build_training(process, config, len(data.vocab_src), len(data.vocab_tgt),
-                             warmup=plan["warmup"])
-        resume_run(process, config, run, resuming=resuming)
-        if process.distributed:  # only now: every rank holds rank 0's state
-            run.model = wrap_ddp(run.model, process.device)
-        return train_epochs(process, config, run, data, progress=progress)
-    finally:
-        if process.distributed:
-            dist.destroy_process_group()
-
-
-# %%
-import os
-import socket
-from collections.abc import Sequence
-
-import torch
-
-
-def free_port() -> int:
-    """A TCP port that nothing listens on now, for the processes' rendezvous on this machine."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _spawned_worker(rank: int, world_size: int, config: TrainConfig, options: dict) -> None:
-    """train_worker with positional arguments, as torch.multiprocessing.spawn passes them."""
-    train_worker(rank, world_size, config, **options)
-
-
-def train_distributed(
-    config: TrainConfig,
-    world_size: int,
-    *,
-    resume: bool = False,
-    overwrite: bool = False,
-    progress: bool = True,
-    threads: int | None = None,
-    pairs: dict[str, Sequence[tuple[str, str]]] | None = None,
-) -> None:
-    """Train with world_size processes on this machine: one per GPU, or CPU processes (gloo)."""
-    if not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
-    if torch.cuda.is_available() and world_size > torch.cuda.device_count():
-        raise ValueError(
-            f"world_size={world_size} is more than the {torch.cuda.device_count()} GPUs here"
-        )
-    options = {"resume": resume, "overwrite": overwrite, "progress": progress,
-               "threads": threads, "pairs": pairs}
-    if world_size == 1:
-        train_worker(0, 1, config, **options)
-        return
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(free_port()))
-    torch.multiprocessing.spawn(_spawned_worker, args=(world_size, config, options),
-                                nprocs=world_size)
-
-
-# %%
 import math
 from collections.abc import Sequence
 
@@ -2284,181 +1674,6 @@ def translation_table(
         {"#": start + i, "German": de, "reference": en, "model": out}
         for i, ((de, en), out) in enumerate(zip(chosen, outputs, strict=True))
     ]
-
-
-# %%
-import functools
-import json
-import os
-import shutil
-import sys
-from pathlib import Path
-
-import torch
-
-BOOK_REPOSITORY = "https://github.com/annotated-transformer/annotated-transformer-book"
-# The tag (or commit) of the repository that this copy of the book comes from: the shipped
-# model is downloaded from it, and Colab set-up cells install the package from it.
-BOOK_REPOSITORY_REF = "v0.2.0"
-# Each shipped model's files and their SHA-256 checksums, verified after a download;
-# tests/test_shipped_model.py fails when they differ from the files in book/models/<name>.
-# multi30k_cpu is this chapter's word-level model (averaging.json holds chapter 16's
-# measurements); multi30k_cpu_subword is chapter 18's subword model (results.json holds its
-# measurements), the best of the book.
-SHIPPED_MODELS = {
-    "multi30k_cpu": {
-        "model.pt": "7f5e9f5e59a49d401656ed2332705f93d86d118921e8494f36532f743e696548",
-        "vocab_de.json": "6f0d3385a8223f9e43922604b4d9b421394968cfc64257893065b3dd88e15066",
-        "vocab_en.json": "6e22d0081b9e032fbce602f62bc5a56aa78326cce2e50fe722217285380daebf",
-        "info.json": "10f454fd56b9e37da971bc9886d3e86244eec6b03af5126cf7506ccab548abc7",
-        "averaging.json": "3f30d9507d5da87fbfa50dbc63290913bb912a88c31e22ca1eb748ea8af6e27f",
-    },
-    "multi30k_cpu_subword": {
-        "model.pt": "6cdd65383b3780f96df11f28d26eb827bed467bdc412ec2a77de72a324e1f32c",
-        "subwords.model": "d3f7fe14d9a0a191b496c0a68c212d32217ee3fd1b5c17dba74eb1cee93def72",
-        "info.json": "a0cc04b8e4dd180298fbdd87820d93e13f28ae0d7ada04d4096b1d863eb1e854",
-        "results.json": "ba9d83b4e98361e717b0a45eacd7b0898267ef18060b83e4e69b4406bc146816",
-    },
-}
-SHIPPED_PRESETS = {"multi30k_cpu": "cpu", "multi30k_cpu_subword": "cpu_subword"}  # for training
-# The shipped model with the best validation BLEU: `make translate` uses it (chapter 18).
-BEST_SHIPPED_MODEL = "multi30k_cpu_subword"
-
-
-def shipped_model_dir(name: str = "multi30k_cpu") -> Path:
-    """book/models/<name> in a copy of the repository; else a cache folder (Colab)."""
-    if name not in SHIPPED_MODELS:
-        raise ValueError(f"name must be one of {', '.join(SHIPPED_MODELS)}, got {name!r}")
-    root = repository_root()
-    if root is not None and (root / "book" / "models").is_dir():
-        return root / "book" / "models" / name
-    return Path.home() / ".cache" / "annotated-transformer" / name
-
-
-@functools.cache
-def verified_file(path: Path, sha256: str, size: int, mtime_ns: int) -> None:
-    """Check a present file's SHA-256 once per process (and again if its size or time change)."""
-    actual = sha256_of(path)
-    if actual != sha256:
-        raise ValueError(
-            f"{path} is not the shipped file (SHA-256 {actual}, expected {sha256}): delete it "
-            "to download it again, restore it with `git checkout`, or, after retraining, put "
-            "its new checksum in SHIPPED_MODELS"
-        )
-
-
-def fetch_shipped_model(folder: str | os.PathLike | None = None, *, name: str = "multi30k_cpu",
-                        base_url: str | None = None) -> Path:
-    """The folder holding the shipped model `name`, every file present and verified.
-
-    Files already there are checked against SHIPPED_MODELS[name] (once per process); each
-    missing one comes from the book's repository at BOOK_REPOSITORY_REF (base_url replaces
-    the address) through download_file, which keeps it only when its checksum is right.
-    """
-    folder = shipped_model_dir(name) if folder is None else Path(folder)
-    base_url = base_url or f"{BOOK_REPOSITORY}/raw/{BOOK_REPOSITORY_REF}/book/models/{name}"
-    for file_name, sha256 in SHIPPED_MODELS[name].items():
-        path = folder / file_name
-        if path.is_file():
-            stat = path.stat()
-            verified_file(path.resolve(), sha256, stat.st_size, stat.st_mtime_ns)
-            continue
-        url = f"{base_url}/{file_name}"
-        print(f"downloading {url}", file=sys.stderr)
-        try:
-            download_file(url, path, sha256=sha256)
-        except OSError as err:  # no network, an HTTP error, a timeout, a read-only folder
-            raise FileNotFoundError(
-                f"the trained model's {file_name} is not in {folder} and could not be "
-                f"downloaded from {url} ({err}): connect to the internet and try again, or "
-                "train a model with `make train` (an hour or more on a CPU) and pass its "
-                "checkpoint, or call load_trained_model(train_if_missing=True)"
-            ) from err
-    return folder
-
-
-def export_for_shipping(
-    checkpoint: str | os.PathLike, folder: str | os.PathLike, *, command: str | None = None,
-    run: str | os.PathLike | None = None,
-) -> Path:
-    """Write a training checkpoint's weights in half precision, its vocabularies and notes.
-
-    run: the run's last.pt, for the notes (training time, hardware, history) when checkpoint
-    holds averaged weights, which have none of their own (chapter 16).
-    """
-    checkpoint, folder = Path(checkpoint), Path(folder)
-    state = load_checkpoint(checkpoint)
-    notes = state if run is None else load_checkpoint(run)
-    stored: list[tuple[torch.Tensor, torch.Tensor]] = []  # (weights, their stored copy)
-    weights = {}
-    for name, tensor in state["model"].items():
-        same = [copy for seen, copy in stored
-                if seen.shape == tensor.shape and torch.equal(seen, tensor)]
-        if not same:  # tied weights (equal, also after averaging) are stored once
-            same = [tensor.half() if tensor.is_floating_point() else tensor]
-            stored.append((tensor, same[0]))
-        weights[name] = same[0]  # half the size of float32; load_trained_model converts back
-    folder.mkdir(parents=True, exist_ok=True)
-    save_checkpoint({"model": weights, "config": state["config"]}, folder / "model.pt")
-    subwords = state["config"].get("subwords", 0) > 0
-    for name in [SUBWORD_FILE] if subwords else VOCAB_FILES:
-        shutil.copyfile(checkpoint.parent / name, folder / name)
-    info = {
-        "config": state["config"],
-        "command": command or notes.get("command"),
-        "training_seconds": round(notes.get("elapsed_s", 0.0), 1),
-        "hardware": notes.get("hardware"),
-        # pre-norm stacks end with a layer norm (chapter 2); post-norm ones have none
-        "variant": "pre-norm" if "encoder.norm.weight" in weights else "post-norm",
-        "epochs": notes.get("epoch"),
-        "history": notes.get("history", []),
-        "torch": torch.__version__,
-    }
-    if "averaged_from" in state:
-        info["averaged_from"] = [Path(path).name for path in state["averaged_from"]]
-    (folder / "info.json").write_text(json.dumps(info, indent=1) + "\n", "utf-8")
-    return folder / "model.pt"
-
-
-def load_trained_model(
-    path: str | os.PathLike | None = None, *, name: str = "multi30k_cpu",
-    device: str | torch.device = "cpu", train_if_missing: bool = False,
-) -> tuple[EncoderDecoder, Vocab, Vocab, TrainConfig]:
-    """A trained model in float32 (eval mode) with its vocabularies and configuration.
-
-    path: a folder from export_for_shipping, or a model.pt / last.pt file with the
-    vocabularies beside it; by default the book's shipped model `name` (this chapter's, or
-    chapter 18's "multi30k_cpu_subword"), downloaded when it is missing (outside a copy of
-    the repository). Only with train_if_missing=True does a missing model that cannot be
-    downloaded get trained, with its preset (an hour or more on a CPU).
-    """
-    if path is None:
-        path = shipped_model_dir(name)
-        try:
-            fetch_shipped_model(path, name=name)
-        except FileNotFoundError as err:
-            if not train_if_missing:
-                raise
-            config = training_config(SHIPPED_PRESETS[name])
-            print(f"{err}\ntraining a model with the {SHIPPED_PRESETS[name]} configuration "
-                  f"instead (an hour or more on a CPU; checkpoints in {config.checkpoint_dir})",
-                  file=sys.stderr)
-            resume = (Path(config.checkpoint_dir) / "last.pt").is_file()  # an earlier try
-            train_worker(0, 1, config, resume=resume)
-            export_for_shipping(Path(config.checkpoint_dir) / "last.pt", path)
-    path = Path(path)
-    file = path / "model.pt" if path.is_dir() else path
-    state = load_checkpoint(file)
-    fields = TrainConfig.__dataclass_fields__
-    config = TrainConfig(**{k: v for k, v in state["config"].items() if k in fields})
-    vocab_src, vocab_tgt = read_vocabularies(file.parent, subwords=config.subwords > 0)
-    model = make_model(
-        len(vocab_src), len(vocab_tgt), N=config.N, d_model=config.d_model, d_ff=config.d_ff,
-        h=config.h, dropout=0.0, share_embeddings=config.share_embeddings,
-    )
-    model.load_state_dict({key: tensor.float() if tensor.is_floating_point() else tensor
-                           for key, tensor in state["model"].items()})
-    return model.to(device).eval(), vocab_src, vocab_tgt, config
 
 
 # %% [markdown]
@@ -4059,7 +3274,621 @@ def bench_chart(results: dict[str, Any]) -> Any:
 
 
 # %% [markdown]
-# ## From book/22_transformer_as_a_graph.ipynb
+# ## From book/22_training_on_many_devices.ipynb
+
+
+# %%
+import hashlib
+import inspect
+import math
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader
+
+
+def rng_states(device: torch.device) -> dict[str, torch.Tensor | None]:
+    """This process's random number generator states, as tensors (safe for weights_only)."""
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return {"torch": torch.get_rng_state(), "cuda": cuda}
+
+
+def set_rng_states(states: dict[str, torch.Tensor | None], device: torch.device) -> None:
+    """Restore what rng_states returned, so that dropout draws the same masks again."""
+    torch.set_rng_state(states["torch"])
+    if device.type == "cuda" and states.get("cuda") is not None:
+        torch.cuda.set_rng_state(states["cuda"], device)
+
+
+def device_report(device: torch.device) -> dict[str, float]:
+    """Peak GPU memory of this process and the GPU's utilization (nvidia-ml-py, if installed)."""
+    if device.type != "cuda":
+        return {}
+    report = {"max_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30}
+    try:  # torch asks NVML, translating the index through CUDA_VISIBLE_DEVICES
+        report["utilization_percent"] = float(torch.cuda.utilization(device))
+    except Exception:  # nvidia-ml-py missing or no driver access: memory alone is still useful
+        pass
+    return report
+
+
+def hardware_name(device: torch.device, world_size: int) -> str:
+    """The devices a run used, in words, for the checkpoint and the shipped model's notes."""
+    if device.type == "cuda":
+        return f"{world_size} x {torch.cuda.get_device_name(device)}"
+    cpu = platform.processor() or platform.machine()
+    try:  # Linux names the processor model here
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        cpu = f"{names[0]}, {len(names)} cores" if names else cpu
+    except OSError:
+        pass
+    return f"{world_size} CPU process(es) x {torch.get_num_threads()} thread(s), {cpu}"
+
+
+RESUMABLE_CHANGES = ("epochs", "checkpoint_dir", "keep_epochs", "bleu_every", "accum_iter")
+RUN_FILES = ("last.pt", "best.pt", "epoch_*.pt")
+
+
+@dataclass
+class Process:
+    """Where this process stands in the run: its rank, how many there are, its device."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+@dataclass
+class Run:
+    """What changes as a run trains, and what it trains with."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    criterion: nn.Module
+    train_state: TrainState
+    history: list[dict[str, float]]
+    epoch: int = 0  # epochs done
+    elapsed_s: float = 0.0  # seconds of training, over all sessions of the run
+    best_bleu: float | None = None
+
+
+def setup_process(rank: int, world_size: int, threads: int | None) -> Process:
+    """1) One device per process, never more CPU threads than cores, and the process group."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+        if threads is None and world_size > 1:
+            local_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+            threads = max(1, (cores or os.cpu_count() or 1) // local_size)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    if world_size > 1:  # MASTER_ADDR and MASTER_PORT come from train_distributed or torchrun
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, rank=rank, world_size=world_size,
+                                store=attempt_store(rank, world_size))
+    return Process(rank, world_size, device)
+
+
+def attempt_store(rank: int, world_size: int) -> dist.Store | None:
+    """Under torchrun, the rendezvous store seen through this attempt's own key prefix.
+
+    After a restart the store still holds the addresses that the dead processes published;
+    read by the new ones, they lead nowhere. None outside torchrun (the default env:// store).
+    """
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None:
+        return None
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # else rank 0's
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                          is_master=not agent_store and rank == 0)
+    return dist.PrefixStore(f"annotated-transformer/attempt-{attempt}", store)
+
+
+def from_rank0(process: Process, compute: Callable[[], Any]) -> Any:
+    """compute() on rank 0 only, and its result sent to every rank; its error raised on all."""
+    result, error = None, None
+    if process.rank == 0:
+        try:
+            result = compute()
+        except Exception as err:  # the other ranks must hear of it, or they wait forever
+            error = err
+    if process.distributed:
+        box = [(result, error)]
+        dist.broadcast_object_list(box, src=0)
+        result, error = box[0]
+    if error is not None:
+        raise error
+    return result
+
+
+def fingerprint(value: Any) -> int:
+    """A 56-bit hash of repr(value): two ranks agree on it when they agree on the value."""
+    return int.from_bytes(hashlib.blake2b(repr(value).encode(), digest_size=7).digest(), "big")
+
+
+def weights_fingerprint(model: nn.Module) -> int:
+    """An exact integer summary of the weights' bits, independent of any float rounding."""
+    total = 0
+    for tensor in unwrap(model).state_dict().values():
+        values = tensor.detach().cpu().contiguous().reshape(-1)
+        if values.dtype == torch.float32:
+            values = values.view(torch.int32)  # the bits, so that the sum is exact
+        total = (total * 1_000_003 + int(values.long().sum())) % (1 << 55)
+    return total
+
+
+def check_same_on_all_ranks(process: Process, values: list[int], what: str) -> None:
+    """Stop every rank with one clear error when the ranks' values differ (one all-reduce)."""
+    if not process.distributed:
+        return
+    both = torch.tensor([*values, *(-v for v in values)], dtype=torch.int64,
+                        device=process.device)
+    dist.all_reduce(both, op=dist.ReduceOp.MAX)  # the largest value, and minus the smallest
+    high = both[: len(values)].tolist()
+    low = [-v for v in both[len(values) :].tolist()]
+    if high != low:
+        raise RuntimeError(
+            f"rank {process.rank} of {process.world_size}: the ranks disagree on {what} "
+            f"(this rank has {values}; across the ranks they range from {low} to {high})"
+        )
+
+
+def prepare_checkpoint_dir(
+    folder: str | os.PathLike, *, resume: bool, overwrite: bool, restarted: bool = False
+) -> bool:
+    """2) Whether to resume from folder/last.pt; never mix a fresh run with another's files."""
+    if resume and overwrite:
+        raise ValueError("resume and overwrite exclude each other: choose one")
+    folder = Path(folder)
+    if (folder / "last.pt").is_file() and (resume or restarted):
+        return True
+    if resume:
+        raise FileNotFoundError(
+            f"cannot resume: the checkpoint folder {folder} holds no last.pt; start without "
+            "resume, or point the checkpoint folder at the run to continue"
+        )
+    old = sorted(path for pattern in RUN_FILES for path in folder.glob(pattern))
+    if old and not (overwrite or restarted):
+        raise FileExistsError(
+            f"the checkpoint folder {folder} already holds another run's "
+            f"{', '.join(p.name for p in old)}: resume it, overwrite it (its checkpoints are "
+            "deleted), or choose another checkpoint folder"
+        )
+    for path in old:
+        path.unlink()
+    return False
+
+
+@dataclass
+class RunData:
+    """What a rank trains and validates on."""
+
+    vocab_src: Vocab
+    vocab_tgt: Vocab
+    train_loader: DataLoader
+    val_loader: DataLoader
+    val_pairs: list[tuple[str, str]]  # the validation sentences, for BLEU
+    tokenizers: tuple[Any, Any]
+
+
+def training_pairs(
+    config: TrainConfig, pairs: dict[str, Sequence[tuple[str, str]]] | None
+) -> dict[str, list[tuple[str, str]]]:
+    """The train and val sentence pairs, given or Multi30k's, cut to the config's limits."""
+    if pairs is None:
+        pairs = {split: load_multi30k(split) for split in ("train", "val")}
+    missing = sorted({"train", "val"} - set(pairs))
+    if missing:
+        raise ValueError(f"pairs must hold the splits 'train' and 'val'; missing {missing}")
+    return {"train": list(pairs["train"])[: config.train_limit],
+            "val": list(pairs["val"])[: config.val_limit]}
+
+
+def load_data(
+    process: Process, config: TrainConfig, pairs: dict[str, list[tuple[str, str]]],
+    *, resuming: bool,
+) -> RunData:
+    """3) Rank 0's vocabularies on every rank, and this rank's share of the batches."""
+    tokenizers = load_tokenizers()
+
+    def vocabularies() -> tuple[Vocab, Vocab]:
+        if resuming:  # the ids the checkpoint's embeddings were trained with
+            return read_vocabularies(config.checkpoint_dir, subwords=config.subwords > 0)
+        return multi30k_vocabularies(config, tokenizers, pairs=pairs["train"])
+
+    vocab_src, vocab_tgt = from_rank0(process, vocabularies)
+    train_data, val_data = (
+        encode_examples(pairs[split], vocab_src, vocab_tgt, tokenizers, max_len=config.max_len)
+        for split in ("train", "val")
+    )
+    shard = {"max_tokens": config.max_tokens, "num_replicas": process.world_size,
+             "rank": process.rank, "seed": config.seed}
+    train_loader = multi30k_loader(train_data, shuffle=True, **shard)
+    val_loader = multi30k_loader(val_data, shuffle=False, **shard)
+    return RunData(vocab_src, vocab_tgt, train_loader, val_loader, pairs["val"], tokenizers)
+
+
+def schedule_steps(config: TrainConfig, *, batches_per_epoch: int, world_size: int) -> dict:
+    """The run's schedule in optimizer steps, refused when training would end in the warm-up.
+
+    `config.warmup` counts the steps of one process without accumulation. A run whose steps
+    each take k = world_size x accum_iter micro-batches walks the same data in k times fewer
+    steps, so its warm-up is warmup / k steps (and its peak rate sqrt(k) times higher).
+    """
+    k = world_size * config.accum_iter
+    per_epoch = math.ceil(batches_per_epoch / config.accum_iter)
+    plan = {"micro_batches_per_step": k, "steps_per_epoch": per_epoch,
+            "total_steps": config.epochs * per_epoch, "warmup": max(1, round(config.warmup / k))}
+    if plan["total_steps"] <= plan["warmup"]:
+        raise ValueError(
+            f"the run would take {plan['total_steps']} optimizer steps ({per_epoch} per epoch x "
+            f"{config.epochs}: {batches_per_epoch} micro-batches per process, accum_iter "
+            f"{config.accum_iter}), not more than its {plan['warmup']} warm-up steps "
+            f"(warmup={config.warmup} / {k} micro-batches per step), so the learning rate "
+            "would never peak: raise epochs or lower warmup"
+        )
+    return plan
+
+
+def build_training(
+    process: Process, config: TrainConfig, src_vocab: int, tgt_vocab: int, *, warmup: int
+) -> Run:
+    """4) Model (the same initial weights on every rank), optimizer, schedule and loss; warmup
+    is the run's warm-up in its own optimizer steps (schedule_steps)."""
+    torch.manual_seed(config.seed)
+    model = make_model(
+        src_vocab, tgt_vocab, N=config.N, d_model=config.d_model, d_ff=config.d_ff,
+        h=config.h, dropout=config.dropout, share_embeddings=config.share_embeddings,
+    ).to(process.device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lr_lambda=lambda step: rate(step, config.d_model, config.lr_factor, warmup),
+    )
+    criterion = LabelSmoothing(tgt_vocab, PAD_ID, smoothing=config.label_smoothing)
+    return Run(model, optimizer, scheduler, criterion, TrainState(), [])
+
+
+def config_differences(stored: dict[str, Any], config: TrainConfig, world_size: int,
+                       stored_world_size: int) -> list[str]:
+    """What a resumed run would change that it may not: every field but RESUMABLE_CHANGES."""
+    changes = [
+        f"{name}={stored[name]!r} in the checkpoint but {value!r} now"
+        for name, value in asdict(config).items()
+        if name in stored and name not in RESUMABLE_CHANGES and stored[name] != value
+    ]
+    before = stored_world_size * stored.get("accum_iter", config.accum_iter)
+    if before != world_size * config.accum_iter:
+        changes.append(
+            f"processes x accum_iter = {before} in the checkpoint but "
+            f"{world_size} x {config.accum_iter} now (another global batch)"
+        )
+    return changes
+
+
+def read_resume_checkpoint(path: Path, config: TrainConfig, world_size: int) -> dict[str, Any]:
+    """last.pt, checked against the configuration of the run that is to continue it."""
+    checkpoint = load_checkpoint(path)
+    changes = config_differences(checkpoint["config"], config, world_size,
+                                 len(checkpoint["rng"]))
+    if changes:
+        raise ValueError(f"cannot resume from {path}: " + "; ".join(changes))
+    return checkpoint
+
+
+def resume_run(process: Process, config: TrainConfig, run: Run, *, resuming: bool) -> None:
+    """5) Rank 0's checkpoint on every rank, before DDP wraps the model; ranks must agree."""
+    if not resuming:
+        torch.manual_seed(config.seed + process.rank)  # each rank its own dropout masks
+        return
+    path = Path(config.checkpoint_dir) / "last.pt"
+    checkpoint = from_rank0(process, lambda: read_resume_checkpoint(path, config,
+                                                                    process.world_size))
+    run.model.load_state_dict(checkpoint["model"])
+    run.optimizer.load_state_dict(checkpoint["optimizer"])
+    run.scheduler.load_state_dict(checkpoint["scheduler"])
+    run.train_state = TrainState(**checkpoint["train_state"])
+    run.epoch, run.history = checkpoint["epoch"], checkpoint["history"]
+    run.elapsed_s, run.best_bleu = checkpoint["elapsed_s"], checkpoint.get("best_bleu")
+    check_same_on_all_ranks(
+        process, [run.epoch, run.train_state.accum_step, weights_fingerprint(run.model)],
+        f"the epoch, step and weights resumed from rank 0's {path}",
+    )
+    if len(checkpoint["rng"]) == process.world_size:
+        set_rng_states(checkpoint["rng"][process.rank], process.device)
+    else:
+        if process.rank == 0:
+            print(f"{path} was written by {len(checkpoint['rng'])} processes, not "
+                  f"{process.world_size}: random states start afresh", file=sys.stderr)
+        torch.manual_seed(config.seed + 1_000 * run.epoch + process.rank)
+    if process.rank == 0:
+        print(f"resumed from {path} after epoch {run.epoch}", file=sys.stderr)
+
+
+def validation_bleu(process: Process, model: nn.Module, data: RunData, max_len: int) -> float:
+    """Greedy BLEU on the validation pairs; each rank translates its share of the sources."""
+    pairs = data.val_pairs
+    share = [de for de, _ in pairs[process.rank :: process.world_size]]
+    outputs = translate(unwrap(model), share, data.vocab_src, data.vocab_tgt, data.tokenizers[0],
+                        max_len=max_len)
+    shares = [outputs]
+    if process.distributed:
+        shares = [None] * process.world_size
+        dist.all_gather_object(shares, outputs)
+    hypotheses = [""] * len(pairs)
+    for rank, translated in enumerate(shares):  # back into the order of the pairs
+        hypotheses[rank :: process.world_size] = translated
+    return bleu(hypotheses, [en for _, en in pairs])[0]
+
+
+def all_ranks_sum(process: Process, values: list[float]) -> list[float]:
+    """The sums over all ranks of a few numbers (loss sums, token counts)."""
+    if not process.distributed:
+        return values
+    totals = torch.tensor(values, dtype=torch.float64, device=process.device)
+    dist.all_reduce(totals)
+    return totals.tolist()
+
+
+def save_epoch(process: Process, config: TrainConfig, run: Run, improved: bool) -> None:
+    """7) Rank 0 writes last.pt (and best.pt, epoch_NNN.pt); every rank waits until it is done."""
+    rng_all = [rng_states(process.device)]
+    if process.distributed:
+        rng_all = [None] * process.world_size
+        dist.all_gather_object(rng_all, rng_states(process.device))
+    folder = Path(config.checkpoint_dir)
+
+    def save() -> None:
+        weights = {"model": unwrap(run.model).state_dict(), "config": asdict(config),
+                   "epoch": run.epoch}
+        save_checkpoint(
+            {
+                **weights,
+                "optimizer": run.optimizer.state_dict(),
+                "scheduler": run.scheduler.state_dict(),
+                "train_state": asdict(run.train_state),
+                "rng": rng_all,
+                "history": run.history,
+                "best_bleu": run.best_bleu,
+                "elapsed_s": run.elapsed_s,
+                "hardware": hardware_name(process.device, process.world_size),
+                "command": " ".join(["python", *sys.argv]),
+            },
+            folder / "last.pt",
+        )
+        if improved:
+            save_checkpoint({**weights, "val_bleu": run.best_bleu}, folder / "best.pt")
+        if config.keep_epochs:  # weights only: what checkpoint averaging needs
+            save_checkpoint(weights, folder / f"epoch_{run.epoch:03d}.pt")
+            stale = run.epoch - config.keep_epochs
+            (folder / f"epoch_{stale:03d}.pt").unlink(missing_ok=True)
+
+    from_rank0(process, save)  # also the barrier: no rank runs ahead of a slow or failed save
+
+
+def duration(seconds: float) -> str:
+    """A time span as a person reads it: seconds, minutes or hours."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 3600 else f"{seconds / 3600:.2f} h"
+
+
+def epoch_line(
+    record: dict[str, float], *, epochs: int, trained_s: float, left_s: float
+) -> str:
+    """One line per epoch: losses, perplexity, BLEU, speed, the training time so far and an
+    estimate of the time left, and on GPUs memory and load."""
+    line = (f"epoch {record['epoch']:2d}/{epochs} | train loss {record['train_loss']:.4f} | "
+            f"val loss {record['val_loss']:.4f} | val ppl {record['val_ppl']:.2f}")
+    if "val_bleu" in record:
+        line += f" | val BLEU {record['val_bleu']:.2f}"
+    line += (f" | {record['tokens_per_s']:,.0f} tokens/s | {record['seconds']:.1f} s | "
+             f"trained {duration(trained_s)}, about {duration(left_s)} left")
+    if "max_memory_gib" in record:
+        line += f" | {record['max_memory_gib']:.1f} GiB peak"
+    if "utilization_percent" in record:
+        line += f" | GPU {record['utilization_percent']:.0f}% busy"
+    return line
+
+
+def train_epochs(
+    process: Process, config: TrainConfig, run: Run, data: RunData, *, progress: bool
+) -> list[dict[str, float]]:
+    """6) The epochs: check the batches, train, validate, score, report, checkpoint."""
+    train_loader, val_loader = data.train_loader, data.val_loader
+    device, autocast_dtype = process.device, autocast_dtype_for(process.device)
+    walls = []  # each epoch's wall-clock time, validation and checkpoint included
+    for epoch in range(run.epoch, config.epochs):
+        wall = time.perf_counter()
+        sampler = train_loader.batch_sampler
+        sampler.set_epoch(epoch)  # a new order, the same on every rank
+        check_same_on_all_ranks(
+            process, [len(train_loader), fingerprint(sampler.batches())],
+            f"the number of training batches per rank and the batch list of epoch {epoch + 1} "
+            "(every rank must see the same sentence pairs, max_tokens and seed)",
+        )
+        bar = None
+        if progress and process.rank == 0:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(train_loader), desc=f"epoch {epoch + 1}/{config.epochs}",
+                       unit="batch", file=sys.stderr, leave=False)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        start = time.perf_counter()
+        train_sums = train_epoch(
+            run.model, train_loader, run.criterion, run.optimizer, run.scheduler, device=device,
+            accum_iter=config.accum_iter, train_state=run.train_state,
+            autocast_dtype=autocast_dtype, bar=bar,
+        )
+        seconds = time.perf_counter() - start
+        if bar is not None:
+            bar.close()
+        check_same_on_all_ranks(process, [weights_fingerprint(run.model)],
+                                f"the weights after epoch {epoch + 1}")
+        val_sums = evaluate(run.model, val_loader, run.criterion, device=device,
+                            autocast_dtype=autocast_dtype)
+        loss, tokens, nll, val_loss, val_tokens, val_nll = all_ranks_sum(
+            process, [*train_sums, *val_sums]
+        )
+        run.epoch, run.elapsed_s = epoch + 1, run.elapsed_s + seconds
+        record = {
+            "epoch": run.epoch,
+            "train_loss": loss / max(tokens, 1),
+            "train_nll": nll / max(tokens, 1),
+            "val_loss": val_loss / max(val_tokens, 1),
+            "val_nll": val_nll / max(val_tokens, 1),
+            "val_ppl": math.exp(val_nll / max(val_tokens, 1)),
+            "seconds": seconds,
+            "tokens_per_s": tokens / seconds,
+            **device_report(device),
+        }
+        improved = False
+        if config.bleu_every and run.epoch % config.bleu_every == 0:
+            record["val_bleu"] = validation_bleu(process, run.model, data, config.max_len)
+            improved = run.best_bleu is None or record["val_bleu"] > run.best_bleu
+            run.best_bleu = record["val_bleu"] if improved else run.best_bleu
+        run.history.append(record)
+        save_epoch(process, config, run, improved)
+        walls.append(time.perf_counter() - wall)
+        if process.rank == 0:
+            left = sum(walls) / len(walls) * (config.epochs - run.epoch)
+            print(epoch_line(record, epochs=config.epochs, trained_s=run.elapsed_s, left_s=left),
+                  flush=True)
+    return run.history
+
+
+def wrap_ddp(model: nn.Module, device: torch.device) -> DistributedDataParallel:
+    """DDP that does not re-send the constant positional-encoding tables every forward pass."""
+    options = {"device_ids": [device.index] if device.type == "cuda" else None}
+    # torch 2.13 renamed broadcast_buffers (and deprecated the old name) to forward_sync_buffers
+    known = inspect.signature(DistributedDataParallel).parameters
+    options["forward_sync_buffers" if "forward_sync_buffers" in known else "broadcast_buffers"] = (
+        False
+    )
+    return DistributedDataParallel(model, **options)
+
+
+def train_worker(
+    rank: int | None = None,
+    world_size: int | None = None,
+    config: TrainConfig | None = None,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+    threads: int | None = None,
+    pairs: dict[str, Sequence[tuple[str, str]]] | None = None,
+) -> list[dict[str, float]]:
+    """Train (or resume) on one device as one of world_size processes; the per-epoch history.
+
+    Started by train_distributed, by torchrun (rank and world size then come from the
+    environment: RANK, WORLD_SIZE, LOCAL_RANK), or called directly for one process. pairs
+    replaces Multi30k: {"train": [(german, english), ...], "val": [...]}.
+    """
+    config = training_config("cpu") if config is None else config
+    rank = int(os.environ.get("RANK", 0)) if rank is None else rank
+    world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
+    if config.max_tokens < config.max_len:
+        raise ValueError(
+            f"max_tokens={config.max_tokens} per device is less than max_len={config.max_len}: "
+            "the longest sentences would not fit into a batch; raise max_tokens"
+        )
+    process = setup_process(rank, world_size, threads)
+    try:
+        restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+        resuming = from_rank0(process, lambda: prepare_checkpoint_dir(
+            config.checkpoint_dir, resume=resume, overwrite=overwrite, restarted=restarted))
+        split_pairs = training_pairs(config, pairs)
+        data = load_data(process, config, split_pairs, resuming=resuming)
+        plan = schedule_steps(config, batches_per_epoch=len(data.train_loader),
+                              world_size=process.world_size)
+        if progress and process.rank == 0:
+            print(f"schedule: {plan['total_steps']} optimizer steps ({config.epochs} epochs of "
+                  f"{plan['steps_per_epoch']}), warm-up {plan['warmup']} steps", flush=True)
+        run = build_training(process, config, len(data.vocab_src), len(data.vocab_tgt),
+                             warmup=plan["warmup"])
+        resume_run(process, config, run, resuming=resuming)
+        if process.distributed:  # only now: every rank holds rank 0's state
+            run.model = wrap_ddp(run.model, process.device)
+        return train_epochs(process, config, run, data, progress=progress)
+    finally:
+        if process.distributed:
+            dist.destroy_process_group()
+
+
+# %%
+import os
+import socket
+from collections.abc import Sequence
+
+import torch
+
+
+def free_port() -> int:
+    """A TCP port that nothing listens on now, for the processes' rendezvous on this machine."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawned_worker(rank: int, world_size: int, config: TrainConfig, options: dict) -> None:
+    """train_worker with positional arguments, as torch.multiprocessing.spawn passes them."""
+    train_worker(rank, world_size, config, **options)
+
+
+def train_distributed(
+    config: TrainConfig,
+    world_size: int,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+    threads: int | None = None,
+    pairs: dict[str, Sequence[tuple[str, str]]] | None = None,
+) -> None:
+    """Train with world_size processes on this machine: one per GPU, or CPU processes (gloo)."""
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    if torch.cuda.is_available() and world_size > torch.cuda.device_count():
+        raise ValueError(
+            f"world_size={world_size} is more than the {torch.cuda.device_count()} GPUs here"
+        )
+    options = {"resume": resume, "overwrite": overwrite, "progress": progress,
+               "threads": threads, "pairs": pairs}
+    if world_size == 1:
+        train_worker(0, 1, config, **options)
+        return
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    torch.multiprocessing.spawn(_spawned_worker, args=(world_size, config, options),
+                                nprocs=world_size)
+
+
+# %% [markdown]
+# ## From book/23_transformer_as_a_graph.ipynb
 
 
 # %%
@@ -4294,7 +4123,7 @@ def sparse_sort_accuracy(sparse: bool, *, seed: int = 0, epochs: int = 30) -> fl
 
 
 # %% [markdown]
-# ## From book/23_attention_visualization.ipynb
+# ## From book/24_attention_visualization.ipynb
 
 
 # %%
@@ -4401,7 +4230,7 @@ def attention_summary_chart(summary: Sequence[dict[str, Any]], *, cell: int = 26
 
 
 # %% [markdown]
-# ## From book/24_what_came_after.ipynb
+# ## From book/25_what_came_after.ipynb
 
 
 # %%
@@ -4593,7 +4422,7 @@ def sample(
 
 
 # %% [markdown]
-# ## From book/25_universal_transformer.ipynb
+# ## From book/26_universal_transformer.ipynb
 
 
 # %%
@@ -5586,3 +5415,178 @@ def length_histogram(pairs: Sequence[tuple[Sequence[str], Sequence[str]]], *, ti
         )
         .properties(width=520, height=220, title=title)
     )
+
+
+# %%
+import functools
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+
+BOOK_REPOSITORY = "https://github.com/annotated-transformer/annotated-transformer-book"
+# The tag (or commit) of the repository that this copy of the book comes from: the shipped
+# model is downloaded from it, and Colab set-up cells install the package from it.
+BOOK_REPOSITORY_REF = "v0.2.0"
+# Each shipped model's files and their SHA-256 checksums, verified after a download;
+# tests/test_shipped_model.py fails when they differ from the files in book/models/<name>.
+# multi30k_cpu is chapter 14's word-level model (averaging.json holds chapter 16's
+# measurements); multi30k_cpu_subword is chapter 18's subword model (results.json holds its
+# measurements), the best of the book.
+SHIPPED_MODELS = {
+    "multi30k_cpu": {
+        "model.pt": "7f5e9f5e59a49d401656ed2332705f93d86d118921e8494f36532f743e696548",
+        "vocab_de.json": "6f0d3385a8223f9e43922604b4d9b421394968cfc64257893065b3dd88e15066",
+        "vocab_en.json": "6e22d0081b9e032fbce602f62bc5a56aa78326cce2e50fe722217285380daebf",
+        "info.json": "10f454fd56b9e37da971bc9886d3e86244eec6b03af5126cf7506ccab548abc7",
+        "averaging.json": "3f30d9507d5da87fbfa50dbc63290913bb912a88c31e22ca1eb748ea8af6e27f",
+    },
+    "multi30k_cpu_subword": {
+        "model.pt": "6cdd65383b3780f96df11f28d26eb827bed467bdc412ec2a77de72a324e1f32c",
+        "subwords.model": "d3f7fe14d9a0a191b496c0a68c212d32217ee3fd1b5c17dba74eb1cee93def72",
+        "info.json": "a0cc04b8e4dd180298fbdd87820d93e13f28ae0d7ada04d4096b1d863eb1e854",
+        "results.json": "ba9d83b4e98361e717b0a45eacd7b0898267ef18060b83e4e69b4406bc146816",
+    },
+}
+SHIPPED_PRESETS = {"multi30k_cpu": "cpu", "multi30k_cpu_subword": "cpu_subword"}  # for training
+# The shipped model with the best validation BLEU: `make translate` uses it (chapter 18).
+BEST_SHIPPED_MODEL = "multi30k_cpu_subword"
+
+
+def shipped_model_dir(name: str = "multi30k_cpu") -> Path:
+    """book/models/<name> in a copy of the repository; else a cache folder (Colab)."""
+    if name not in SHIPPED_MODELS:
+        raise ValueError(f"name must be one of {', '.join(SHIPPED_MODELS)}, got {name!r}")
+    root = repository_root()
+    if root is not None and (root / "book" / "models").is_dir():
+        return root / "book" / "models" / name
+    return Path.home() / ".cache" / "annotated-transformer" / name
+
+
+@functools.cache
+def verified_file(path: Path, sha256: str, size: int, mtime_ns: int) -> None:
+    """Check a present file's SHA-256 once per process (and again if its size or time change)."""
+    actual = sha256_of(path)
+    if actual != sha256:
+        raise ValueError(
+            f"{path} is not the shipped file (SHA-256 {actual}, expected {sha256}): delete it "
+            "to download it again, restore it with `git checkout`, or, after retraining, put "
+            "its new checksum in SHIPPED_MODELS"
+        )
+
+
+def fetch_shipped_model(folder: str | os.PathLike | None = None, *, name: str = "multi30k_cpu",
+                        base_url: str | None = None) -> Path:
+    """The folder holding the shipped model `name`, every file present and verified.
+
+    Files already there are checked against SHIPPED_MODELS[name] (once per process); each
+    missing one comes from the book's repository at BOOK_REPOSITORY_REF (base_url replaces
+    the address) through download_file, which keeps it only when its checksum is right.
+    """
+    folder = shipped_model_dir(name) if folder is None else Path(folder)
+    base_url = base_url or f"{BOOK_REPOSITORY}/raw/{BOOK_REPOSITORY_REF}/book/models/{name}"
+    for file_name, sha256 in SHIPPED_MODELS[name].items():
+        path = folder / file_name
+        if path.is_file():
+            stat = path.stat()
+            verified_file(path.resolve(), sha256, stat.st_size, stat.st_mtime_ns)
+            continue
+        url = f"{base_url}/{file_name}"
+        print(f"downloading {url}", file=sys.stderr)
+        try:
+            download_file(url, path, sha256=sha256)
+        except OSError as err:  # no network, an HTTP error, a timeout, a read-only folder
+            raise FileNotFoundError(
+                f"the trained model's {file_name} is not in {folder} and could not be "
+                f"downloaded from {url} ({err}): connect to the internet and try again, or "
+                "train a model with `make train` (an hour or more on a CPU) and pass its "
+                "checkpoint, or call load_trained_model(train_if_missing=True)"
+            ) from err
+    return folder
+
+
+def export_for_shipping(
+    checkpoint: str | os.PathLike, folder: str | os.PathLike, *, command: str | None = None,
+    run: str | os.PathLike | None = None,
+) -> Path:
+    """Write a training checkpoint's weights in half precision, its vocabularies and notes.
+
+    run: the run's last.pt, for the notes (training time, hardware, history) when checkpoint
+    holds averaged weights, which have none of their own (chapter 16).
+    """
+    checkpoint, folder = Path(checkpoint), Path(folder)
+    state = load_checkpoint(checkpoint)
+    notes = state if run is None else load_checkpoint(run)
+    stored: list[tuple[torch.Tensor, torch.Tensor]] = []  # (weights, their stored copy)
+    weights = {}
+    for name, tensor in state["model"].items():
+        same = [copy for seen, copy in stored
+                if seen.shape == tensor.shape and torch.equal(seen, tensor)]
+        if not same:  # tied weights (equal, also after averaging) are stored once
+            same = [tensor.half() if tensor.is_floating_point() else tensor]
+            stored.append((tensor, same[0]))
+        weights[name] = same[0]  # half the size of float32; load_trained_model converts back
+    folder.mkdir(parents=True, exist_ok=True)
+    save_checkpoint({"model": weights, "config": state["config"]}, folder / "model.pt")
+    subwords = state["config"].get("subwords", 0) > 0
+    for name in [SUBWORD_FILE] if subwords else VOCAB_FILES:
+        shutil.copyfile(checkpoint.parent / name, folder / name)
+    info = {
+        "config": state["config"],
+        "command": command or notes.get("command"),
+        "training_seconds": round(notes.get("elapsed_s", 0.0), 1),
+        "hardware": notes.get("hardware"),
+        # pre-norm stacks end with a layer norm (chapter 2); post-norm ones have none
+        "variant": "pre-norm" if "encoder.norm.weight" in weights else "post-norm",
+        "epochs": notes.get("epoch"),
+        "history": notes.get("history", []),
+        "torch": torch.__version__,
+    }
+    if "averaged_from" in state:
+        info["averaged_from"] = [Path(path).name for path in state["averaged_from"]]
+    (folder / "info.json").write_text(json.dumps(info, indent=1) + "\n", "utf-8")
+    return folder / "model.pt"
+
+
+def load_trained_model(
+    path: str | os.PathLike | None = None, *, name: str = "multi30k_cpu",
+    device: str | torch.device = "cpu", train_if_missing: bool = False,
+) -> tuple[EncoderDecoder, Vocab, Vocab, TrainConfig]:
+    """A trained model in float32 (eval mode) with its vocabularies and configuration.
+
+    path: a folder from export_for_shipping, or a model.pt / last.pt file with the
+    vocabularies beside it; by default the book's shipped model `name` (chapter 14's, or
+    chapter 18's "multi30k_cpu_subword"), downloaded when it is missing (outside a copy of
+    the repository). Only with train_if_missing=True does a missing model that cannot be
+    downloaded get trained, with its preset (an hour or more on a CPU).
+    """
+    if path is None:
+        path = shipped_model_dir(name)
+        try:
+            fetch_shipped_model(path, name=name)
+        except FileNotFoundError as err:
+            if not train_if_missing:
+                raise
+            config = training_config(SHIPPED_PRESETS[name])
+            print(f"{err}\ntraining a model with the {SHIPPED_PRESETS[name]} configuration "
+                  f"instead (an hour or more on a CPU; checkpoints in {config.checkpoint_dir})",
+                  file=sys.stderr)
+            resume = (Path(config.checkpoint_dir) / "last.pt").is_file()  # an earlier try
+            train_worker(0, 1, config, resume=resume)
+            export_for_shipping(Path(config.checkpoint_dir) / "last.pt", path)
+    path = Path(path)
+    file = path / "model.pt" if path.is_dir() else path
+    state = load_checkpoint(file)
+    fields = TrainConfig.__dataclass_fields__
+    config = TrainConfig(**{k: v for k, v in state["config"].items() if k in fields})
+    vocab_src, vocab_tgt = read_vocabularies(file.parent, subwords=config.subwords > 0)
+    model = make_model(
+        len(vocab_src), len(vocab_tgt), N=config.N, d_model=config.d_model, d_ff=config.d_ff,
+        h=config.h, dropout=0.0, share_embeddings=config.share_embeddings,
+    )
+    model.load_state_dict({key: tensor.float() if tensor.is_floating_point() else tensor
+                           for key, tensor in state["model"].items()})
+    return model.to(device).eval(), vocab_src, vocab_tgt, config

@@ -1,4 +1,4 @@
-"""Chapter 23: capturing attention maps, their long-form records, and the charts drawn from them."""
+"""Chapter 24: capturing attention maps, their long-form records, and the charts drawn from them."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Attention on a graph (chapter 22) against the dense attention of chapter 3."""
+"""Attention on a graph (chapter 23) against the dense attention of chapter 3."""
 
 import pytest
 import torch

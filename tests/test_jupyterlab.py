@@ -23,7 +23,7 @@ import pytest
 from the_annotated_transformer import VEGA_LITE_MIME
 
 ROOT = Path(__file__).resolve().parents[1]
-CHAPTER = "book/23_attention_visualization.ipynb"
+CHAPTER = "book/24_attention_visualization.ipynb"
 TOKEN = "annotated-transformer-test"
 # Every cell rendered at once (JupyterLab otherwise renders only the cells near the viewport).
 NOTEBOOK_SETTINGS = {"windowingMode": "none"}

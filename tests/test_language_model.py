@@ -1,4 +1,4 @@
-"""Chapter 24: rotary positions, the decoder-only language model, its batches and sampling."""
+"""Chapter 25: rotary positions, the decoder-only language model, its batches and sampling."""
 
 import math
 

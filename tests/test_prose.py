@@ -1,6 +1,7 @@
 """The chapters' prose: every number it states is printed by the book or marked as approximate,
 and it describes the book as it is, not how it came to be."""
 
+import ast
 import json
 import re
 from pathlib import Path
@@ -33,9 +34,9 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("18_results", "4.5"): CITED + " (WMT 2014's 4.5 million pairs)",
     ("20_constituency_parsing", "91.3"): CITED + " (the paper's Table 4)",
     ("20_constituency_parsing", "92.7"): CITED + " (the paper's Table 4)",
-    ("25_universal_transformer", "99.5%"): "the graph tutorial's figure, named in the sentence",
-    ("26_conclusion", "4.5"): CITED + " (WMT 2014's 4.5 million pairs)",
-    ("26_conclusion", "92.7"): CITED + " (the paper's Table 4)",
+    ("26_universal_transformer", "99.5%"): "the graph tutorial's figure, named in the sentence",
+    ("27_conclusion", "4.5"): CITED + " (WMT 2014's 4.5 million pairs)",
+    ("27_conclusion", "92.7"): CITED + " (the paper's Table 4)",
 }
 
 
@@ -111,3 +112,52 @@ def test_no_chapter_tells_the_books_development_history(path):
     text = "\n".join(cell.source for cell in nb.cells)
     assert HISTORY.findall(text) == [], "the book describes itself as it is; history goes to "
     "the README's changelog"
+
+
+# A chart draws what its cell computed or what a data file holds. A chart cell that types three or
+# more decimals into its source is listed here with the reason they are inputs, not results;
+# any other would be a chart whose rows were copied from some run.
+TYPED_NUMBERS: dict[tuple[str, tuple[float, ...]], str] = {
+    ("intro", (23.75, 24.6, 25.16, 9.6, 26.03, 27.3, 3.3, 28.4)):
+        "the paper's Table 2 (BLEU and training cost), cited beside the chart",
+    ("10_schedule_and_optimizer", (1.0, 1.0, 1.0)): "the schedule's factor, an input",
+    ("11_regularization", (0.4, 0.2, 0.1, 0.0, 0.5, 0.1, 0.1)):
+        "a smoothing value and a made-up prediction, the example's input",
+    ("11_regularization", (0.0, 0.1, 0.3, 0.0)): "the smoothing values the chart compares",
+    ("16_checkpoint_averaging", (0.5, 0.5, 0.0, 1.0, 0.0, 0.5, 0.125, 0.0, 0.5, 1.0)):
+        "the interpolation grid and the points it marks",
+    ("appendix_infrastructure", (0.9, 0.94, 0.92, 0.91, 0.85, 0.88)):
+        "made-up accuracies that show how the seeds chart draws",
+}
+
+
+def typed_decimals(source: str) -> tuple[float, ...]:
+    lines = [line for line in source.splitlines() if not line.lstrip().startswith(("%", "!"))]
+    tree = ast.parse("\n".join(lines))
+    return tuple(node.value for node in ast.walk(tree)
+                 if isinstance(node, ast.Constant) and type(node.value) is float)
+
+
+def chart_cells(nb) -> list:
+    return [cell for cell in nb.cells if cell.cell_type == "code" and any(
+        "application/vnd.vegalite.v5+json" in output.get("data", {})
+        for output in cell.get("outputs", []))]
+
+
+@pytest.mark.parametrize("path", chapters(), ids=lambda p: p.stem)
+def test_no_chart_draws_rows_typed_into_its_cell(path):
+    nb = nbformat.read(path, as_version=4)
+    typed = [numbers for cell in chart_cells(nb)
+             if len(numbers := typed_decimals(cell.source)) >= 3
+             and (path.stem, numbers) not in TYPED_NUMBERS]
+    assert typed == [], (
+        f"{path.stem}: a chart cell types these numbers into its source: {typed}; compute the "
+        "rows in the cell or read them from a data file (or list the numbers in TYPED_NUMBERS "
+        "with the reason they are inputs)")
+
+
+def test_the_typed_numbers_list_names_only_cells_that_exist():
+    found = {(path.stem, typed_decimals(cell.source))
+             for path in chapters()
+             for cell in chart_cells(nbformat.read(path, as_version=4))}
+    assert sorted(set(TYPED_NUMBERS) - found) == []

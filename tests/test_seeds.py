@@ -68,7 +68,7 @@ def test_chapter_25_claims_hold_in_its_sweep():
     runs = book_data("seeds_universal_sort.json")["runs"]
     rows = summary("seeds_universal_sort.json", "token accuracy")
     assert set(rows) == set(UNIVERSAL_SORT_VARIANTS)
-    # every run met the bounds that chapter 25's nbval cell asserts for seed 0
+    # every run met the bounds that chapter 26's nbval cell asserts for seed 0
     for name in ("universal, tau = 1e-4", "universal, tau = 1e-2"):
         assert rows[name]["min"] >= 0.90, rows[name]
     assert rows["chapter 13 Transformer"]["min"] >= 0.95

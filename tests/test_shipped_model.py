@@ -41,7 +41,7 @@ def test_module_records_the_checksums_of_the_shipped_files(model):
     for name, expected in SHIPPED_MODELS[model].items():
         assert sha256_of(folder / name) == expected, (
             f"{folder / name} changed: put its new SHA-256 in SHIPPED_MODELS[{model!r}] "
-            "(chapter 14), or Colab readers will be refused the download"
+            "(book/appendix_data.ipynb), or Colab readers will be refused the download"
         )
 
 

@@ -1,4 +1,4 @@
-"""Chapter 25: adaptive computation time and the Universal Transformer."""
+"""Chapter 26: adaptive computation time and the Universal Transformer."""
 
 import pytest
 import torch

@@ -36,7 +36,7 @@ DATA = ROOT / "book" / "data"
 
 
 def sparse_sort(seed: int) -> list[dict]:
-    """Chapter 22: full against window + global encoder self-attention on the sort task."""
+    """Chapter 23: full against window + global encoder self-attention on the sort task."""
     from the_annotated_transformer import sparse_sort_accuracy
 
     names = {False: "full attention", True: "window r = 1 + 1 global"}
@@ -45,7 +45,7 @@ def sparse_sort(seed: int) -> list[dict]:
 
 
 def universal_sort(seed: int) -> list[dict]:
-    """Chapter 25: the Universal Transformer's variants against chapter 13's model."""
+    """Chapter 26: the Universal Transformer's variants against chapter 13's model."""
     from the_annotated_transformer import UNIVERSAL_SORT_VARIANTS, universal_sort_run
 
     rows = []
@@ -94,8 +94,8 @@ def checkpoint_averaging(seed: int) -> list[dict]:
     return rows
 
 
-EXPERIMENTS = {"sparse_sort": (sparse_sort, "22_transformer_as_a_graph"),
-               "universal_sort": (universal_sort, "25_universal_transformer"),
+EXPERIMENTS = {"sparse_sort": (sparse_sort, "23_transformer_as_a_graph"),
+               "universal_sort": (universal_sort, "26_universal_transformer"),
                "model_variations": (model_variations, "19_model_variations"),
                "norm_warmup": (norm_warmup, "19_model_variations"),
                "checkpoint_averaging": (checkpoint_averaging, "16_checkpoint_averaging")}

@@ -336,7 +336,7 @@ for src_row, out_row in zip(sample.src.tolist(), ys.tolist(), strict=True):
 # self-attention, decoder self-attention, decoder-to-source attention) in one teacher-forced
 # pass, and `attention_records` and `attention_chart` draw them as one heatmap with a widget for
 # each choice. Their code is about drawing, not about the Transformer, so it lives in the
-# appendix {doc}`appendix_infrastructure`; chapters 13 and 23 use it too.
+# appendix {doc}`appendix_infrastructure`; chapters 13 and 24 use it too.
 #
 # Two held-out sequences, through the trained model. The decoder's input is `<s>` followed by
 # the symbols, so the row labelled `<s>` is where the model chooses the first symbol, and the row

@@ -55,7 +55,7 @@ enable_book_charts()
 #
 # The Penn Treebank is licensed by the LDC; NLTK distributes a sample of it, the files
 # `wsj_0001` to `wsj_0199` (3,914 sentences, about a tenth of the WSJ part), for non-commercial
-# use {cite}`bird2009natural`. The book never ships it. As with Multi30k (appendix, *Finding the data*),
+# use {cite}`bird2009natural`. The book never ships it. As with Multi30k (appendix {doc}`appendix_data`),
 # the code looks for `treebank.zip` in a folder (an argument, the `PTB_SAMPLE_DIR` environment variable,
 # `../shared/data/ptb-sample` next to the repository, or a cache folder), downloads it from the
 # NLTK data repository when it is missing, and checks its SHA-256 with the infrastructure

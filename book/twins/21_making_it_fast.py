@@ -349,7 +349,7 @@ for row in beam[1][:, 1:].tolist():
 # `FastMultiHeadedAttention` is `MultiHeadedAttention` with only its `forward` changed: the
 # same four linear maps, so a state dict moves between the two unchanged, and the fused call
 # in place of `attention`. It does not keep the weights, which is the point; but chapter 12's
-# `attention_maps` and chapter 23's pictures read `.attn` after a forward pass. So the module
+# `attention_maps` and chapter 24's pictures read `.attn` after a forward pass. So the module
 # keeps a reference to the last queries and keys (tensors the pass made anyway) and `.attn`
 # computes the weights from them when, and only when, someone reads it. Those are the weights
 # before dropout, which is what `attention_maps` wants (it runs the model in eval mode).

@@ -1,12 +1,13 @@
 # %% [markdown]
-# # Appendix: finding the data
+# # Appendix: finding the data and the models
 #
 # Chapter 9 reads Multi30k with one call, `load_multi30k(split)`, and batches it with
 # `TokenBudgetSampler`. What those two do besides the chapter's idea is collected here: where
 # the data files are looked for, how a missing file is downloaded and every file checked against
 # its published checksum, what the errors say when something is wrong, how the sampler checks
 # its arguments and deals its batches out to the processes of a data-parallel run, and the chart
-# of sentence lengths that chapter 9 draws.
+# of sentence lengths that chapter 9 draws. The last section does the same for the trained
+# models that the book ships.
 
 # %% tags=["setup", "hide-cell"]
 # Setup (hidden in the book): in Colab, install the book's package; everywhere, import what
@@ -22,11 +23,25 @@ if "google.colab" in sys.modules:
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
 
 from the_annotated_transformer import (
+    SUBWORD_FILE,
+    VOCAB_FILES,
+    EncoderDecoder,
     TokenBudgetSampler,
+    TrainConfig,
+    Vocab,
     download_file,
+    enable_book_charts,
+    load_checkpoint,
+    make_model,
+    read_vocabularies,
     repository_root,
+    save_checkpoint,
     sha256_of,
+    train_worker,
+    training_config,
 )
+
+enable_book_charts()
 
 # %% [markdown]
 # ## Where the data is
@@ -261,7 +276,7 @@ for options in [{"max_tokens": 0}, {"max_tokens": 20},
 # %% [markdown]
 # ## Batches for several processes
 #
-# In data-parallel training (chapter 14) every process, or *rank*, makes its own sampler with
+# In data-parallel training (chapter 22) every process, or *rank*, makes its own sampler with
 # the same seed and its own `rank`. All of them build the same list of batches, and rank $r$ of
 # $R$ takes batches $r, r + R, r + 2R, \dots$, as PyTorch's `DistributedSampler` does with single
 # examples. Every rank must take the same number of steps, or the gradient exchange waits
@@ -337,3 +352,228 @@ def length_histogram(pairs: Sequence[tuple[Sequence[str], Sequence[str]]], *, ti
         )
         .properties(width=520, height=220, title=title)
     )
+
+
+# %% [markdown]
+# ## The trained models
+#
+# The book ships its trained models in `book/models/<name>/`: chapter 14's word-level model
+# (`multi30k_cpu`) and chapter 18's subword model (`multi30k_cpu_subword`). `export_for_shipping`
+# makes such a folder from a training checkpoint. It keeps the weights in half precision, which
+# halves the file and changes few if any translations (chapter 22 measures it on a small model),
+# stores tied weights once, and writes an `info.json` with the configuration, the variant
+# (pre-norm or post-norm, read from the weights), the command, the training time, the hardware
+# and the history of the run. `load_trained_model` converts the weights back to float32 and
+# builds the model from the stored configuration.
+#
+# Outside a copy of the repository (in Colab, where `pip` installs only the module) the folder
+# does not exist, so `fetch_shipped_model` downloads the files from the book's repository into a
+# cache folder through `download_file`, which keeps each one only if its SHA-256 checksum is the
+# one recorded in `SHIPPED_MODELS`. Files already there are checked against the same checksums,
+# once per process. With neither a copy nor a network, `load_trained_model` says how to get the
+# model, and trains one (an hour or more on a CPU) only when asked to, with
+# `train_if_missing=True`.
+
+# %% tags=["export"]
+import functools
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+
+BOOK_REPOSITORY = "https://github.com/annotated-transformer/annotated-transformer-book"
+# The tag (or commit) of the repository that this copy of the book comes from: the shipped
+# model is downloaded from it, and Colab set-up cells install the package from it.
+BOOK_REPOSITORY_REF = "v0.2.0"
+# Each shipped model's files and their SHA-256 checksums, verified after a download;
+# tests/test_shipped_model.py fails when they differ from the files in book/models/<name>.
+# multi30k_cpu is chapter 14's word-level model (averaging.json holds chapter 16's
+# measurements); multi30k_cpu_subword is chapter 18's subword model (results.json holds its
+# measurements), the best of the book.
+SHIPPED_MODELS = {
+    "multi30k_cpu": {
+        "model.pt": "7f5e9f5e59a49d401656ed2332705f93d86d118921e8494f36532f743e696548",
+        "vocab_de.json": "6f0d3385a8223f9e43922604b4d9b421394968cfc64257893065b3dd88e15066",
+        "vocab_en.json": "6e22d0081b9e032fbce602f62bc5a56aa78326cce2e50fe722217285380daebf",
+        "info.json": "10f454fd56b9e37da971bc9886d3e86244eec6b03af5126cf7506ccab548abc7",
+        "averaging.json": "3f30d9507d5da87fbfa50dbc63290913bb912a88c31e22ca1eb748ea8af6e27f",
+    },
+    "multi30k_cpu_subword": {
+        "model.pt": "6cdd65383b3780f96df11f28d26eb827bed467bdc412ec2a77de72a324e1f32c",
+        "subwords.model": "d3f7fe14d9a0a191b496c0a68c212d32217ee3fd1b5c17dba74eb1cee93def72",
+        "info.json": "a0cc04b8e4dd180298fbdd87820d93e13f28ae0d7ada04d4096b1d863eb1e854",
+        "results.json": "ba9d83b4e98361e717b0a45eacd7b0898267ef18060b83e4e69b4406bc146816",
+    },
+}
+SHIPPED_PRESETS = {"multi30k_cpu": "cpu", "multi30k_cpu_subword": "cpu_subword"}  # for training
+# The shipped model with the best validation BLEU: `make translate` uses it (chapter 18).
+BEST_SHIPPED_MODEL = "multi30k_cpu_subword"
+
+
+def shipped_model_dir(name: str = "multi30k_cpu") -> Path:
+    """book/models/<name> in a copy of the repository; else a cache folder (Colab)."""
+    if name not in SHIPPED_MODELS:
+        raise ValueError(f"name must be one of {', '.join(SHIPPED_MODELS)}, got {name!r}")
+    root = repository_root()
+    if root is not None and (root / "book" / "models").is_dir():
+        return root / "book" / "models" / name
+    return Path.home() / ".cache" / "annotated-transformer" / name
+
+
+@functools.cache
+def verified_file(path: Path, sha256: str, size: int, mtime_ns: int) -> None:
+    """Check a present file's SHA-256 once per process (and again if its size or time change)."""
+    actual = sha256_of(path)
+    if actual != sha256:
+        raise ValueError(
+            f"{path} is not the shipped file (SHA-256 {actual}, expected {sha256}): delete it "
+            "to download it again, restore it with `git checkout`, or, after retraining, put "
+            "its new checksum in SHIPPED_MODELS"
+        )
+
+
+def fetch_shipped_model(folder: str | os.PathLike | None = None, *, name: str = "multi30k_cpu",
+                        base_url: str | None = None) -> Path:
+    """The folder holding the shipped model `name`, every file present and verified.
+
+    Files already there are checked against SHIPPED_MODELS[name] (once per process); each
+    missing one comes from the book's repository at BOOK_REPOSITORY_REF (base_url replaces
+    the address) through download_file, which keeps it only when its checksum is right.
+    """
+    folder = shipped_model_dir(name) if folder is None else Path(folder)
+    base_url = base_url or f"{BOOK_REPOSITORY}/raw/{BOOK_REPOSITORY_REF}/book/models/{name}"
+    for file_name, sha256 in SHIPPED_MODELS[name].items():
+        path = folder / file_name
+        if path.is_file():
+            stat = path.stat()
+            verified_file(path.resolve(), sha256, stat.st_size, stat.st_mtime_ns)
+            continue
+        url = f"{base_url}/{file_name}"
+        print(f"downloading {url}", file=sys.stderr)
+        try:
+            download_file(url, path, sha256=sha256)
+        except OSError as err:  # no network, an HTTP error, a timeout, a read-only folder
+            raise FileNotFoundError(
+                f"the trained model's {file_name} is not in {folder} and could not be "
+                f"downloaded from {url} ({err}): connect to the internet and try again, or "
+                "train a model with `make train` (an hour or more on a CPU) and pass its "
+                "checkpoint, or call load_trained_model(train_if_missing=True)"
+            ) from err
+    return folder
+
+
+def export_for_shipping(
+    checkpoint: str | os.PathLike, folder: str | os.PathLike, *, command: str | None = None,
+    run: str | os.PathLike | None = None,
+) -> Path:
+    """Write a training checkpoint's weights in half precision, its vocabularies and notes.
+
+    run: the run's last.pt, for the notes (training time, hardware, history) when checkpoint
+    holds averaged weights, which have none of their own (chapter 16).
+    """
+    checkpoint, folder = Path(checkpoint), Path(folder)
+    state = load_checkpoint(checkpoint)
+    notes = state if run is None else load_checkpoint(run)
+    stored: list[tuple[torch.Tensor, torch.Tensor]] = []  # (weights, their stored copy)
+    weights = {}
+    for name, tensor in state["model"].items():
+        same = [copy for seen, copy in stored
+                if seen.shape == tensor.shape and torch.equal(seen, tensor)]
+        if not same:  # tied weights (equal, also after averaging) are stored once
+            same = [tensor.half() if tensor.is_floating_point() else tensor]
+            stored.append((tensor, same[0]))
+        weights[name] = same[0]  # half the size of float32; load_trained_model converts back
+    folder.mkdir(parents=True, exist_ok=True)
+    save_checkpoint({"model": weights, "config": state["config"]}, folder / "model.pt")
+    subwords = state["config"].get("subwords", 0) > 0
+    for name in [SUBWORD_FILE] if subwords else VOCAB_FILES:
+        shutil.copyfile(checkpoint.parent / name, folder / name)
+    info = {
+        "config": state["config"],
+        "command": command or notes.get("command"),
+        "training_seconds": round(notes.get("elapsed_s", 0.0), 1),
+        "hardware": notes.get("hardware"),
+        # pre-norm stacks end with a layer norm (chapter 2); post-norm ones have none
+        "variant": "pre-norm" if "encoder.norm.weight" in weights else "post-norm",
+        "epochs": notes.get("epoch"),
+        "history": notes.get("history", []),
+        "torch": torch.__version__,
+    }
+    if "averaged_from" in state:
+        info["averaged_from"] = [Path(path).name for path in state["averaged_from"]]
+    (folder / "info.json").write_text(json.dumps(info, indent=1) + "\n", "utf-8")
+    return folder / "model.pt"
+
+
+def load_trained_model(
+    path: str | os.PathLike | None = None, *, name: str = "multi30k_cpu",
+    device: str | torch.device = "cpu", train_if_missing: bool = False,
+) -> tuple[EncoderDecoder, Vocab, Vocab, TrainConfig]:
+    """A trained model in float32 (eval mode) with its vocabularies and configuration.
+
+    path: a folder from export_for_shipping, or a model.pt / last.pt file with the
+    vocabularies beside it; by default the book's shipped model `name` (chapter 14's, or
+    chapter 18's "multi30k_cpu_subword"), downloaded when it is missing (outside a copy of
+    the repository). Only with train_if_missing=True does a missing model that cannot be
+    downloaded get trained, with its preset (an hour or more on a CPU).
+    """
+    if path is None:
+        path = shipped_model_dir(name)
+        try:
+            fetch_shipped_model(path, name=name)
+        except FileNotFoundError as err:
+            if not train_if_missing:
+                raise
+            config = training_config(SHIPPED_PRESETS[name])
+            print(f"{err}\ntraining a model with the {SHIPPED_PRESETS[name]} configuration "
+                  f"instead (an hour or more on a CPU; checkpoints in {config.checkpoint_dir})",
+                  file=sys.stderr)
+            resume = (Path(config.checkpoint_dir) / "last.pt").is_file()  # an earlier try
+            train_worker(0, 1, config, resume=resume)
+            export_for_shipping(Path(config.checkpoint_dir) / "last.pt", path)
+    path = Path(path)
+    file = path / "model.pt" if path.is_dir() else path
+    state = load_checkpoint(file)
+    fields = TrainConfig.__dataclass_fields__
+    config = TrainConfig(**{k: v for k, v in state["config"].items() if k in fields})
+    vocab_src, vocab_tgt = read_vocabularies(file.parent, subwords=config.subwords > 0)
+    model = make_model(
+        len(vocab_src), len(vocab_tgt), N=config.N, d_model=config.d_model, d_ff=config.d_ff,
+        h=config.h, dropout=0.0, share_embeddings=config.share_embeddings,
+    )
+    model.load_state_dict({key: tensor.float() if tensor.is_floating_point() else tensor
+                           for key, tensor in state["model"].items()})
+    return model.to(device).eval(), vocab_src, vocab_tgt, config
+
+# %% [markdown]
+# Both shipped models, every file checked against its checksum:
+
+# %%
+import json
+
+for name in SHIPPED_MODELS:
+    folder = fetch_shipped_model(name=name)
+    info = json.loads((folder / "info.json").read_text())
+    size = sum((folder / file).stat().st_size for file in SHIPPED_MODELS[name]) / 1e6
+    print(f"{name}: {len(SHIPPED_MODELS[name])} files, {size:.1f} MB, {info['variant']}, "
+          f"{info['epochs']} epochs")
+
+# %% [markdown]
+# A copy with one changed byte is refused, and the error says what to do:
+
+# %%
+import shutil
+
+with tempfile.TemporaryDirectory() as folder:
+    copy = Path(folder) / "multi30k_cpu"
+    shutil.copytree(shipped_model_dir(), copy)
+    data = bytearray((copy / "info.json").read_bytes())
+    data[len(data) // 2] ^= 0x01  # flip one bit in the middle
+    (copy / "info.json").write_bytes(bytes(data))
+    try:
+        fetch_shipped_model(copy)
+    except ValueError as err:
+        print(str(err).replace(folder, "<folder>").split(" (SHA-256")[0], "...")

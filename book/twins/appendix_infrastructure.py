@@ -344,7 +344,7 @@ except ValueError as err:
 # %% [markdown]
 # ## Attention maps and their charts
 #
-# Chapters 12, 13 and 23 look at where trained models attend. Chapter 3's `MultiHeadedAttention`
+# Chapters 12, 13 and 24 look at where trained models attend. Chapter 3's `MultiHeadedAttention`
 # keeps the weights of its last call in `.attn`, a detached tensor of shape (batch, $h$, $n_q$,
 # $n_k$), and each layer has its own modules for the three kinds of attention: the encoder's
 # self-attention (source positions look at source positions), the decoder's self-attention
@@ -610,7 +610,7 @@ def attention_chart(
 #
 # Data that arrives over the network can arrive broken, and a broken download that is read
 # anyway fails much later and far from the cause. So every file the book downloads (Multi30k,
-# see *Finding the data*; the shipped model in chapter 14) goes through `download_file`: it writes to a
+# see {doc}`appendix_data`, and the shipped models) goes through `download_file`: it writes to a
 # temporary file next to the target and renames it only once its SHA-256 checksum is the
 # published one, so a half-finished download never looks like a finished one.
 # `repository_root` finds the checkout a chapter runs in, where the book keeps its data and

@@ -55,7 +55,8 @@ enable_book_charts()
 #   paper's own recipe, with a table of results (section 6.1); a miniature of the paper's table
 #   of model variations; English constituency parsing with the same model (section 6.3); and
 #   how to make the model fast, measured: a key/value cache for decoding, fused attention and
-#   layer norm, packed projections, bfloat16 on CPUs that have it, and a benchmark.
+#   layer norm, packed projections, bfloat16 on CPUs that have it, and a benchmark; and the
+#   training program itself, on one process or many devices, with what to do when a machine dies.
 # * **Part IV, beyond the paper**: the Transformer seen as a graph, run whole on packed
 #   sentences and with a sparse attention pattern; what the trained translation model attends
 #   to, layer by layer and head by head; what came after (encoder-only and decoder-only

@@ -44,7 +44,8 @@ enable_book_charts()
 # model can be watched learning in seconds. **Part III** applied it to real data: German to
 # English translation on Multi30k, the beam search and checkpoint averaging of §6.1, subword
 # vocabularies, a miniature of the variations of Table 3 (§6.2), and constituency parsing
-# (§6.3); chapter 21 measures how to make it run fast. **Part IV** went beyond the paper:
+# (§6.3); chapter 21 measures how to make it run fast, and chapter 22 how to train on many
+# devices. **Part IV** went beyond the paper:
 # attention written as message passing on a graph, with the whole trained model run on packed
 # sentences and a sparse pattern timed against dense attention; tools that draw a trained
 # model's attention; a decoder-only language model with rotary positions, built from the
@@ -149,7 +150,7 @@ pd.DataFrame(rows, columns=["what", "paper", "this book", "chapter"]).set_index(
 #
 # ## Where to go next
 #
-# Chapter 24 sketched what came after the paper; here is where to read more. The paper's plan
+# Chapter 25 sketched what came after the paper; here is where to read more. The paper's plan
 # came true within a few years. Pre-training a Transformer on raw text and
 # then fine-tuning it became the standard recipe: the encoder alone in BERT
 # {cite}`devlin2019bert`, the decoder alone in GPT-2 {cite}`radford2019language`, and the full

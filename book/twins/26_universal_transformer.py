@@ -8,7 +8,7 @@
 # depth becomes a loop rather than a stack, the way a recurrent network loops over time. And
 # it lets each position decide when to stop looping, with the *adaptive computation time*
 # (ACT) of {cite:t}`graves2016adaptive`: positions that are easy stop early, hard ones take
-# more steps. The graph tutorial that chapter 22 follows built this model and trained it on
+# more steps. The graph tutorial that chapter 23 follows built this model and trained it on
 # the sort task; we build it from the book's own layers and train it on chapter 13's task.
 
 # %% tags=["setup", "hide-cell"]
