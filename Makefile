@@ -13,8 +13,9 @@
 #   make bench   training and decoding speed of the readable and fast paths (chapter 21),
 #                about 10 minutes on a CPU; writes book/data/bench_cpu.json (or _cuda)
 #   make bench-quick   the same rows at tiny sizes, in under a minute
-#   make seeds   the multi-seed sweeps that chapters 23 and 26 draw (tools/seeds.py), into
-#                book/data/seeds_*.json; about 25 minutes on 2 cores, stored runs are kept
+#   make seeds   the multi-seed sweeps that chapters 16, 19, 23 and 26 draw (tools/seeds.py),
+#                into book/data/seeds_*.json; tens of minutes per sweep on 2 cores, and stored
+#                runs are kept, so a rerun trains only what is missing
 # Each target first sets up .venv (tools/setup_env.sh) with the layer it needs, so any of them
 # works on a fresh clone: `translate` and `train` need torch and the package's `book` extra
 # (cli), `book` and `sync` add Jupyter Book and the JavaScript (book), the rest add the test
@@ -119,3 +120,6 @@ bench-quick: $(CLI_LAYER)
 seeds: $(CLI_LAYER)
 	$(PY) tools/seeds.py sparse_sort --seeds 0 1 2 3 4
 	$(PY) tools/seeds.py universal_sort --seeds 0 1 2
+	$(PY) tools/seeds.py model_variations --seeds 0 1 2 3 4
+	$(PY) tools/seeds.py norm_warmup --seeds 0 1 2 3 4
+	$(PY) tools/seeds.py checkpoint_averaging --seeds 0 1 2 3 4

@@ -30,6 +30,15 @@ def test_every_experiment_of_the_tool_has_a_stored_sweep():
     assert sorted(p.name for p in SWEEPS) == [f"seeds_{name}.json" for name in sorted(METRIC)]
 
 
+
+def test_make_seeds_reruns_every_stored_sweep_with_its_command():
+    """`make seeds` must remake what the chapters draw, with the seeds each file was made with."""
+    makefile = (ROOT / "Makefile").read_text()
+    recipe = makefile.split("\nseeds:", 1)[1].split("\n\n", 1)[0]
+    commands = [line.strip().replace("$(PY)", "python") for line in recipe.splitlines()[1:]]
+    stored = [json.loads(path.read_text())["command"] for path in SWEEPS]
+    assert sorted(commands) == sorted(stored)
+
 @pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.stem)
 def test_a_sweep_has_three_seeds_of_every_variant_under_two_kernel_sets(path):
     sweep = json.loads(path.read_text())
@@ -49,7 +58,7 @@ def test_a_sweep_has_three_seeds_of_every_variant_under_two_kernel_sets(path):
     assert all(0.0 <= run[metric] <= top for run in sweep["runs"])
 
 
-def test_chapter_22_claims_hold_in_its_sweep():
+def test_chapter_23_claims_hold_in_its_sweep():
     runs = book_data("seeds_sparse_sort.json")["runs"]
     rows = {row["variant"]: row for row in seed_summary(runs, "exact")}
     full, window = rows["full attention"], rows["window r = 1 + 1 global"]
@@ -64,7 +73,7 @@ def test_chapter_22_claims_hold_in_its_sweep():
     assert full["min"] >= 0.75 and window["min"] >= 0.75
 
 
-def test_chapter_25_claims_hold_in_its_sweep():
+def test_chapter_26_claims_hold_in_its_sweep():
     runs = book_data("seeds_universal_sort.json")["runs"]
     rows = summary("seeds_universal_sort.json", "token accuracy")
     assert set(rows) == set(UNIVERSAL_SORT_VARIANTS)
