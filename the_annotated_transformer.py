@@ -1770,108 +1770,6 @@ def _beam_limits(
     return limits.long()
 
 
-def beam_search(
-    model: nn.Module,
-    src: torch.Tensor,
-    src_mask: torch.Tensor,
-    *,
-    max_len: int | torch.Tensor,
-    start_symbol: int,
-    end_symbol: int,
-    beam_size: int = 4,
-    alpha: float = 0.6,
-    use_cache: bool = False,
-    banned: Sequence[int] = (),
-    narrowing: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The best output per sentence by log P(Y | X) / lp(Y), searching beam_size at a time.
-
-    Returns ids (batch, <= max_len), which begin with start_symbol and are padded with
-    end_symbol after the end as greedy_decode's are, and their scores (batch,). max_len counts
-    the start symbol and holds for every sentence (an int) or for each one (a (batch,) tensor);
-    an output cut short by its own max_len is padded like one that ended. use_cache=True
-    gives the same output with chapter 21's key/value cache, one decoder step per token.
-    Ids in banned are never generated. The beam keeps beam_size unfinished hypotheses after
-    some finish; narrowing=True lets each finished one keep its slot instead, so that
-    the beam narrows as outputs finish.
-    """
-    limits = _beam_limits(src, src_mask, max_len, beam_size, alpha)
-    if end_symbol in banned:
-        raise ValueError(f"banned holds the end symbol {end_symbol}: no output could end")
-    banned_ids = torch.tensor(sorted(set(banned)), dtype=torch.long, device=src.device)
-    batch, k, device = src.size(0), beam_size, src.device
-    steps = int(limits.max()) - 1 if batch else 0  # the most tokens any sentence may generate
-    every = torch.arange(batch, device=device)
-    with torch.no_grad():
-        memory = model.encode(src, src_mask)  # (batch, n_src, d_model), once per sentence
-        if use_cache:  # chapter 21's cache: a row per sentence, then per live hypothesis
-            cache = DecoderCache(model, memory, src_mask)  # noqa: F821
-            parent = every.unsqueeze(-1).expand(batch, k)  # (batch, k): each slot's row
-        ys = torch.full((batch, k, 1), start_symbol, dtype=torch.long, device=device)
-        live = torch.full((batch, k), -math.inf, device=device)  # log P; -inf: not live
-        live[:, 0] = 0.0  # one hypothesis to begin with: <s>
-        n_finished = torch.zeros(batch, dtype=torch.long, device=device)
-        best_ids = torch.full((batch, steps + 1), end_symbol, dtype=torch.long, device=device)
-        best_ids[:, 0] = start_symbol
-        best_score = torch.full((batch,), -math.inf, device=device)
-        best_len = torch.zeros(batch, dtype=torch.long, device=device)
-        nothing = limits == 1  # max_len 1 leaves only the empty output, with log P = 0
-        best_score[nothing], live[nothing] = 0.0, -math.inf
-        for t in range(1, steps + 1):  # t: tokens generated once this step is done
-            rows = (live > -math.inf).nonzero(as_tuple=True)  # (sentence, slot) of live ones
-            if rows[0].numel() == 0:
-                break
-            # 1) decode the live hypotheses of all sentences as one batch of rows
-            if use_cache:  # only the last token, against the cached keys and values
-                cache.select(parent[rows])  # the rows of the live hypotheses, in order
-                log_probs = decode_step(model, cache, ys[rows][:, -1], t - 1)  # noqa: F821
-            else:
-                out = model.decode(memory[rows[0]], src_mask[rows[0]], ys[rows],
-                                   subsequent_mask(t).to(device))  # (n_live, t, d_model)
-                log_probs = model.generator(out[:, -1])  # (n_live, V)
-            log_probs[:, banned_ids] = -math.inf
-            V = log_probs.size(-1)
-            # 2) every extension of every live hypothesis: log P(prefix) + log p(word | prefix)
-            candidates = torch.full((batch, k, V), -math.inf, device=device)
-            candidates[rows] = live[rows].unsqueeze(-1) + log_probs
-            # 3) the best 2k candidates, best first: k of them may end, k others can go on
-            top, index = candidates.view(batch, k * V).topk(min(2 * k, k * V), dim=-1)
-            slot, word = index // V, index % V  # (batch, 2k) each
-            rank = torch.arange(top.size(-1), device=device)
-            at_limit = (t + 1 >= limits).unsqueeze(-1)  # (batch, 1)
-            ends = (top > -math.inf) & ((word == end_symbol) | at_limit)
-            goes = (top > -math.inf) & ~ends
-            if narrowing:  # the best candidates fill the slots that finished ones do not hold
-                kept = rank < (k - n_finished).unsqueeze(-1)  # (batch, 2k)
-                finished, goes = kept & ends, kept & goes
-            else:  # an ending candidate among the best k finishes; the best k others go on
-                finished = ends & (rank < k)
-                goes = goes & (goes.cumsum(dim=-1) <= k)
-            # 4) the finished candidates: the best of them may beat the best output so far
-            ys = torch.cat([ys[every.unsqueeze(-1), slot], word.unsqueeze(-1)], dim=-1)
-            n_finished += finished.sum(dim=-1)
-            score = torch.where(finished, top / length_penalty(t, alpha=alpha), -math.inf)
-            new_best, new_pos = score.max(dim=-1)  # (batch,)
-            better = new_best > best_score
-            best_score = torch.where(better, new_best, best_score)
-            best_len = torch.where(better, t, best_len)
-            best_ids[better, : t + 1] = ys[every, new_pos][better]
-            # 5) the candidates that go on fill the k slots, in the order of their scores
-            pick = torch.argsort((~goes).to(torch.int8), dim=-1, stable=True)[:, :k]  # (batch, k)
-            live = torch.where(goes.gather(-1, pick), top.gather(-1, pick), -math.inf)
-            ys = ys[every.unsqueeze(-1), pick]  # (batch, k, t + 1)
-            if use_cache:  # the cache row of the hypothesis that each slot extends
-                row_of = torch.zeros(batch, k, dtype=torch.long, device=device)
-                row_of[rows] = torch.arange(rows[0].numel(), device=device)
-                parent = row_of[every.unsqueeze(-1), slot.gather(-1, pick)]  # (batch, k)
-            # 6) a sentence stops with k finished outputs, or when no live hypothesis can
-            # beat its best finished one any more
-            bound = live.max(dim=-1).values / length_penalty(limits - 1, alpha=alpha)
-            live[(best_score >= bound) | (n_finished >= k)] = -math.inf
-    n_out = int(best_len.max()) + 1 if batch else 1
-    return best_ids[:, :n_out], best_score  # (batch, n_out), (batch,)
-
-
 # %%
 from collections.abc import Sequence
 from functools import partial
@@ -1885,20 +1783,18 @@ def beam_translate_batch(
     model: nn.Module,
     src_ids: Sequence[Sequence[int]],
     *,
-    beam_size: int = 4,
-    alpha: float = 0.6,
     extra_len: int = 50,
     bos_id: int = 0,
     eos_id: int = 1,
     pad_id: int = 2,
     unk_id: int = 3,
-    use_cache: bool = False,
     allow_unk: bool = False,
-    narrowing: bool = False,
+    **search: Any,
 ) -> list[list[int]]:
     """Beam-search translations of id lists, each at most len(source) + extra_len tokens.
 
-    Never <s> or padding, and <unk> only with allow_unk=True (as translate_batch).
+    Never <s> or padding, and <unk> only with allow_unk=True (as translate_batch). search
+    holds beam_search's own options (beam_size, alpha, narrowing), passed on unchanged.
     """
     device = next(model.parameters()).device
     src, src_mask = source_batch(src_ids, device=device, bos_id=bos_id, eos_id=eos_id,
@@ -1906,9 +1802,9 @@ def beam_translate_batch(
     limits = torch.tensor([len(ids) + extra_len + 1 for ids in src_ids], device=device)
     model.eval()
     out, _ = beam_search(model, src, src_mask, max_len=limits, start_symbol=bos_id,
-                         end_symbol=eos_id, beam_size=beam_size, alpha=alpha,
-                         use_cache=use_cache, narrowing=narrowing,
-                         banned=never_generated(bos_id, pad_id, unk_id, allow_unk=allow_unk))
+                         end_symbol=eos_id,
+                         banned=never_generated(bos_id, pad_id, unk_id, allow_unk=allow_unk),
+                         **search)
     results = []
     for row in out[:, 1:].tolist():  # drop <s>
         results.append(row[: row.index(eos_id)] if eos_id in row else row)
@@ -1922,18 +1818,17 @@ def beam_translate(
     vocab_tgt: Vocab,
     tokenizer: Any,
     *,
-    beam_size: int = 4,
-    alpha: float = 0.6,
     extra_len: int = 50,
     batch_size: int = 32,
-    use_cache: bool = False,
     allow_unk: bool = False,
-    narrowing: bool = False,
+    **search: Any,
 ) -> list[str]:
-    """translate with beam search: one English line per German sentence, in input order."""
-    decode = partial(beam_translate_batch, model, beam_size=beam_size, alpha=alpha,
-                     extra_len=extra_len, use_cache=use_cache, allow_unk=allow_unk,
-                     narrowing=narrowing)
+    """translate with beam search: one English line per German sentence, in input order.
+
+    search holds beam_search's options (beam_size, alpha, narrowing), passed on unchanged.
+    """
+    decode = partial(beam_translate_batch, model, extra_len=extra_len, allow_unk=allow_unk,
+                     **search)
     return translate(model, sentences, vocab_src, vocab_tgt, tokenizer, batch_size=batch_size,
                      decode_batch=decode)
 
@@ -3082,6 +2977,107 @@ def greedy_decode(
             if end_symbol is not None and bool(done.all()):
                 break
     return ys
+
+
+# %%
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+
+def beam_search(
+    model: nn.Module,
+    src: torch.Tensor,
+    src_mask: torch.Tensor,
+    *,
+    max_len: int | torch.Tensor,
+    start_symbol: int,
+    end_symbol: int,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    banned: Sequence[int] = (),
+    narrowing: bool = False,
+    use_cache: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chapter 15's beam search, grown by `use_cache`: the same outputs, one new position per
+    step from a DecoderCache whose rows follow the live hypotheses."""
+    limits = _beam_limits(src, src_mask, max_len, beam_size, alpha)
+    if end_symbol in banned:
+        raise ValueError(f"banned holds the end symbol {end_symbol}: no output could end")
+    banned_ids = torch.tensor(sorted(set(banned)), dtype=torch.long, device=src.device)
+    batch, k, device = src.size(0), beam_size, src.device
+    steps = int(limits.max()) - 1 if batch else 0  # the most tokens any sentence may generate
+    every = torch.arange(batch, device=device)
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)  # (batch, n_src, d_model), once per sentence
+        if use_cache:  # a row per sentence, then per live hypothesis
+            cache = DecoderCache(model, memory, src_mask)
+            parent = every.unsqueeze(-1).expand(batch, k)  # (batch, k): each slot's row
+        ys = torch.full((batch, k, 1), start_symbol, dtype=torch.long, device=device)
+        live = torch.full((batch, k), -math.inf, device=device)  # log P; -inf: not live
+        live[:, 0] = 0.0  # one hypothesis to begin with: <s>
+        n_finished = torch.zeros(batch, dtype=torch.long, device=device)
+        best_ids = torch.full((batch, steps + 1), end_symbol, dtype=torch.long, device=device)
+        best_ids[:, 0] = start_symbol
+        best_score = torch.full((batch,), -math.inf, device=device)
+        best_len = torch.zeros(batch, dtype=torch.long, device=device)
+        nothing = limits == 1  # max_len 1 leaves only the empty output, with log P = 0
+        best_score[nothing], live[nothing] = 0.0, -math.inf
+        for t in range(1, steps + 1):  # t: tokens generated once this step is done
+            rows = (live > -math.inf).nonzero(as_tuple=True)  # (sentence, slot) of live ones
+            if rows[0].numel() == 0:
+                break
+            # 1) decode the live hypotheses of all sentences as one batch of rows
+            if use_cache:  # only the last token, against the cached keys and values
+                cache.select(parent[rows])  # the rows of the live hypotheses, in order
+                log_probs = decode_step(model, cache, ys[rows][:, -1], t - 1)
+            else:
+                out = model.decode(memory[rows[0]], src_mask[rows[0]], ys[rows],
+                                   subsequent_mask(t).to(device))  # (n_live, t, d_model)
+                log_probs = model.generator(out[:, -1])  # (n_live, V)
+            log_probs[:, banned_ids] = -math.inf
+            V = log_probs.size(-1)
+            # 2) every extension of every live hypothesis: log P(prefix) + log p(word | prefix)
+            candidates = torch.full((batch, k, V), -math.inf, device=device)
+            candidates[rows] = live[rows].unsqueeze(-1) + log_probs
+            # 3) the best 2k candidates, best first: k of them may end, k others can go on
+            top, index = candidates.view(batch, k * V).topk(min(2 * k, k * V), dim=-1)
+            slot, word = index // V, index % V  # (batch, 2k) each
+            rank = torch.arange(top.size(-1), device=device)
+            at_limit = (t + 1 >= limits).unsqueeze(-1)  # (batch, 1)
+            ends = (top > -math.inf) & ((word == end_symbol) | at_limit)
+            goes = (top > -math.inf) & ~ends
+            if narrowing:  # the best candidates fill the slots that finished ones do not hold
+                kept = rank < (k - n_finished).unsqueeze(-1)  # (batch, 2k)
+                finished, goes = kept & ends, kept & goes
+            else:  # an ending candidate among the best k finishes; the best k others go on
+                finished = ends & (rank < k)
+                goes = goes & (goes.cumsum(dim=-1) <= k)
+            # 4) the finished candidates: the best of them may beat the best output so far
+            ys = torch.cat([ys[every.unsqueeze(-1), slot], word.unsqueeze(-1)], dim=-1)
+            n_finished += finished.sum(dim=-1)
+            score = torch.where(finished, top / length_penalty(t, alpha=alpha), -math.inf)
+            new_best, new_pos = score.max(dim=-1)  # (batch,)
+            better = new_best > best_score
+            best_score = torch.where(better, new_best, best_score)
+            best_len = torch.where(better, t, best_len)
+            best_ids[better, : t + 1] = ys[every, new_pos][better]
+            # 5) the candidates that go on fill the k slots, in the order of their scores
+            pick = torch.argsort((~goes).to(torch.int8), dim=-1, stable=True)[:, :k]  # (batch, k)
+            live = torch.where(goes.gather(-1, pick), top.gather(-1, pick), -math.inf)
+            ys = ys[every.unsqueeze(-1), pick]  # (batch, k, t + 1)
+            if use_cache:  # the cache row of the hypothesis that each slot extends
+                row_of = torch.zeros(batch, k, dtype=torch.long, device=device)
+                row_of[rows] = torch.arange(rows[0].numel(), device=device)
+                parent = row_of[every.unsqueeze(-1), slot.gather(-1, pick)]  # (batch, k)
+            # 6) a sentence stops with k finished outputs, or when no live hypothesis can
+            # beat its best finished one any more
+            bound = live.max(dim=-1).values / length_penalty(limits - 1, alpha=alpha)
+            live[(best_score >= bound) | (n_finished >= k)] = -math.inf
+    n_out = int(best_len.max()) + 1 if batch else 1
+    return best_ids[:, :n_out], best_score  # (batch, n_out), (batch,)
 
 
 # %%

@@ -54,7 +54,7 @@ def tiny_model(seed: int = 0) -> nn.Module:
 
 
 def test_every_grown_definition_has_a_behaviour_test_here():
-    assert grown_names() == {"greedy_decode", "run_groups"}
+    assert grown_names() == {"beam_search", "greedy_decode", "run_groups"}
 
 
 @pytest.mark.parametrize("end_symbol", [None, EOS])
@@ -72,6 +72,28 @@ def test_grown_greedy_decode_gives_chapter_5s_ids_with_its_defaults(seed, end_sy
     cached = tat.greedy_decode(model, src, src_mask, 12, BOS, end_symbol, use_cache=True)
     assert torch.equal(cached, expected)
 
+
+
+@pytest.mark.parametrize("narrowing", [False, True])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_grown_beam_search_gives_chapter_15s_outputs_with_and_without_the_cache(seed, narrowing):
+    plain = first_definition("beam_search")
+    assert plain is not tat.beam_search
+    model = tiny_model(seed)
+    with torch.no_grad():
+        model.generator.proj.bias[EOS] += 1.0  # sentences end at different steps
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, V, (3, 7), generator=g)
+    src[1, 5:] = PAD
+    src_mask = (src != PAD).unsqueeze(-2)
+    options = {"max_len": 12, "start_symbol": BOS, "end_symbol": EOS, "beam_size": 3,
+               "banned": (PAD,), "narrowing": narrowing}
+    ids, scores = plain(model, src, src_mask, **options)
+    for use_cache in (False, True):
+        grown_ids, grown_scores = tat.beam_search(model, src, src_mask, use_cache=use_cache,
+                                                  **options)
+        assert torch.equal(grown_ids, ids)
+        assert torch.allclose(grown_scores, scores, atol=1e-5)
 
 def random_batches(n: int, seed: int = 0) -> list[tat.Batch]:
     g = torch.Generator().manual_seed(seed)

@@ -362,6 +362,26 @@ def test_train_distributed_with_two_cpu_processes_writes_checkpoint_with_both_ra
                                                           "vocab_de.json", "vocab_en.json"]
 
 
+def test_a_survivor_resumes_a_two_process_run_alone_only_with_twice_the_accumulation(
+    tmp_path, capfd,
+):
+    """Chapter 22's runbook: one machine of two goes on alone if the global batch stays."""
+    from the_annotated_transformer import train_distributed, train_worker
+
+    config = replace(TINY, epochs=1, checkpoint_dir=str(tmp_path))
+    train_distributed(config, 2, progress=False, threads=1, pairs=PAIRS)
+    steps_after_one_epoch = load_checkpoint(tmp_path / "last.pt")["train_state"]["step"]
+    alone = replace(config, epochs=2)
+    with pytest.raises(ValueError, match=r"processes x accum_iter = 2 in the checkpoint but 1 x 1"):
+        train_worker(0, 1, alone, resume=True, progress=False, threads=1, pairs=PAIRS)
+    assert load_checkpoint(tmp_path / "last.pt")["epoch"] == 1  # the refusal changed nothing
+    train_worker(0, 1, replace(alone, accum_iter=2), resume=True, progress=False, threads=1,
+                 pairs=PAIRS)
+    state = load_checkpoint(tmp_path / "last.pt")
+    assert state["epoch"] == 2 and len(state["rng"]) == 1
+    assert state["train_state"]["step"] > steps_after_one_epoch
+    assert "written by 2 processes, not 1: random states start afresh" in capfd.readouterr().err
+
 # --- translation and BLEU -----------------------------------------------------------------
 
 

@@ -288,7 +288,6 @@ def beam_search(
     end_symbol: int,
     beam_size: int = 4,
     alpha: float = 0.6,
-    use_cache: bool = False,
     banned: Sequence[int] = (),
     narrowing: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -297,8 +296,7 @@ def beam_search(
     Returns ids (batch, <= max_len), which begin with start_symbol and are padded with
     end_symbol after the end as greedy_decode's are, and their scores (batch,). max_len counts
     the start symbol and holds for every sentence (an int) or for each one (a (batch,) tensor);
-    an output cut short by its own max_len is padded like one that ended. use_cache=True
-    gives the same output with chapter 21's key/value cache, one decoder step per token.
+    an output cut short by its own max_len is padded like one that ended.
     Ids in banned are never generated. The beam keeps beam_size unfinished hypotheses after
     some finish; narrowing=True lets each finished one keep its slot instead, so that
     the beam narrows as outputs finish.
@@ -312,9 +310,6 @@ def beam_search(
     every = torch.arange(batch, device=device)
     with torch.no_grad():
         memory = model.encode(src, src_mask)  # (batch, n_src, d_model), once per sentence
-        if use_cache:  # chapter 21's cache: a row per sentence, then per live hypothesis
-            cache = DecoderCache(model, memory, src_mask)  # noqa: F821
-            parent = every.unsqueeze(-1).expand(batch, k)  # (batch, k): each slot's row
         ys = torch.full((batch, k, 1), start_symbol, dtype=torch.long, device=device)
         live = torch.full((batch, k), -math.inf, device=device)  # log P; -inf: not live
         live[:, 0] = 0.0  # one hypothesis to begin with: <s>
@@ -330,13 +325,9 @@ def beam_search(
             if rows[0].numel() == 0:
                 break
             # 1) decode the live hypotheses of all sentences as one batch of rows
-            if use_cache:  # only the last token, against the cached keys and values
-                cache.select(parent[rows])  # the rows of the live hypotheses, in order
-                log_probs = decode_step(model, cache, ys[rows][:, -1], t - 1)  # noqa: F821
-            else:
-                out = model.decode(memory[rows[0]], src_mask[rows[0]], ys[rows],
-                                   subsequent_mask(t).to(device))  # (n_live, t, d_model)
-                log_probs = model.generator(out[:, -1])  # (n_live, V)
+            out = model.decode(memory[rows[0]], src_mask[rows[0]], ys[rows],
+                               subsequent_mask(t).to(device))  # (n_live, t, d_model)
+            log_probs = model.generator(out[:, -1])  # (n_live, V)
             log_probs[:, banned_ids] = -math.inf
             V = log_probs.size(-1)
             # 2) every extension of every live hypothesis: log P(prefix) + log p(word | prefix)
@@ -368,10 +359,6 @@ def beam_search(
             pick = torch.argsort((~goes).to(torch.int8), dim=-1, stable=True)[:, :k]  # (batch, k)
             live = torch.where(goes.gather(-1, pick), top.gather(-1, pick), -math.inf)
             ys = ys[every.unsqueeze(-1), pick]  # (batch, k, t + 1)
-            if use_cache:  # the cache row of the hypothesis that each slot extends
-                row_of = torch.zeros(batch, k, dtype=torch.long, device=device)
-                row_of[rows] = torch.arange(rows[0].numel(), device=device)
-                parent = row_of[every.unsqueeze(-1), slot.gather(-1, pick)]  # (batch, k)
             # 6) a sentence stops with k finished outputs, or when no live hypothesis can
             # beat its best finished one any more
             bound = live.max(dim=-1).values / length_penalty(limits - 1, alpha=alpha)
@@ -399,7 +386,8 @@ for k in (1, 2):
 # of one returns exactly the tensor that `greedy_decode` returns, and wider beams find
 # outputs with better scores for some of the sentences. Wider is not better for every
 # sentence in general: a wider beam can lose the greedy path on the way. Beam search is a
-# heuristic, not an exact search.
+# heuristic, not an exact search. The last row is a beam of 4 that narrows as outputs finish
+# (`narrowing=True`), beside the full beam of 4 above it.
 
 # %%
 torch.set_num_threads(1)  # outputs that do not depend on the thread count; see below
@@ -419,6 +407,8 @@ for k in (1, 2, 4, 8):
         assert torch.equal(ids, greedy)
         print("beam size 1 gives greedy_decode's output exactly:\n", ids)
 print("scores by beam size (rows) and sentence (columns):")
+_, scores["4, narrowing"] = beam_search(tiny, src, src_mask, max_len=12, start_symbol=0,
+                                        end_symbol=1, beam_size=4, alpha=0.6, narrowing=True)
 for k, s in scores.items():
     print(f"  k={k}: " + " ".join(f"{x:7.3f}" for x in s.tolist()))
 
@@ -444,7 +434,9 @@ for what, arguments in bad_calls.items():
 # `beam_translate` is chapter 14's `translate` with beam search in place of greedy decoding:
 # the same tokenizer, vocabularies and detokenizer, sentences sorted by length so that a batch
 # wastes little padding, and the paper's limit of the input length plus 50 for each sentence.
-# A batch of 32 sentences becomes at most $32 \cdot k$ rows of the decoder.
+# A batch of 32 sentences becomes at most $32 \cdot k$ rows of the decoder. Both functions hand
+# the search's own options (`beam_size`, `alpha`, `narrowing`) to `beam_search` as they are,
+# and an option that a later chapter gives `beam_search` passes through them as well.
 
 # %% tags=["export"]
 from collections.abc import Sequence
@@ -459,20 +451,18 @@ def beam_translate_batch(
     model: nn.Module,
     src_ids: Sequence[Sequence[int]],
     *,
-    beam_size: int = 4,
-    alpha: float = 0.6,
     extra_len: int = 50,
     bos_id: int = 0,
     eos_id: int = 1,
     pad_id: int = 2,
     unk_id: int = 3,
-    use_cache: bool = False,
     allow_unk: bool = False,
-    narrowing: bool = False,
+    **search: Any,
 ) -> list[list[int]]:
     """Beam-search translations of id lists, each at most len(source) + extra_len tokens.
 
-    Never <s> or padding, and <unk> only with allow_unk=True (as translate_batch).
+    Never <s> or padding, and <unk> only with allow_unk=True (as translate_batch). search
+    holds beam_search's own options (beam_size, alpha, narrowing), passed on unchanged.
     """
     device = next(model.parameters()).device
     src, src_mask = source_batch(src_ids, device=device, bos_id=bos_id, eos_id=eos_id,
@@ -480,9 +470,9 @@ def beam_translate_batch(
     limits = torch.tensor([len(ids) + extra_len + 1 for ids in src_ids], device=device)
     model.eval()
     out, _ = beam_search(model, src, src_mask, max_len=limits, start_symbol=bos_id,
-                         end_symbol=eos_id, beam_size=beam_size, alpha=alpha,
-                         use_cache=use_cache, narrowing=narrowing,
-                         banned=never_generated(bos_id, pad_id, unk_id, allow_unk=allow_unk))
+                         end_symbol=eos_id,
+                         banned=never_generated(bos_id, pad_id, unk_id, allow_unk=allow_unk),
+                         **search)
     results = []
     for row in out[:, 1:].tolist():  # drop <s>
         results.append(row[: row.index(eos_id)] if eos_id in row else row)
@@ -496,18 +486,17 @@ def beam_translate(
     vocab_tgt: Vocab,
     tokenizer: Any,
     *,
-    beam_size: int = 4,
-    alpha: float = 0.6,
     extra_len: int = 50,
     batch_size: int = 32,
-    use_cache: bool = False,
     allow_unk: bool = False,
-    narrowing: bool = False,
+    **search: Any,
 ) -> list[str]:
-    """translate with beam search: one English line per German sentence, in input order."""
-    decode = partial(beam_translate_batch, model, beam_size=beam_size, alpha=alpha,
-                     extra_len=extra_len, use_cache=use_cache, allow_unk=allow_unk,
-                     narrowing=narrowing)
+    """translate with beam search: one English line per German sentence, in input order.
+
+    search holds beam_search's options (beam_size, alpha, narrowing), passed on unchanged.
+    """
+    decode = partial(beam_translate_batch, model, extra_len=extra_len, allow_unk=allow_unk,
+                     **search)
     return translate(model, sentences, vocab_src, vocab_tgt, tokenizer, batch_size=batch_size,
                      decode_batch=decode)
 
@@ -784,18 +773,19 @@ for name, s in test_seconds.items():
 # makes the same choices: `greedy_decode` keeps running the decoder on every sentence of a
 # batch until the last one has ended, while `beam_search` drops finished hypotheses from its
 # rows. Wider beams cost less than their width suggests, because searches stop early: against
-# greedy decoding, about 1.3 to 1.5 times as long with $k = 2$, about 2.2 to 2.6 times with
-# $k = 4$, and about 4 to 6 times with $k = 8$, over the values of $\alpha$. (The beam keeps
+# greedy decoding, over the values of $\alpha$ and over the printout above and an earlier run on
+# the same machine, about 1.0 to 1.5 times as long with $k = 2$, about 1.9 to 2.6 times with
+# $k = 4$, and about 3.7 to 6 times with $k = 8$. (The beam keeps
 # $k$ hypotheses running until $k$ have finished, so it costs more than the narrowing beam of
 # `narrowing=True`, which lets finished ones drop out.) On the whole test set the paper's
-# setting took about 1.9 times as long as greedy decoding, and the chosen $k = 2$ about as
-# long. In this run the value of $\alpha$ mattered less than the beam size: with $k = 2$ and
+# setting took about 1.7 to 1.9 times as long as greedy decoding, and the chosen $k = 2$ about
+# as long or less. The value of $\alpha$ mattered less than the beam size: with $k = 2$ and
 # $k = 4$ its three values took times within about a tenth of each other, no more than runs
-# differ, and with $k = 8$, $\alpha = 0$, whose early stop is the tightest, took about 0.7
-# times as long as $\alpha = 0.6$. That last gap fits how the early stop works, but it comes
-# from one timing run on a shared machine, which cannot show how large it is. Both decoders
-# rerun the decoder over the whole prefix at every step; a cache of the keys and values of
-# earlier positions would make both faster.
+# differ, and with $k = 8$, $\alpha = 0$, whose early stop is the tightest, was the fastest in
+# both runs (about 0.7 and 0.8 times as long as $\alpha = 0.6$). That gap fits how the early
+# stop works, but two timing runs on a shared machine cannot show how large it is. Both
+# decoders rerun the decoder over the whole prefix at every step; chapter 21's cache of the
+# keys and values of earlier positions makes both faster.
 #
 # ```{note}
 # The classic Annotated Transformer decoded only greedily, with its `greedy_decode`, although

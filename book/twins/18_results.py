@@ -130,7 +130,7 @@ german = load_tokenizers()[0]
 val = load_multi30k("val")
 sources = [de for de, _ in val[:5]]
 greedy = translate(model, sources, vocab_src, vocab_tgt, german)
-beam = beam_translate(model, sources, vocab_src, vocab_tgt, german, use_cache=True)
+beam = beam_translate(model, sources, vocab_src, vocab_tgt, german)
 for (de, en), g, b in zip(val[:5], greedy, beam, strict=True):
     print(f"German:    {de}\nreference: {en}\ngreedy:    {g}\nbeam 4:    {b}\n")
 

@@ -32,6 +32,7 @@ from the_annotated_transformer import (
     LearnedPositionalEmbedding,
     MultiHeadedAttention,
     PositionalEncoding,
+    _beam_limits,
     attention,
     attention_maps,
     beam_search,
@@ -40,6 +41,7 @@ from the_annotated_transformer import (
     enable_book_charts,
     encode_pairs,
     greedy_decode,
+    length_penalty,
     load_multi30k,
     load_tokenizers,
     load_trained_model,
@@ -278,8 +280,8 @@ def greedy_decode(
 # %% [markdown]
 # Beam search (chapter 15) uses the same two functions. Its rows are the live hypotheses of
 # all sentences, and they change at every step: a hypothesis in slot 2 may extend the one that
-# sat in slot 0. So after choosing the best candidates, `beam_search(..., use_cache=True)`
-# records for each slot the cache row of the hypothesis it extends, and at the next step
+# sat in slot 0. So `beam_search` grows the same keyword, `use_cache`, in the cell
+# below: after choosing the best candidates, it records for each slot the cache row of the hypothesis it extends, and at the next step
 # `DecoderCache.select` gathers those rows of the self-attention keys and values. The memory's
 # keys and values need no such gather. Every hypothesis of a sentence attends to the same
 # source, so they depend only on which sentence a row belongs to: `DecoderCache` keeps them
@@ -287,7 +289,110 @@ def greedy_decode(
 # to the rows only when that tensor changes, which happens when the beam first widens from one
 # hypothesis to $k$ and when a sentence finishes. A step that only reorders hypotheses within
 # their sentences, which is most steps, copies nothing of the memory.
-#
+
+# %% tags=["export", "extends"]
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+
+def beam_search(
+    model: nn.Module,
+    src: torch.Tensor,
+    src_mask: torch.Tensor,
+    *,
+    max_len: int | torch.Tensor,
+    start_symbol: int,
+    end_symbol: int,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    banned: Sequence[int] = (),
+    narrowing: bool = False,
+    use_cache: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chapter 15's beam search, grown by `use_cache`: the same outputs, one new position per
+    step from a DecoderCache whose rows follow the live hypotheses."""
+    limits = _beam_limits(src, src_mask, max_len, beam_size, alpha)
+    if end_symbol in banned:
+        raise ValueError(f"banned holds the end symbol {end_symbol}: no output could end")
+    banned_ids = torch.tensor(sorted(set(banned)), dtype=torch.long, device=src.device)
+    batch, k, device = src.size(0), beam_size, src.device
+    steps = int(limits.max()) - 1 if batch else 0  # the most tokens any sentence may generate
+    every = torch.arange(batch, device=device)
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)  # (batch, n_src, d_model), once per sentence
+        if use_cache:  # a row per sentence, then per live hypothesis
+            cache = DecoderCache(model, memory, src_mask)
+            parent = every.unsqueeze(-1).expand(batch, k)  # (batch, k): each slot's row
+        ys = torch.full((batch, k, 1), start_symbol, dtype=torch.long, device=device)
+        live = torch.full((batch, k), -math.inf, device=device)  # log P; -inf: not live
+        live[:, 0] = 0.0  # one hypothesis to begin with: <s>
+        n_finished = torch.zeros(batch, dtype=torch.long, device=device)
+        best_ids = torch.full((batch, steps + 1), end_symbol, dtype=torch.long, device=device)
+        best_ids[:, 0] = start_symbol
+        best_score = torch.full((batch,), -math.inf, device=device)
+        best_len = torch.zeros(batch, dtype=torch.long, device=device)
+        nothing = limits == 1  # max_len 1 leaves only the empty output, with log P = 0
+        best_score[nothing], live[nothing] = 0.0, -math.inf
+        for t in range(1, steps + 1):  # t: tokens generated once this step is done
+            rows = (live > -math.inf).nonzero(as_tuple=True)  # (sentence, slot) of live ones
+            if rows[0].numel() == 0:
+                break
+            # 1) decode the live hypotheses of all sentences as one batch of rows
+            if use_cache:  # only the last token, against the cached keys and values
+                cache.select(parent[rows])  # the rows of the live hypotheses, in order
+                log_probs = decode_step(model, cache, ys[rows][:, -1], t - 1)
+            else:
+                out = model.decode(memory[rows[0]], src_mask[rows[0]], ys[rows],
+                                   subsequent_mask(t).to(device))  # (n_live, t, d_model)
+                log_probs = model.generator(out[:, -1])  # (n_live, V)
+            log_probs[:, banned_ids] = -math.inf
+            V = log_probs.size(-1)
+            # 2) every extension of every live hypothesis: log P(prefix) + log p(word | prefix)
+            candidates = torch.full((batch, k, V), -math.inf, device=device)
+            candidates[rows] = live[rows].unsqueeze(-1) + log_probs
+            # 3) the best 2k candidates, best first: k of them may end, k others can go on
+            top, index = candidates.view(batch, k * V).topk(min(2 * k, k * V), dim=-1)
+            slot, word = index // V, index % V  # (batch, 2k) each
+            rank = torch.arange(top.size(-1), device=device)
+            at_limit = (t + 1 >= limits).unsqueeze(-1)  # (batch, 1)
+            ends = (top > -math.inf) & ((word == end_symbol) | at_limit)
+            goes = (top > -math.inf) & ~ends
+            if narrowing:  # the best candidates fill the slots that finished ones do not hold
+                kept = rank < (k - n_finished).unsqueeze(-1)  # (batch, 2k)
+                finished, goes = kept & ends, kept & goes
+            else:  # an ending candidate among the best k finishes; the best k others go on
+                finished = ends & (rank < k)
+                goes = goes & (goes.cumsum(dim=-1) <= k)
+            # 4) the finished candidates: the best of them may beat the best output so far
+            ys = torch.cat([ys[every.unsqueeze(-1), slot], word.unsqueeze(-1)], dim=-1)
+            n_finished += finished.sum(dim=-1)
+            score = torch.where(finished, top / length_penalty(t, alpha=alpha), -math.inf)
+            new_best, new_pos = score.max(dim=-1)  # (batch,)
+            better = new_best > best_score
+            best_score = torch.where(better, new_best, best_score)
+            best_len = torch.where(better, t, best_len)
+            best_ids[better, : t + 1] = ys[every, new_pos][better]
+            # 5) the candidates that go on fill the k slots, in the order of their scores
+            pick = torch.argsort((~goes).to(torch.int8), dim=-1, stable=True)[:, :k]  # (batch, k)
+            live = torch.where(goes.gather(-1, pick), top.gather(-1, pick), -math.inf)
+            ys = ys[every.unsqueeze(-1), pick]  # (batch, k, t + 1)
+            if use_cache:  # the cache row of the hypothesis that each slot extends
+                row_of = torch.zeros(batch, k, dtype=torch.long, device=device)
+                row_of[rows] = torch.arange(rows[0].numel(), device=device)
+                parent = row_of[every.unsqueeze(-1), slot.gather(-1, pick)]  # (batch, k)
+            # 6) a sentence stops with k finished outputs, or when no live hypothesis can
+            # beat its best finished one any more
+            bound = live.max(dim=-1).values / length_penalty(limits - 1, alpha=alpha)
+            live[(best_score >= bound) | (n_finished >= k)] = -math.inf
+    n_out = int(best_len.max()) + 1 if batch else 1
+    return best_ids[:, :n_out], best_score  # (batch, n_out), (batch,)
+
+
+
+# %% [markdown]
 # The check: on a small untrained model, with padding in the source, the cached decoders give
 # exactly the ids of the recomputing ones, greedy and beam, with and without an end symbol.
 # An untrained model rarely produces `</s>` by chance, so we make it likelier by raising its

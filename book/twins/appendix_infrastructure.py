@@ -24,6 +24,7 @@ if "google.colab" in sys.modules:
 from the_annotated_transformer import (
     BOOK_REPOSITORY,
     BOOK_REPOSITORY_REF,
+    beam_search,
     greedy_decode,
     make_model,
     run_groups,
@@ -44,24 +45,28 @@ from the_annotated_transformer import (
 #
 # Chapter 5's `greedy_decode` is the plain decoding loop; chapter 14 adds `banned`, the ids a
 # translation must never contain, and chapter 21 adds `use_cache`, which reuses the keys and
-# values of earlier steps. Chapter 8's `run_groups` accumulates gradients over a group of
+# values of earlier steps; chapter 15's `beam_search` grows the same `use_cache` there. Chapter
+# 8's `run_groups` accumulates gradients over a group of
 # batches; chapter 14 adds the hooks that DistributedDataParallel and autocast need. The module's
 # signatures, each parameter with the chapter that brought it:
 
 # %%
 import inspect
 
-grown_in = {"banned": 14, "use_cache": 21, "group_norm": 14, "sync_context": 14,
-            "forward_context": 14, "after_group": 14}
-first_in = {"greedy_decode": 5, "run_groups": 8}
-for function in [greedy_decode, run_groups]:
-    names = list(inspect.signature(function).parameters)
-    chapter_of = {name: grown_in.get(name, first_in[function.__name__]) for name in names}
-    first = [name for name in names if name not in grown_in]
+first_in = {"greedy_decode": 5, "run_groups": 8, "beam_search": 15}
+grown_in = {  # the parameters a later chapter added, with that chapter
+    "greedy_decode": {"banned": 14, "use_cache": 21},
+    "run_groups": {"group_norm": 14, "sync_context": 14, "forward_context": 14, "after_group": 14},
+    "beam_search": {"use_cache": 21},
+}
+for function in [greedy_decode, run_groups, beam_search]:
+    name, names = function.__name__, list(inspect.signature(function).parameters)
+    chapter_of = {p: grown_in[name].get(p, first_in[name]) for p in names}
+    first = [p for p in names if p not in grown_in[name]]
     assert names[:len(first)] == first  # the grown parameters come after the first ones
-    print(f"{function.__name__}:")
+    print(f"{name}:")
     for chapter in sorted(set(chapter_of.values())):
-        print(f"  chapter {chapter}:", ", ".join(n for n in names if chapter_of[n] == chapter))
+        print(f"  chapter {chapter}:", ", ".join(p for p in names if chapter_of[p] == chapter))
 
 # %% [markdown]
 # The tests hold the rule: a name defined in two chapters must be tagged `extends` in the later
