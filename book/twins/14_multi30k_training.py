@@ -735,7 +735,9 @@ def evaluate(
 # it: a model that gives those ids a high probability would emit them. So `greedy_decode` grows
 # one keyword here, `banned`, whose ids get the log-probability $-\infty$ before the argmax. Sentences are sorted by length before they
 # are cut into batches, so that a batch carries little padding, and the results are put back
-# in input order. Each output is cut at its first `</s>` and turned back into text.
+# in input order. Each output is cut at its first `</s>` and turned back into text. That
+# text-to-text part is `translate_with`, which takes the decoder as an argument; `translate`
+# gives it greedy decoding, and chapter 15 gives it beam search.
 #
 # Turning tokens back into text is the inverse of spaCy's tokenizer, and it matters for the
 # score: BLEU compares the output with the reference *as text*, so "a dog ." against "a dog."
@@ -802,6 +804,7 @@ def greedy_decode(
 
 # %% tags=["export"]
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -889,6 +892,32 @@ def decode_text(ids: Sequence[int], vocab: Vocab) -> str:
     return vocab.decode(list(ids))
 
 
+def translate_with(
+    decode_batch: Callable[[list[list[int]]], list[list[int]]],
+    sentences: Sequence[str],
+    vocab_src: Vocab,
+    vocab_tgt: Vocab,
+    tokenizer: Any,
+    *,
+    batch_size: int = 64,
+    max_len: int = 72,
+) -> list[str]:
+    """Text in, text out, in input order (an empty line stays empty); decode_batch turns a
+    batch of source id lists, sorted by length so that they share little padding, into
+    output id lists."""
+    if isinstance(sentences, str):
+        raise TypeError("sentences must be a list of strings, got one str: wrap it in a list")
+    src_ids = [encode_text(s, vocab_src, tokenizer)[: max_len - 2] for s in sentences]
+    outputs = [""] * len(sentences)
+    order = sorted((i for i, ids in enumerate(src_ids) if ids), key=lambda i: len(src_ids[i]))
+    for start in range(0, len(order), batch_size):  # similar lengths together: less padding
+        chunk = order[start : start + batch_size]
+        results = decode_batch([src_ids[i] for i in chunk])
+        for i, ids in zip(chunk, results, strict=True):
+            outputs[i] = decode_text(ids, vocab_tgt)
+    return outputs
+
+
 def translate(
     model: nn.Module,
     sentences: Sequence[str],
@@ -898,29 +927,12 @@ def translate(
     *,
     batch_size: int = 64,
     max_len: int = 72,
-    decode_batch: Callable[[list[list[int]]], list[list[int]]] | None = None,
     allow_unk: bool = False,
 ) -> list[str]:
-    """One English line per German sentence, in input order (an empty line stays empty).
-
-    decode_batch turns a batch of source id lists into output id lists: greedy translate_batch
-    (with allow_unk) by default; chapter 15 passes beam search.
-    """
-    if isinstance(sentences, str):
-        raise TypeError("sentences must be a list of strings, got one str: wrap it in a list")
-    src_ids = [encode_text(s, vocab_src, tokenizer)[: max_len - 2] for s in sentences]
-    outputs = [""] * len(sentences)
-    order = sorted((i for i, ids in enumerate(src_ids) if ids), key=lambda i: len(src_ids[i]))
-    for start in range(0, len(order), batch_size):  # similar lengths together: less padding
-        chunk = order[start : start + batch_size]
-        batch = [src_ids[i] for i in chunk]
-        if decode_batch is None:
-            results = translate_batch(model, batch, max_len=max_len, allow_unk=allow_unk)
-        else:
-            results = decode_batch(batch)
-        for i, ids in zip(chunk, results, strict=True):
-            outputs[i] = decode_text(ids, vocab_tgt)
-    return outputs
+    """One English line per German sentence, in input order, decoded greedily."""
+    decode = partial(translate_batch, model, max_len=max_len, allow_unk=allow_unk)
+    return translate_with(decode, sentences, vocab_src, vocab_tgt, tokenizer,
+                          batch_size=batch_size, max_len=max_len)
 
 
 def bleu(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[float, str]:

@@ -45,8 +45,8 @@ from the_annotated_transformer import (
     source_batch,
     subsequent_mask,
     tokenize,
-    translate,
     translate_batch,
+    translate_with,
 )
 
 enable_book_charts()
@@ -431,7 +431,7 @@ for what, arguments in bad_calls.items():
 # %% [markdown]
 # ## Translating with beam search
 #
-# `beam_translate` is chapter 14's `translate` with beam search in place of greedy decoding:
+# `beam_translate` is chapter 14's `translate_with` given beam search in place of greedy decoding:
 # the same tokenizer, vocabularies and detokenizer, sentences sorted by length so that a batch
 # wastes little padding, and the paper's limit of the input length plus 50 for each sentence.
 # A batch of 32 sentences becomes at most $32 \cdot k$ rows of the decoder. Both functions hand
@@ -497,8 +497,8 @@ def beam_translate(
     """
     decode = partial(beam_translate_batch, model, extra_len=extra_len, allow_unk=allow_unk,
                      **search)
-    return translate(model, sentences, vocab_src, vocab_tgt, tokenizer, batch_size=batch_size,
-                     decode_batch=decode)
+    return translate_with(decode, sentences, vocab_src, vocab_tgt, tokenizer,
+                          batch_size=batch_size)
 
 # %% [markdown]
 # ## What beam search does for the trained model
@@ -767,23 +767,23 @@ for name, s in test_seconds.items():
 
 # %% [markdown]
 # The times vary from run to run, by a tenth or more on our shared machine, and from machine
-# to machine; the figures below are read from the printout above, the one stored with this
-# page, and another machine prints others. Greedy decoding of the 100 validation sentences
+# to machine; the figures below span the printout above, the one stored with this page, and
+# two earlier runs of this cell, and another machine prints others. Greedy decoding of the 100 validation sentences
 # took a few seconds, and beam search with $k = 1$ only about two thirds as long, although it
 # makes the same choices: `greedy_decode` keeps running the decoder on every sentence of a
 # batch until the last one has ended, while `beam_search` drops finished hypotheses from its
 # rows. Wider beams cost less than their width suggests, because searches stop early: against
-# greedy decoding, over the values of $\alpha$ and over the printout above and an earlier run on
-# the same machine, about 1.0 to 1.5 times as long with $k = 2$, about 1.9 to 2.6 times with
+# greedy decoding, over the values of $\alpha$ and the three runs, about 1.0 to 1.5 times as long with $k = 2$, about 1.9 to 2.6 times with
 # $k = 4$, and about 3.7 to 6 times with $k = 8$. (The beam keeps
 # $k$ hypotheses running until $k$ have finished, so it costs more than the narrowing beam of
 # `narrowing=True`, which lets finished ones drop out.) On the whole test set the paper's
 # setting took about 1.7 to 1.9 times as long as greedy decoding, and the chosen $k = 2$ about
-# as long or less. The value of $\alpha$ mattered less than the beam size: with $k = 2$ and
-# $k = 4$ its three values took times within about a tenth of each other, no more than runs
-# differ, and with $k = 8$, $\alpha = 0$, whose early stop is the tightest, was the fastest in
-# both runs (about 0.7 and 0.8 times as long as $\alpha = 0.6$). That gap fits how the early
-# stop works, but two timing runs on a shared machine cannot show how large it is. Both
+# as long or less. The value of $\alpha$ mattered less than the beam size, and not in one
+# direction: with $k = 2$ the fastest $\alpha$ was not the same in every run. Only with $k = 8$
+# did $\alpha = 0$, whose early stop is the tightest, take clearly less time than
+# $\alpha = 0.6$ in each of the three runs (about 0.7 to 0.8 times as long). That gap fits how
+# the early stop works, but three timing runs on a shared machine cannot show how large it
+# is. Both
 # decoders rerun the decoder over the whole prefix at every step; chapter 21's cache of the
 # keys and values of earlier positions makes both faster.
 #
