@@ -3839,7 +3839,10 @@ def train_worker(
         resume_run(process, config, run, resuming=resuming)
         if process.distributed:  # only now: every rank holds rank 0's state
             run.model = wrap_ddp(run.model, process.device)
-        return train_epochs(process, config, run, data, progress=progress)
+        history = train_epochs(process, config, run, data, progress=progress)
+        if process.distributed:  # no rank tears down while another still talks to it
+            dist.barrier()
+        return history
     finally:
         if process.distributed:
             dist.destroy_process_group()
