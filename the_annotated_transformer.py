@@ -1083,73 +1083,25 @@ def sorted_symbols(src: torch.Tensor, *, pad: int = PAD_ID) -> torch.Tensor:
 
 # %%
 from dataclasses import dataclass, replace
+from typing import Any
 
 
-@dataclass(frozen=True)
-class TrainConfig:
-    """Everything one Multi30k training run depends on; defaults are the paper's base model."""
-
-    N: int = 6
-    d_model: int = 512
-    d_ff: int = 2048
-    h: int = 8
-    dropout: float = 0.1
-    max_tokens: int = 4096  # padded tokens per micro-batch on each device (src and tgt each)
-    accum_iter: int = 1  # micro-batches per optimizer step, on each device
-    epochs: int = 30
-    warmup: int = 1000  # warm-up steps of one process without accumulation (schedule_steps)
-    lr_factor: float = 0.5
-    label_smoothing: float = 0.1
-    max_len: int = 72  # longest sentence kept, with <s> and </s>; also the decoding limit
-    min_freq: int = 2  # rarer words become <unk>
-    seed: int = 0
-    checkpoint_dir: str = "checkpoints/multi30k_base"
-    train_limit: int | None = None  # use only the first train_limit training pairs (demos, tests)
-    val_limit: int | None = None  # the same for the validation pairs
-    keep_epochs: int = 0  # also keep the weights of the last keep_epochs epochs, for averaging
-    bleu_every: int = 1  # greedy validation BLEU every bleu_every epochs (0: never); keeps best.pt
-    subwords: int = 0  # 0: two word vocabularies; else one joint sentencepiece vocabulary this big
-    share_embeddings: bool = False  # one matrix for both embeddings and the generator (§3.4)
-
-    def __post_init__(self) -> None:
-        for name in ("N", "d_model", "d_ff", "h", "max_tokens", "accum_iter", "epochs", "warmup"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.d_model % self.h:
-            raise ValueError(f"d_model={self.d_model} is not divisible by h={self.h} heads")
-        for name in ("keep_epochs", "bleu_every", "subwords"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-        if self.share_embeddings and not self.subwords:
-            raise ValueError("share_embeddings=True needs one joint vocabulary: set subwords > 0")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing!r}")
-
-
-def training_config(name: str, **overrides) -> TrainConfig:
-    """The preset `name` ("cpu" or "base") with some fields replaced, e.g. epochs=2."""
-    presets = {
-        # A small model that this book's 2-core CPU trains in about an hour (see the text).
-        "cpu": TrainConfig(
-            N=3, d_model=256, d_ff=1024, h=8, dropout=0.1, max_tokens=1500, accum_iter=1,
-            epochs=12, warmup=1000, lr_factor=0.5, checkpoint_dir="checkpoints/multi30k_cpu",
-        ),
-        # The paper's base model; batch (per GPU) and warmup sized for Multi30k.
-        "base": TrainConfig(),
-        # The cpu preset with one joint subword vocabulary and tied embeddings (chapter 17).
-        "cpu_subword": TrainConfig(
-            N=3, d_model=256, d_ff=1024, h=8, dropout=0.1, max_tokens=1500, accum_iter=1,
-            epochs=12, warmup=1000, lr_factor=0.5, subwords=8000, share_embeddings=True,
-            checkpoint_dir="checkpoints/multi30k_cpu_subword",
-        ),
-    }
-    if name not in presets:
-        raise ValueError(f"name must be one of {', '.join(presets)}, got {name!r}")
-    return replace(presets[name], **overrides)
+def check_train_config(config: Any) -> None:
+    """A one-line error that names the field, for a configuration no run could use."""
+    for name in ("N", "d_model", "d_ff", "h", "max_tokens", "accum_iter", "epochs", "warmup"):
+        value = getattr(config, name)
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if config.d_model % config.h:
+        raise ValueError(f"d_model={config.d_model} is not divisible by h={config.h} heads")
+    for name in ("keep_epochs", "bleu_every"):
+        value = getattr(config, name)
+        if not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    if not 0.0 <= config.dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {config.dropout!r}")
+    if not 0.0 <= config.label_smoothing < 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1), got {config.label_smoothing!r}")
 
 
 # %%
@@ -1201,75 +1153,25 @@ def load_checkpoint(
 
 # %%
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from torch.utils.data import DataLoader
 
 VOCAB_FILES = ("vocab_de.json", "vocab_en.json")
-SUBWORD_FILE = "subwords.model"  # one sentencepiece model for both languages (chapter 17)
 
 
-def multi30k_vocabularies(
-    config: TrainConfig,
-    tokenizers: tuple[Any, Any],
-    *,
-    pairs: Sequence[tuple[str, str]] | None = None,
-    save: bool = True,
-) -> tuple[Vocab, Vocab]:
-    """German and English vocabularies built from the training pairs (Multi30k's by default).
-
-    Two word Vocabs, or with config.subwords one sentencepiece model (chapter 17) that serves
-    as both. With save=True they are also written into the checkpoint folder, replacing what
-    is there.
-    """
-    if pairs is None:  # train only: val and test stay unseen
-        pairs = load_multi30k("train")[: config.train_limit]
-    if config.subwords:
-        sp = train_sentencepiece(  # noqa: F821 (chapter 17)
-            [sentence for pair in pairs for sentence in pair], vocab_size=config.subwords
-        )
-        vocabs = (sp, sp)
-        writers = {SUBWORD_FILE: lambda path: Path(path).write_bytes(sp.serialized_model_proto())}
-    else:
-        token_pairs = tokenize_pairs(pairs, *tokenizers)
-        vocabs = tuple(Vocab.build([pair[side] for pair in token_pairs], min_freq=config.min_freq)
-                       for side in (0, 1))
-        writers = dict(zip(VOCAB_FILES, (vocab.save for vocab in vocabs), strict=True))
-    if save:
-        folder = Path(config.checkpoint_dir)
-        folder.mkdir(parents=True, exist_ok=True)
-        for name, write in writers.items():
-            tmp = folder / f".{name}.{os.getpid()}.tmp"
-            write(tmp)
-            os.replace(tmp, folder / name)  # like checkpoints: a reader never sees half a file
-    return vocabs
-
-
-def load_subwords(path: str | os.PathLike) -> Any:
-    """A sentencepiece model from its file, or a one-line error that names the file."""
-    import sentencepiece as spm
-
-    try:
-        return spm.SentencePieceProcessor(model_file=str(path))
-    except (OSError, RuntimeError) as err:
-        raise ValueError(f"{path} is not a readable sentencepiece model ({err})") from err
-
-
-def read_vocabularies(folder: str | os.PathLike, *, subwords: bool = False
-                      ) -> tuple[Vocab, Vocab]:
-    """The vocabularies a run wrote into its checkpoint folder (for resuming, translating):
-    the two word vocabularies, or with subwords=True the one sentencepiece model, twice."""
-    names = [SUBWORD_FILE] if subwords else list(VOCAB_FILES)
-    paths = [Path(folder) / name for name in names]
-    missing = [str(path) for path in paths if not path.is_file()]
-    if missing:
-        raise FileNotFoundError(f"the run's vocabularies are missing: {', '.join(missing)}")
-    if subwords:
-        sp = load_subwords(paths[0])
-        return sp, sp
-    return Vocab.load(paths[0]), Vocab.load(paths[1])
+def write_run_files(folder: str | os.PathLike, writers: dict[str, Callable[[Path], Any]]
+                    ) -> None:
+    """Call each writer on a temporary file in `folder`, then rename it to its name: like
+    checkpoints, a reader never sees half a file."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, write in writers.items():
+        tmp = folder / f".{name}.{os.getpid()}.tmp"
+        write(tmp)
+        os.replace(tmp, folder / name)
 
 
 def multi30k_examples(
@@ -1284,22 +1186,6 @@ def multi30k_examples(
     """The first `limit` pairs of a split as ids, without pairs longer than max_len."""
     pairs = load_multi30k(split)[:limit]
     return encode_examples(pairs, vocab_src, vocab_tgt, tokenizers, max_len=max_len)
-
-
-def encode_examples(
-    pairs: Sequence[tuple[str, str]],
-    vocab_src: Vocab,
-    vocab_tgt: Vocab,
-    tokenizers: tuple[Any, Any],
-    *,
-    max_len: int,
-) -> list[tuple[list[int], list[int]]]:
-    """Sentence pairs as id lists, without pairs longer than max_len."""
-    if isinstance(vocab_src, Vocab):
-        examples = encode_pairs(tokenize_pairs(pairs, *tokenizers), vocab_src, vocab_tgt)
-    else:  # sentencepiece: raw text in, ids out
-        examples = [(vocab_src.encode(de), vocab_tgt.encode(en)) for de, en in pairs]
-    return filter_by_length(examples, max_len=max_len)[0]
 
 
 def collate_to_batch(pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> Batch:
@@ -1591,21 +1477,6 @@ def translate_batch(
     for row in out[:, 1:].tolist():  # drop <s>
         results.append(row[: row.index(eos_id)] if eos_id in row else row)
     return results
-
-
-def encode_text(text: str, vocab: Vocab, tokenizer: Any) -> list[int]:
-    """A sentence's ids: spaCy's tokens looked up in a word Vocab, or a sentencepiece model's
-    pieces of the raw text (tokenizer unused)."""
-    if isinstance(vocab, Vocab):
-        return vocab.encode(tokenize(text, tokenizer))
-    return vocab.encode(text)
-
-
-def decode_text(ids: Sequence[int], vocab: Vocab) -> str:
-    """Plain text from output ids: detokenized words, or the sentencepiece model's decoding."""
-    if isinstance(vocab, Vocab):
-        return detokenize(vocab.lookup_tokens(ids))
-    return vocab.decode(list(ids))
 
 
 def translate_with(
@@ -2246,6 +2117,152 @@ def vocabulary_chart(rows: Sequence[Mapping[str, Any]], *, title: str, subtitle:
     return (bpe_lines + others).properties(
         width=420, height=240, title=alt.TitleParams(title, subtitle=subtitle)
     )
+
+
+# %%
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Chapter 14's configuration, grown by a joint subword vocabulary and tied embeddings."""
+
+    N: int = 6
+    d_model: int = 512
+    d_ff: int = 2048
+    h: int = 8
+    dropout: float = 0.1
+    max_tokens: int = 4096
+    accum_iter: int = 1
+    epochs: int = 30
+    warmup: int = 1000
+    lr_factor: float = 0.5
+    label_smoothing: float = 0.1
+    max_len: int = 72
+    min_freq: int = 2
+    seed: int = 0
+    checkpoint_dir: str = "checkpoints/multi30k_base"
+    train_limit: int | None = None
+    val_limit: int | None = None
+    keep_epochs: int = 0
+    bleu_every: int = 1
+    subwords: int = 0  # 0: two word vocabularies; else one joint sentencepiece vocabulary this big
+    share_embeddings: bool = False  # one matrix for both embeddings and the generator (§3.4)
+
+    def __post_init__(self) -> None:
+        check_train_config(self)
+        if isinstance(self.subwords, bool) or not isinstance(self.subwords, int) or (
+                self.subwords < 0):
+            raise ValueError(f"subwords must be an integer >= 0, got {self.subwords!r}")
+        if self.share_embeddings and not self.subwords:
+            raise ValueError("share_embeddings=True needs one joint vocabulary: set subwords > 0")
+
+
+def training_config(name: str, **overrides) -> TrainConfig:
+    """The preset `name` ("cpu", "base" or "cpu_subword") with some fields replaced."""
+    cpu = TrainConfig(
+        N=3, d_model=256, d_ff=1024, h=8, dropout=0.1, max_tokens=1500, accum_iter=1,
+        epochs=12, warmup=1000, lr_factor=0.5, checkpoint_dir="checkpoints/multi30k_cpu",
+    )
+    presets = {
+        "cpu": cpu,
+        "base": TrainConfig(),
+        "cpu_subword": replace(cpu, subwords=8000, share_embeddings=True,
+                               checkpoint_dir="checkpoints/multi30k_cpu_subword"),
+    }
+    if name not in presets:
+        raise ValueError(f"name must be one of {', '.join(presets)}, got {name!r}")
+    return replace(presets[name], **overrides)
+
+
+# %%
+import os
+from pathlib import Path
+
+SUBWORD_FILE = "subwords.model"  # one sentencepiece model for both languages
+
+
+def load_subwords(path: str | os.PathLike) -> Any:
+    """A sentencepiece model from its file, or a one-line error that names the file."""
+    import sentencepiece as spm
+
+    try:
+        return spm.SentencePieceProcessor(model_file=str(path))
+    except (OSError, RuntimeError) as err:
+        raise ValueError(f"{path} is not a readable sentencepiece model ({err})") from err
+
+
+# %%
+def multi30k_vocabularies(
+    config: TrainConfig,
+    tokenizers: tuple[Any, Any],
+    *,
+    pairs: Sequence[tuple[str, str]] | None = None,
+    save: bool = True,
+) -> tuple[Vocab, Vocab]:
+    """Chapter 14's two word vocabularies, or with config.subwords one sentencepiece model
+    trained on both languages, returned twice; save=True writes them into the checkpoint
+    folder."""
+    if pairs is None:  # train only: val and test stay unseen
+        pairs = load_multi30k("train")[: config.train_limit]
+    if config.subwords:
+        sp = train_sentencepiece([s for pair in pairs for s in pair], vocab_size=config.subwords)
+        vocabs = (sp, sp)
+        writers = {SUBWORD_FILE: lambda path: Path(path).write_bytes(sp.serialized_model_proto())}
+    else:
+        token_pairs = tokenize_pairs(pairs, *tokenizers)
+        vocabs = tuple(Vocab.build([pair[side] for pair in token_pairs], min_freq=config.min_freq)
+                       for side in (0, 1))
+        writers = dict(zip(VOCAB_FILES, (vocab.save for vocab in vocabs), strict=True))
+    if save:
+        write_run_files(config.checkpoint_dir, writers)
+    return vocabs
+
+
+def read_vocabularies(folder: str | os.PathLike, *, subwords: bool = False
+                      ) -> tuple[Vocab, Vocab]:
+    """The vocabularies a run wrote into its checkpoint folder: chapter 14's two word
+    vocabularies, or with subwords=True the one sentencepiece model, twice."""
+    paths = [Path(folder) / name for name in ([SUBWORD_FILE] if subwords else VOCAB_FILES)]
+    missing = [str(path) for path in paths if not path.is_file()]
+    if missing:
+        raise FileNotFoundError(f"the run's vocabularies are missing: {', '.join(missing)}")
+    if subwords:
+        sp = load_subwords(paths[0])
+        return sp, sp
+    return Vocab.load(paths[0]), Vocab.load(paths[1])
+
+
+def encode_examples(
+    pairs: Sequence[tuple[str, str]],
+    vocab_src: Vocab,
+    vocab_tgt: Vocab,
+    tokenizers: tuple[Any, Any],
+    *,
+    max_len: int,
+) -> list[tuple[list[int], list[int]]]:
+    """Sentence pairs as id lists, without pairs longer than max_len; a sentencepiece model
+    reads the raw text (tokenizers unused)."""
+    if isinstance(vocab_src, Vocab):
+        examples = encode_pairs(tokenize_pairs(pairs, *tokenizers), vocab_src, vocab_tgt)
+    else:
+        examples = [(vocab_src.encode(de), vocab_tgt.encode(en)) for de, en in pairs]
+    return filter_by_length(examples, max_len=max_len)[0]
+
+
+def encode_text(text: str, vocab: Vocab, tokenizer: Any) -> list[int]:
+    """A sentence's ids: spaCy's tokens in a word Vocab, or a sentencepiece model's pieces of
+    the raw text (tokenizer unused)."""
+    if isinstance(vocab, Vocab):
+        return vocab.encode(tokenize(text, tokenizer))
+    return vocab.encode(text)
+
+
+def decode_text(ids: Sequence[int], vocab: Vocab) -> str:
+    """Plain text from output ids: detokenized words, or the sentencepiece model's decoding."""
+    if isinstance(vocab, Vocab):
+        return detokenize(vocab.lookup_tokens(ids))
+    return vocab.decode(list(ids))
 
 
 # %% [markdown]

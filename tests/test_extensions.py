@@ -4,6 +4,7 @@ wrote it. The first definitions are taken from the chapters themselves, not from
 
 import ast
 import copy
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -54,7 +55,11 @@ def tiny_model(seed: int = 0) -> nn.Module:
 
 
 def test_every_grown_definition_has_a_behaviour_test_here():
-    assert grown_names() == {"beam_search", "greedy_decode", "run_groups"}
+    assert grown_names() == {
+        "beam_search", "decode_text", "encode_examples", "encode_text", "greedy_decode",
+        "multi30k_vocabularies", "read_vocabularies", "run_groups", "training_config",
+        "TrainConfig",
+    }
 
 
 @pytest.mark.parametrize("end_symbol", [None, EOS])
@@ -95,6 +100,7 @@ def test_grown_beam_search_gives_chapter_15s_outputs_with_and_without_the_cache(
         assert torch.equal(grown_ids, ids)
         assert torch.allclose(grown_scores, scores, atol=1e-5)
 
+
 def random_batches(n: int, seed: int = 0) -> list[tat.Batch]:
     g = torch.Generator().manual_seed(seed)
     batches = []
@@ -125,3 +131,49 @@ def test_grown_run_groups_trains_as_chapter_8s_with_its_defaults(accum_iter):
     (loss_a, tokens_a, state_a, weights_a), (loss_b, tokens_b, state_b, weights_b) = results
     assert (loss_a, tokens_a, state_a) == (loss_b, tokens_b, state_b)
     assert all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
+
+
+def test_grown_train_config_keeps_chapter_14s_fields_presets_and_errors():
+    plain = first_definition("TrainConfig")
+    assert plain is not tat.TrainConfig
+    first = [(f.name, f.default) for f in dataclasses.fields(plain)]
+    grown = [(f.name, f.default) for f in dataclasses.fields(tat.TrainConfig)]
+    assert grown[:len(first)] == first
+    assert grown[len(first):] == [("subwords", 0), ("share_embeddings", False)]
+    presets = first_definition("training_config")
+    for name in ("cpu", "base"):
+        assert dataclasses.asdict(presets(name)) == {
+            k: v for k, v in dataclasses.asdict(tat.training_config(name)).items()
+            if k in dict(first)}
+    for wrong in ({"N": 0}, {"d_model": 250}, {"dropout": 1.0}, {"bleu_every": -1}):
+        messages = []
+        for config in (plain, tat.TrainConfig):
+            with pytest.raises(ValueError) as err:
+                config(**wrong)
+            messages.append(str(err.value))
+        assert messages[0] == messages[1]
+
+
+PAIRS = [("Ein Hund läuft.", "A dog runs."), ("Ein Hund schläft.", "A dog sleeps."),
+         ("Zwei Hunde laufen im Park.", "Two dogs run in the park.")]
+
+
+def test_grown_vocabulary_functions_give_chapter_14s_word_vocabularies(tmp_path):
+    tokenizers = tat.load_tokenizers()
+    config = tat.TrainConfig(min_freq=1, checkpoint_dir=str(tmp_path / "grown"))
+    plain_config = first_definition("TrainConfig")(min_freq=1, checkpoint_dir=str(tmp_path))
+    plain_vocabs = first_definition("multi30k_vocabularies")(plain_config, tokenizers,
+                                                              pairs=PAIRS)
+    vocabs = tat.multi30k_vocabularies(config, tokenizers, pairs=PAIRS)
+    assert [v.itos for v in vocabs] == [v.itos for v in plain_vocabs]
+    for name in tat.VOCAB_FILES:
+        assert (tmp_path / name).read_bytes() == (tmp_path / "grown" / name).read_bytes()
+    read = first_definition("read_vocabularies")(tmp_path)
+    assert [v.itos for v in tat.read_vocabularies(tmp_path)] == [v.itos for v in read]
+    examples = tat.encode_examples(PAIRS, *vocabs, tokenizers, max_len=8)
+    assert examples == first_definition("encode_examples")(PAIRS, *vocabs, tokenizers, max_len=8)
+    assert len(examples) == 2  # the park sentence is longer than max_len
+    german = "Zwei Hunde laufen."
+    ids = tat.encode_text(german, vocabs[0], tokenizers[0])
+    assert ids == first_definition("encode_text")(german, vocabs[0], tokenizers[0])
+    assert tat.decode_text(ids, vocabs[0]) == first_definition("decode_text")(ids, vocabs[0])

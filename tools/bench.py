@@ -104,16 +104,19 @@ def sync(device: torch.device) -> None:
 
 def matmul_peak(device: torch.device, n: int, repeats: int,
                 dtype: torch.dtype = torch.float32) -> float:
-    """The best matmul rate (FLOP/s) of an n x n product in dtype on this device, now."""
+    """The best rate (FLOP/s) of an n x n product in dtype on this device, now, taken both as
+    a @ b and as nn.Linear takes it (a @ b.T): on a CPU without native bfloat16 the two run
+    different kernels, ten times apart, and the model's layers use the second."""
     a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
-    a @ b  # warm-up
     best = float("inf")
-    for _ in range(repeats):
-        sync(device)
-        start = time.perf_counter()
-        a @ b
-        sync(device)
-        best = min(best, time.perf_counter() - start)
+    for product in (torch.matmul, torch.nn.functional.linear):
+        product(a, b)  # warm-up
+        for _ in range(repeats):
+            sync(device)
+            start = time.perf_counter()
+            product(a, b)
+            sync(device)
+            best = min(best, time.perf_counter() - start)
     return 2 * n**3 / best
 
 

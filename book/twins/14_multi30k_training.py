@@ -105,10 +105,12 @@ enable_book_charts()
 #
 # Both keep separate German and English vocabularies (chapter 9), so the embeddings cannot be
 # shared between encoder, decoder and generator as the paper's shared byte-pair vocabulary
-# allowed.
+# allowed; chapter 17 grows this configuration, and the data functions below, for one joint
+# subword vocabulary.
 
 # %% tags=["export"]
 from dataclasses import dataclass, replace
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -134,26 +136,27 @@ class TrainConfig:
     val_limit: int | None = None  # the same for the validation pairs
     keep_epochs: int = 0  # also keep the weights of the last keep_epochs epochs, for averaging
     bleu_every: int = 1  # greedy validation BLEU every bleu_every epochs (0: never); keeps best.pt
-    subwords: int = 0  # 0: two word vocabularies; else one joint sentencepiece vocabulary this big
-    share_embeddings: bool = False  # one matrix for both embeddings and the generator (§3.4)
 
     def __post_init__(self) -> None:
-        for name in ("N", "d_model", "d_ff", "h", "max_tokens", "accum_iter", "epochs", "warmup"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.d_model % self.h:
-            raise ValueError(f"d_model={self.d_model} is not divisible by h={self.h} heads")
-        for name in ("keep_epochs", "bleu_every", "subwords"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-        if self.share_embeddings and not self.subwords:
-            raise ValueError("share_embeddings=True needs one joint vocabulary: set subwords > 0")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing!r}")
+        check_train_config(self)
+
+
+def check_train_config(config: Any) -> None:
+    """A one-line error that names the field, for a configuration no run could use."""
+    for name in ("N", "d_model", "d_ff", "h", "max_tokens", "accum_iter", "epochs", "warmup"):
+        value = getattr(config, name)
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if config.d_model % config.h:
+        raise ValueError(f"d_model={config.d_model} is not divisible by h={config.h} heads")
+    for name in ("keep_epochs", "bleu_every"):
+        value = getattr(config, name)
+        if not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    if not 0.0 <= config.dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {config.dropout!r}")
+    if not 0.0 <= config.label_smoothing < 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1), got {config.label_smoothing!r}")
 
 
 def training_config(name: str, **overrides) -> TrainConfig:
@@ -166,12 +169,6 @@ def training_config(name: str, **overrides) -> TrainConfig:
         ),
         # The paper's base model; batch (per GPU) and warmup sized for Multi30k.
         "base": TrainConfig(),
-        # The cpu preset with one joint subword vocabulary and tied embeddings (chapter 17).
-        "cpu_subword": TrainConfig(
-            N=3, d_model=256, d_ff=1024, h=8, dropout=0.1, max_tokens=1500, accum_iter=1,
-            epochs=12, warmup=1000, lr_factor=0.5, subwords=8000, share_embeddings=True,
-            checkpoint_dir="checkpoints/multi30k_cpu_subword",
-        ),
     }
     if name not in presets:
         raise ValueError(f"name must be one of {', '.join(presets)}, got {name!r}")
@@ -349,14 +346,13 @@ with tempfile.TemporaryDirectory() as folder:
 
 # %% tags=["export"]
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from torch.utils.data import DataLoader
 
 VOCAB_FILES = ("vocab_de.json", "vocab_en.json")
-SUBWORD_FILE = "subwords.model"  # one sentencepiece model for both languages (chapter 17)
 
 
 def multi30k_vocabularies(
@@ -366,57 +362,39 @@ def multi30k_vocabularies(
     pairs: Sequence[tuple[str, str]] | None = None,
     save: bool = True,
 ) -> tuple[Vocab, Vocab]:
-    """German and English vocabularies built from the training pairs (Multi30k's by default).
-
-    Two word Vocabs, or with config.subwords one sentencepiece model (chapter 17) that serves
-    as both. With save=True they are also written into the checkpoint folder, replacing what
-    is there.
+    """German and English word vocabularies built from the training pairs (Multi30k's by
+    default); with save=True also written into the checkpoint folder, replacing what is there.
     """
     if pairs is None:  # train only: val and test stay unseen
         pairs = load_multi30k("train")[: config.train_limit]
-    if config.subwords:
-        sp = train_sentencepiece(  # noqa: F821 (chapter 17)
-            [sentence for pair in pairs for sentence in pair], vocab_size=config.subwords
-        )
-        vocabs = (sp, sp)
-        writers = {SUBWORD_FILE: lambda path: Path(path).write_bytes(sp.serialized_model_proto())}
-    else:
-        token_pairs = tokenize_pairs(pairs, *tokenizers)
-        vocabs = tuple(Vocab.build([pair[side] for pair in token_pairs], min_freq=config.min_freq)
-                       for side in (0, 1))
-        writers = dict(zip(VOCAB_FILES, (vocab.save for vocab in vocabs), strict=True))
+    token_pairs = tokenize_pairs(pairs, *tokenizers)
+    vocabs = tuple(Vocab.build([pair[side] for pair in token_pairs], min_freq=config.min_freq)
+                   for side in (0, 1))
     if save:
-        folder = Path(config.checkpoint_dir)
-        folder.mkdir(parents=True, exist_ok=True)
-        for name, write in writers.items():
-            tmp = folder / f".{name}.{os.getpid()}.tmp"
-            write(tmp)
-            os.replace(tmp, folder / name)  # like checkpoints: a reader never sees half a file
+        write_run_files(config.checkpoint_dir,
+                        dict(zip(VOCAB_FILES, (vocab.save for vocab in vocabs), strict=True)))
     return vocabs
 
 
-def load_subwords(path: str | os.PathLike) -> Any:
-    """A sentencepiece model from its file, or a one-line error that names the file."""
-    import sentencepiece as spm
+def write_run_files(folder: str | os.PathLike, writers: dict[str, Callable[[Path], Any]]
+                    ) -> None:
+    """Call each writer on a temporary file in `folder`, then rename it to its name: like
+    checkpoints, a reader never sees half a file."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, write in writers.items():
+        tmp = folder / f".{name}.{os.getpid()}.tmp"
+        write(tmp)
+        os.replace(tmp, folder / name)
 
-    try:
-        return spm.SentencePieceProcessor(model_file=str(path))
-    except (OSError, RuntimeError) as err:
-        raise ValueError(f"{path} is not a readable sentencepiece model ({err})") from err
 
-
-def read_vocabularies(folder: str | os.PathLike, *, subwords: bool = False
-                      ) -> tuple[Vocab, Vocab]:
-    """The vocabularies a run wrote into its checkpoint folder (for resuming, translating):
-    the two word vocabularies, or with subwords=True the one sentencepiece model, twice."""
-    names = [SUBWORD_FILE] if subwords else list(VOCAB_FILES)
-    paths = [Path(folder) / name for name in names]
+def read_vocabularies(folder: str | os.PathLike) -> tuple[Vocab, Vocab]:
+    """The two word vocabularies a run wrote into its checkpoint folder (for resuming and
+    translating), or a one-line error that names the missing files."""
+    paths = [Path(folder) / name for name in VOCAB_FILES]
     missing = [str(path) for path in paths if not path.is_file()]
     if missing:
         raise FileNotFoundError(f"the run's vocabularies are missing: {', '.join(missing)}")
-    if subwords:
-        sp = load_subwords(paths[0])
-        return sp, sp
     return Vocab.load(paths[0]), Vocab.load(paths[1])
 
 
@@ -443,10 +421,7 @@ def encode_examples(
     max_len: int,
 ) -> list[tuple[list[int], list[int]]]:
     """Sentence pairs as id lists, without pairs longer than max_len."""
-    if isinstance(vocab_src, Vocab):
-        examples = encode_pairs(tokenize_pairs(pairs, *tokenizers), vocab_src, vocab_tgt)
-    else:  # sentencepiece: raw text in, ids out
-        examples = [(vocab_src.encode(de), vocab_tgt.encode(en)) for de, en in pairs]
+    examples = encode_pairs(tokenize_pairs(pairs, *tokenizers), vocab_src, vocab_tgt)
     return filter_by_length(examples, max_len=max_len)[0]
 
 
@@ -475,8 +450,9 @@ def multi30k_loader(
 
 # %%
 tokenizers = load_tokenizers()
-tiny = TrainConfig(train_limit=400)
-vocab_src, vocab_tgt = multi30k_vocabularies(tiny, tokenizers, save=False)
+first_pairs = load_multi30k("train")[:400]  # a small vocabulary, quick to build
+vocab_src, vocab_tgt = multi30k_vocabularies(TrainConfig(), tokenizers, pairs=first_pairs,
+                                             save=False)
 examples = multi30k_examples("train", vocab_src, vocab_tgt, tokenizers, max_len=72, limit=400)
 shares = [
     multi30k_loader(examples, max_tokens=300, shuffle=True, num_replicas=2, rank=rank)
@@ -878,18 +854,13 @@ def translate_batch(
 
 
 def encode_text(text: str, vocab: Vocab, tokenizer: Any) -> list[int]:
-    """A sentence's ids: spaCy's tokens looked up in a word Vocab, or a sentencepiece model's
-    pieces of the raw text (tokenizer unused)."""
-    if isinstance(vocab, Vocab):
-        return vocab.encode(tokenize(text, tokenizer))
-    return vocab.encode(text)
+    """A sentence's ids: spaCy's tokens looked up in a word Vocab."""
+    return vocab.encode(tokenize(text, tokenizer))
 
 
 def decode_text(ids: Sequence[int], vocab: Vocab) -> str:
-    """Plain text from output ids: detokenized words, or the sentencepiece model's decoding."""
-    if isinstance(vocab, Vocab):
-        return detokenize(vocab.lookup_tokens(ids))
-    return vocab.decode(list(ids))
+    """Plain text from output ids, the words detokenized."""
+    return detokenize(vocab.lookup_tokens(ids))
 
 
 def translate_with(

@@ -31,8 +31,11 @@ if "google.colab" in sys.modules:
 
 from the_annotated_transformer import (
     SPECIALS,
+    VOCAB_FILES,
     TokenBudgetSampler,
     Vocab,
+    check_train_config,
+    detokenize,
     enable_book_charts,
     encode_pairs,
     example_lengths,
@@ -42,7 +45,9 @@ from the_annotated_transformer import (
     make_model,
     padding_fraction,
     tokenize,
+    tokenize_pairs,
     training_config,
+    write_run_files,
 )
 
 enable_book_charts()
@@ -735,29 +740,219 @@ for row in budget_rows:  # the cpu preset's warmup is counted in optimizer steps
 # optimizer steps, and a warmup counted in steps ends earlier in the run: the `cpu` preset's
 # 1,000 warmup steps would end after 2.9 epochs instead of 3.3.
 #
-# ## What training on subwords would change
+
+# %% [markdown]
+# ## Growing chapter 14's run for subwords
 #
 # We stop before training a model on subwords. Chapter 14's `cpu` preset took 67 minutes on
 # one core of this machine; a subword run, with more tokens and more steps per epoch, would not
-# be shorter, and a chapter of this book runs in a minute or two. Chapter 18 reports that run
-# (the `cpu_subword` preset of the training script), so this chapter gives no BLEU score for
-# subwords. What the run changes, written before it was made:
+# be shorter, and a chapter of this book runs in a minute or two. Chapter 18 reports that run, so
+# this chapter gives no BLEU score for subwords. It does write what the run needs. Chapter 14
+# wrote its configuration and its data functions for two word vocabularies, because that is what
+# it trains; here they grow, by the book's one mechanism (README, "Growing a definition"): the
+# same name defined again, chapter 14's parameters unchanged, the new options with defaults that
+# give chapter 14's behaviour.
 #
-# 1. **Data.** `train_sentencepiece` on the training sentences of both languages replaces the
-#    two `Vocab.build` calls, and its model (`sp.serialized_model_proto()`, bytes that
-#    `SentencePieceProcessor(model_proto=...)` reads back) is stored beside the checkpoints
-#    where the vocabularies are now, for `load_trained_model` and `translate` to read.
-#    `sp.encode` replaces `tokenize` and `Vocab.encode`.
-# 2. **Model.** `make_model(V, V, ..., share_embeddings=True)`: 7.6 instead of 10.8 million
-#    parameters, and one table whose rows are trained through the encoder, the decoder and
-#    the generator at once.
-# 3. **Batches.** With the same token budget, 343 instead of 305 steps per epoch and about 85
-#    sentences per batch instead of 95, as measured above. Keeping `max_tokens`, the epochs and
-#    the warmup unchanged would make the vocabulary the only difference between the two runs.
-# 4. **Translation.** `sp.decode` replaces `detokenize`: the model's pieces become text without
-#    any tokenizer rules. BLEU is computed as before, with sacreBLEU on the decoded text against
-#    the untouched references, so the score would be directly comparable with the 37.82
-#    that chapter 14 prints for greedy decoding of the validation set.
+# **Configuration.** Two fields: `subwords`, the size of one joint sentencepiece vocabulary
+# (0 keeps the two word vocabularies), and `share_embeddings`, which ties the source
+# embedding, the target embedding and the generator as `make_model(..., share_embeddings=True)`
+# did above (§3.4). The preset `cpu_subword` is chapter 14's `cpu` with these two changed, so
+# the vocabulary and the tying are the only differences between the two runs. With the same
+# token budget, that makes 343 instead of 305 steps per epoch and about 85 sentences per batch
+# instead of 95, as measured above.
+
+# %% tags=["export", "extends"]
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Chapter 14's configuration, grown by a joint subword vocabulary and tied embeddings."""
+
+    N: int = 6
+    d_model: int = 512
+    d_ff: int = 2048
+    h: int = 8
+    dropout: float = 0.1
+    max_tokens: int = 4096
+    accum_iter: int = 1
+    epochs: int = 30
+    warmup: int = 1000
+    lr_factor: float = 0.5
+    label_smoothing: float = 0.1
+    max_len: int = 72
+    min_freq: int = 2
+    seed: int = 0
+    checkpoint_dir: str = "checkpoints/multi30k_base"
+    train_limit: int | None = None
+    val_limit: int | None = None
+    keep_epochs: int = 0
+    bleu_every: int = 1
+    subwords: int = 0  # 0: two word vocabularies; else one joint sentencepiece vocabulary this big
+    share_embeddings: bool = False  # one matrix for both embeddings and the generator (§3.4)
+
+    def __post_init__(self) -> None:
+        check_train_config(self)
+        if isinstance(self.subwords, bool) or not isinstance(self.subwords, int) or (
+                self.subwords < 0):
+            raise ValueError(f"subwords must be an integer >= 0, got {self.subwords!r}")
+        if self.share_embeddings and not self.subwords:
+            raise ValueError("share_embeddings=True needs one joint vocabulary: set subwords > 0")
+
+
+def training_config(name: str, **overrides) -> TrainConfig:
+    """The preset `name` ("cpu", "base" or "cpu_subword") with some fields replaced."""
+    cpu = TrainConfig(
+        N=3, d_model=256, d_ff=1024, h=8, dropout=0.1, max_tokens=1500, accum_iter=1,
+        epochs=12, warmup=1000, lr_factor=0.5, checkpoint_dir="checkpoints/multi30k_cpu",
+    )
+    presets = {
+        "cpu": cpu,
+        "base": TrainConfig(),
+        "cpu_subword": replace(cpu, subwords=8000, share_embeddings=True,
+                               checkpoint_dir="checkpoints/multi30k_cpu_subword"),
+    }
+    if name not in presets:
+        raise ValueError(f"name must be one of {', '.join(presets)}, got {name!r}")
+    return replace(presets[name], **overrides)
+
+
+# %% [markdown]
+# **Data.** The run's vocabulary is one sentencepiece model, stored beside the checkpoints as
+# `subwords.model` where the two word vocabularies would be, for resuming and for
+# `load_trained_model` and `translate` to read. It reads raw text: `sp.encode` replaces
+# `tokenize` and `Vocab.encode` on the way in, and `sp.decode` replaces `detokenize` on the way
+# out, with no tokenizer rules. The same model serves both languages, so each function returns
+# it twice where chapter 14 returned a German and an English vocabulary.
+
+# %% tags=["export"]
+import os
+from pathlib import Path
+
+SUBWORD_FILE = "subwords.model"  # one sentencepiece model for both languages
+
+
+def load_subwords(path: str | os.PathLike) -> Any:
+    """A sentencepiece model from its file, or a one-line error that names the file."""
+    import sentencepiece as spm
+
+    try:
+        return spm.SentencePieceProcessor(model_file=str(path))
+    except (OSError, RuntimeError) as err:
+        raise ValueError(f"{path} is not a readable sentencepiece model ({err})") from err
+
+
+# %% tags=["export", "extends"]
+def multi30k_vocabularies(
+    config: TrainConfig,
+    tokenizers: tuple[Any, Any],
+    *,
+    pairs: Sequence[tuple[str, str]] | None = None,
+    save: bool = True,
+) -> tuple[Vocab, Vocab]:
+    """Chapter 14's two word vocabularies, or with config.subwords one sentencepiece model
+    trained on both languages, returned twice; save=True writes them into the checkpoint
+    folder."""
+    if pairs is None:  # train only: val and test stay unseen
+        pairs = load_multi30k("train")[: config.train_limit]
+    if config.subwords:
+        sp = train_sentencepiece([s for pair in pairs for s in pair], vocab_size=config.subwords)
+        vocabs = (sp, sp)
+        writers = {SUBWORD_FILE: lambda path: Path(path).write_bytes(sp.serialized_model_proto())}
+    else:
+        token_pairs = tokenize_pairs(pairs, *tokenizers)
+        vocabs = tuple(Vocab.build([pair[side] for pair in token_pairs], min_freq=config.min_freq)
+                       for side in (0, 1))
+        writers = dict(zip(VOCAB_FILES, (vocab.save for vocab in vocabs), strict=True))
+    if save:
+        write_run_files(config.checkpoint_dir, writers)
+    return vocabs
+
+
+def read_vocabularies(folder: str | os.PathLike, *, subwords: bool = False
+                      ) -> tuple[Vocab, Vocab]:
+    """The vocabularies a run wrote into its checkpoint folder: chapter 14's two word
+    vocabularies, or with subwords=True the one sentencepiece model, twice."""
+    paths = [Path(folder) / name for name in ([SUBWORD_FILE] if subwords else VOCAB_FILES)]
+    missing = [str(path) for path in paths if not path.is_file()]
+    if missing:
+        raise FileNotFoundError(f"the run's vocabularies are missing: {', '.join(missing)}")
+    if subwords:
+        sp = load_subwords(paths[0])
+        return sp, sp
+    return Vocab.load(paths[0]), Vocab.load(paths[1])
+
+
+def encode_examples(
+    pairs: Sequence[tuple[str, str]],
+    vocab_src: Vocab,
+    vocab_tgt: Vocab,
+    tokenizers: tuple[Any, Any],
+    *,
+    max_len: int,
+) -> list[tuple[list[int], list[int]]]:
+    """Sentence pairs as id lists, without pairs longer than max_len; a sentencepiece model
+    reads the raw text (tokenizers unused)."""
+    if isinstance(vocab_src, Vocab):
+        examples = encode_pairs(tokenize_pairs(pairs, *tokenizers), vocab_src, vocab_tgt)
+    else:
+        examples = [(vocab_src.encode(de), vocab_tgt.encode(en)) for de, en in pairs]
+    return filter_by_length(examples, max_len=max_len)[0]
+
+
+def encode_text(text: str, vocab: Vocab, tokenizer: Any) -> list[int]:
+    """A sentence's ids: spaCy's tokens in a word Vocab, or a sentencepiece model's pieces of
+    the raw text (tokenizer unused)."""
+    if isinstance(vocab, Vocab):
+        return vocab.encode(tokenize(text, tokenizer))
+    return vocab.encode(text)
+
+
+def decode_text(ids: Sequence[int], vocab: Vocab) -> str:
+    """Plain text from output ids: detokenized words, or the sentencepiece model's decoding."""
+    if isinstance(vocab, Vocab):
+        return detokenize(vocab.lookup_tokens(ids))
+    return vocab.decode(list(ids))
+
+
+# %% [markdown]
+# A small run's worth of it: a joint vocabulary of 500 pieces from the first 400 training
+# pairs, written into a temporary checkpoint folder and read back, then the first validation
+# pair through the grown functions: the sentence whose *Baumwolle* (cotton) chapter 14's word
+# model received as `<unk>`. With so few pieces most words are spelled out in short pieces, but
+# every word reaches the encoder, and the ids decode back to the exact text. The word configuration of the same pairs still gives chapter 14's
+# two vocabularies.
+
+# %%
+import tempfile
+
+with tempfile.TemporaryDirectory() as folder:
+    small = training_config("cpu_subword", subwords=500, train_limit=400, checkpoint_dir=folder)
+    built, _ = multi30k_vocabularies(small, tokenizers)
+    print("checkpoint folder:", sorted(os.listdir(folder)))
+    joint, same = read_vocabularies(folder, subwords=True)
+assert joint is same and len(joint) == len(built) == 500
+german, english = splits["val"][0]
+pieces = encode_examples([(german, english)], joint, joint, tokenizers, max_len=72)
+src_ids, tgt_ids = pieces[0]
+print(len(src_ids), "German ids:", joint.encode(german, out_type=str))
+assert decode_text(src_ids, joint) == german and decode_text(tgt_ids, joint) == english
+assert encode_text(german, joint, tokenizers[0]) == src_ids
+words = training_config("cpu", train_limit=400)
+vocab_de, vocab_en = multi30k_vocabularies(words, tokenizers, save=False)
+token_pairs = tokenize_pairs(splits["train"][:400], *tokenizers)
+assert vocab_en.itos == Vocab.build([en for _, en in token_pairs], min_freq=2).itos
+print(f"words: {len(vocab_de):,} German and {len(vocab_en):,} English ids, as in chapter 14")
+
+# %% [markdown]
+# **Model.** `make_model(V, V, ..., share_embeddings=True)` with `V = len(sp)`: 7.6 instead of
+# 10.8 million parameters, and one table whose rows are trained through the encoder, the decoder
+# and the generator at once. Chapter 22's training worker passes `config.share_embeddings` to
+# `make_model` and reads the vocabulary with `read_vocabularies(..., subwords=config.subwords > 0)`.
+#
+# **Translation.** BLEU is computed as before, with sacreBLEU on the decoded text against the
+# untouched references, so a subword model's score is directly comparable with the 37.82 that
+# chapter 14 prints for greedy decoding of the validation set.
 #
 # What to expect, without numbers: no `<unk>` in either direction. The 41% of German validation
 # sentences that now lose a word would reach the encoder whole, in pieces the model has seen
@@ -767,7 +962,8 @@ for row in budget_rows:  # the cpu preset's warmup is counted in optimizer steps
 # rare and unseen words, on WMT English-German and English-Russian. Whether the same holds on
 # Multi30k's short, repetitive captions, where only 4.6% of the German tokens are unknown, and
 # whether it shows in BLEU, is what the run would tell.
-#
+
+# %% [markdown]
 # ```{note}
 # The classic Annotated Transformer listed byte-pair encoding and shared embeddings among its
 # "additional components" and showed the tying in a block guarded by `if False:`, which never

@@ -24,9 +24,11 @@ if "google.colab" in sys.modules:
 from the_annotated_transformer import (
     BOOK_REPOSITORY,
     BOOK_REPOSITORY_REF,
+    TrainConfig,
     beam_search,
     greedy_decode,
     make_model,
+    read_vocabularies,
     run_groups,
     subsequent_mask,
 )
@@ -47,19 +49,26 @@ from the_annotated_transformer import (
 # translation must never contain, and chapter 21 adds `use_cache`, which reuses the keys and
 # values of earlier steps; chapter 15's `beam_search` grows the same `use_cache` there. Chapter
 # 8's `run_groups` accumulates gradients over a group of
-# batches; chapter 14 adds the hooks that DistributedDataParallel and autocast need. The module's
-# signatures, each parameter with the chapter that brought it:
+# batches; chapter 14 adds the hooks that DistributedDataParallel and autocast need. Chapter 14's
+# `TrainConfig`, its presets and its data functions know two word vocabularies; chapter 17 grows
+# them for one joint subword vocabulary: two fields and the `cpu_subword` preset, a `subwords`
+# option of `read_vocabularies`, and a sentencepiece branch inside `multi30k_vocabularies`,
+# `encode_examples`, `encode_text` and `decode_text`, whose signatures do not change. The
+# module's signatures, each parameter (or field) with the chapter that brought it:
 
 # %%
 import inspect
 
-first_in = {"greedy_decode": 5, "run_groups": 8, "beam_search": 15}
+first_in = {"greedy_decode": 5, "run_groups": 8, "beam_search": 15, "TrainConfig": 14,
+            "read_vocabularies": 14}
 grown_in = {  # the parameters a later chapter added, with that chapter
     "greedy_decode": {"banned": 14, "use_cache": 21},
     "run_groups": {"group_norm": 14, "sync_context": 14, "forward_context": 14, "after_group": 14},
     "beam_search": {"use_cache": 21},
+    "TrainConfig": {"subwords": 17, "share_embeddings": 17},
+    "read_vocabularies": {"subwords": 17},
 }
-for function in [greedy_decode, run_groups, beam_search]:
+for function in [greedy_decode, run_groups, beam_search, TrainConfig, read_vocabularies]:
     name, names = function.__name__, list(inspect.signature(function).parameters)
     chapter_of = {p: grown_in[name].get(p, first_in[name]) for p in names}
     first = [p for p in names if p not in grown_in[name]]
