@@ -471,6 +471,12 @@ def make_model(src_vocab: int, tgt_vocab: int, N: int = 6, d_model: int = 512, d
 
 
 # %%
+def count_parameters(model: nn.Module) -> int:
+    """The entries a model trains; `parameters()` lists a shared matrix once."""
+    return sum(p.numel() for p in model.parameters())
+
+
+# %%
 # The ids of <s>, </s>, <blank> (padding) and <unk> in every vocabulary of the book (chapter
 # 9's order); the toy tasks of chapters 12 and 13 have no <unk> and give id 3 to a symbol
 BOS_ID, EOS_ID, PAD_ID, UNK_ID = 0, 1, 2, 3

@@ -111,6 +111,7 @@ try:
 except ValueError as error:
     print("ValueError:", error)
 
+
 # %% [markdown]
 # ## Counting parameters
 #
@@ -120,6 +121,12 @@ except ValueError as error:
 # a shape but no storage (the big model would take about a gigabyte), and build the base model
 # for real once to check the count; `model.parameters()` lists a shared parameter once.
 
+# %% tags=["export"]
+def count_parameters(model: nn.Module) -> int:
+    """The entries a model trains; `parameters()` lists a shared matrix once."""
+    return sum(p.numel() for p in model.parameters())
+
+
 # %%
 import pandas as pd
 
@@ -127,12 +134,6 @@ vocab = 37_000
 configs = {"base": {"N": 6, "d_model": 512, "d_ff": 2048, "h": 8},
            "big": {"N": 6, "d_model": 1024, "d_ff": 4096, "h": 16}}
 paper = {"base": "65M", "big": "213M"}
-
-
-def count_parameters(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
 torch.manual_seed(0)
 real_base = count_parameters(make_model(vocab, vocab, **configs["base"], share_embeddings=True))
 rows = {}

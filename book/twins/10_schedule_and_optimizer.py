@@ -18,7 +18,7 @@ if "google.colab" in sys.modules:
     package = f"the-annotated-transformer[book] @ git+{REPO}@{REF}"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
 
-from the_annotated_transformer import enable_book_charts, line_chart, make_model
+from the_annotated_transformer import count_parameters, enable_book_charts, line_chart, make_model
 
 enable_book_charts()
 
@@ -64,22 +64,26 @@ for name, (steps, seconds_per_step, hours) in runs.items():
 # vocabulary, $d_{\text{model}} \times V$, is paid on every target token. The paper shares one
 # embedding matrix between source, target and that projection, with $V = 37{,}000$ byte-pair
 # tokens for English-German. The paper reports 65 million parameters for the base model and 213
-# million for the big one, without saying exactly what it counted; chapter 5's model, asked for
-# the paper's arrangement (shared embedding, post-norm), agrees with the formula up to the output
-# projection's bias.
+# million for the big one, without saying exactly what it counted. We count the parts on chapter
+# 5's model itself, asked for the paper's arrangement (shared embedding, post-norm), with
+# `count_parameters` (chapter 5's exercise 1 derives the same count by formula); the parts cover
+# the whole model except the output projection's bias.
 
 # %%
 import torch
 
 
+def paper_model(N: int, d_model: int, d_ff: int, vocab: int) -> torch.nn.Module:
+    """The paper's arrangement (one shared embedding, post-norm) on the meta device: every
+    shape, no storage, so even the big model costs no memory."""
+    with torch.device("meta"):
+        return make_model(vocab, vocab, N, d_model, d_ff, share_embeddings=True, norm_first=False)
+
+
 def transformer_parameters(N: int, d_model: int, d_ff: int, vocab: int) -> dict[str, int]:
-    """Parameters of the paper's model by part (one shared embedding, post-norm layers)."""
-    attention = 4 * (d_model * d_model + d_model)  # W^Q, W^K, W^V, W^O with biases
-    feed_forward = 2 * d_model * d_ff + d_ff + d_model  # two linear layers with biases
-    norm = 2 * d_model  # gain and bias
-    encoder_layer = attention + feed_forward + 2 * norm
-    decoder_layer = 2 * attention + feed_forward + 3 * norm
-    return {"encoder": N * encoder_layer, "decoder": N * decoder_layer,
+    """Parameters of the paper's model by part, counted on the model itself."""
+    model = paper_model(N, d_model, d_ff, vocab)
+    return {"encoder": count_parameters(model.encoder), "decoder": count_parameters(model.decoder),
             "embedding": vocab * d_model}
 
 
@@ -91,13 +95,11 @@ for name, config in configs.items():
     parts = transformer_parameters(**config)
     print(f"{name:4s}: " + ", ".join(f"{k} {v / 1e6:.1f}M" for k, v in parts.items())
           + f"; total {sum(parts.values()) / 1e6:.1f}M")
-torch.manual_seed(0)
-base = make_model(37_000, 37_000, share_embeddings=True, norm_first=False)
-counted = sum(p.numel() for p in base.parameters())  # the shared matrix is counted once
-formula = sum(transformer_parameters(**configs["base"]).values())
-print(f"make_model: {counted:,} parameters; formula: {formula:,}; difference {counted - formula:,}")
-assert counted - formula == configs["base"]["vocab"]  # the output projection's bias
-del base
+counted = count_parameters(paper_model(**configs["base"]))  # the shared matrix counted once
+summed = sum(transformer_parameters(**configs["base"]).values())
+print(f"make_model: {counted:,} parameters; the three parts: {summed:,}; "
+      f"difference {counted - summed:,}")
+assert counted - summed == configs["base"]["vocab"]  # the output projection's bias
 
 
 # %% [markdown]

@@ -39,6 +39,7 @@ from the_annotated_transformer import (
     SimpleLossCompute,
     attention,
     book_data,
+    count_parameters,
     enable_book_charts,
     exact_matches,
     make_model,
@@ -238,14 +239,10 @@ def _xavier(module: nn.Module) -> nn.Module:
 # %% [markdown]
 # A check against the paper: its row B counts 58 million parameters for $d_k = 16$ and 60
 # million for $d_k = 32$, against 65 million for the base model. Counting on PyTorch's `meta`
-# device (shapes without storage, as in chapter 5), with the paper's shared vocabulary of about
+# device (shapes without storage) with chapter 5's `count_parameters`, and the paper's shared vocabulary of about
 # 37,000 tokens and tied embeddings:
 
 # %%
-def count_parameters(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
 with torch.device("meta"):
     counts = {
         d_k: count_parameters(make_variant(37_000, 37_000, d_k=d_k, share_embeddings=True))
