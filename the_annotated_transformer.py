@@ -2272,6 +2272,47 @@ def decode_text(ids: Sequence[int], vocab: Vocab) -> str:
 
 
 # %% [markdown]
+# ## From book/18_results.ipynb
+
+
+# %%
+from collections.abc import Sequence
+from typing import Any
+
+
+def paired_bootstrap(
+    baseline: Sequence[str], system: Sequence[str], references: Sequence[str],
+    *, samples: int = 1000,
+) -> dict[str, float]:
+    """sacreBLEU's paired bootstrap test of `system` against `baseline` on one test set: both
+    BLEU scores, their 95% half-intervals over the resampled sets, and the p-value of the
+    hypothesis that the two systems are equally good."""
+    if not len(baseline) == len(system) == len(references) > 0:
+        raise ValueError(f"baseline, system and references must be equally long and not empty, "
+                         f"got {len(baseline)}, {len(system)} and {len(references)} sentences")
+    if samples < 1:
+        raise ValueError(f"samples must be at least 1, got {samples}")
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    test = PairedTest([("baseline", list(baseline)), ("system", list(system))],
+                      {"BLEU": BLEU()}, [list(references)], test_type="bs", n_samples=samples)
+    _, scores = test()
+    ours, theirs = scores["BLEU"]
+    return {"baseline": ours.score, "baseline_ci": float(ours.ci), "system": theirs.score,
+            "system_ci": float(theirs.ci), "difference": theirs.score - ours.score,
+            "p_value": float(theirs.p_value)}
+
+
+# %%
+def non_words(outputs: Sequence[str], known: set[str], tokenizer: Any) -> list[list[str]]:
+    """For each output, its words (letters only) that `known` lacks, ignoring case: the words
+    a model made up, when `known` holds every word of the target side's training text."""
+    return [[word for word in tokenize(output, tokenizer)
+             if word.isalpha() and word.lower() not in known] for output in outputs]
+
+
+# %% [markdown]
 # ## From book/19_model_variations.ipynb
 
 
