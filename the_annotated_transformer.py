@@ -2848,18 +2848,83 @@ def trees_svg(trees: Sequence[tuple[str, Tree]], *, char: float = 7.0, dy: int =
 
 
 # %%
-from typing import Any
+import math
 
 
-def data_fraction_chart(records: Sequence[dict]) -> Any:
-    """Dev F1 against the number of training sentences, one point per run."""
-    import altair as alt
+def allowed_next(prefix: Sequence[str], n_words: int, steps_left: int
+                 ) -> tuple[bool, bool, bool, bool]:
+    """After `prefix`, what keeps a well-formed tree over n_words possible within steps_left:
+    (may open a bracket, may close one, may write a leaf, may end)."""
+    children: list[int] = []  # per open bracket, the children it has so far
+    leaves = opened = 0
+    for token in prefix:
+        if token == ")":
+            children.pop()
+            if children:
+                children[-1] += 1
+        else:
+            if children:
+                children[-1] += 1
+            if token.startswith("(") and len(token) > 1:
+                children.append(0)
+                opened += 1
+            else:
+                leaves += 1
+    depth, left = len(children), n_words - leaves
+    may_open = (left > 0 and (depth > 0 or not prefix) and opened < 2 * n_words
+                and steps_left >= left + depth + 2)
+    may_close = depth > 0 and children[-1] > 0 and (depth > 1 or left == 0)
+    may_leaf = depth > 0 and left > 0 and steps_left >= left + depth
+    return may_open, may_close, may_leaf, bool(prefix) and depth == 0 and left == 0
 
-    return alt.Chart(alt.Data(values=list(records))).mark_line(point=True).encode(
-        x=alt.X("sentences:Q", title="training sentences"),
-        y=alt.Y("F1:Q", title="dev F1 (%)", scale=alt.Scale(zero=True)),
-        tooltip=["sentences:Q", "F1:Q", "well formed (%):Q"],
-    ).properties(title="Dev F1 against training data", width=320, height=200)
+
+def parse_constrained(
+    model: EncoderDecoder, trees: Sequence[Tree], src_vocab: Vocab, tgt_vocab: Vocab, *,
+    batch_size: int = 64, extra_len: int = 300,
+) -> list[Delinearized]:
+    """Greedy parses of the trees' tag sequences, each step restricted by allowed_next: every
+    output is a well-formed tree over the sentence's words."""
+    opens = [i for i, token in enumerate(tgt_vocab.itos)
+             if token.startswith("(") and len(token) > 1]
+    close = tgt_vocab[")"]
+    leaves = [i for i, token in enumerate(tgt_vocab.itos)
+              if token not in SPECIALS and token != ")" and i not in opens]
+    results = []
+    model.eval()
+    for first in range(0, len(trees), batch_size):
+        chunk = trees[first : first + batch_size]
+        tags = [tree_tags(t) for t in chunk]
+        src = collate_batch([(src_vocab.encode(t), []) for t in tags], pad_id=PAD_ID)[0]
+        src_mask = (src != PAD_ID).unsqueeze(-2)  # (batch, 1, n_src)
+        max_len = src.size(1) + extra_len
+        prefixes: list[list[str]] = [[] for _ in chunk]
+        done = [False] * len(chunk)
+        ys = torch.full((len(chunk), 1), BOS_ID, dtype=torch.long)
+        with torch.no_grad():
+            memory = model.encode(src, src_mask)  # (batch, n_src, d_model)
+            while not all(done):
+                out = model.decode(memory, src_mask, ys, subsequent_mask(ys.size(1)))
+                log_probs = model.generator(out[:, -1])  # (batch, vocab)
+                mask = torch.full_like(log_probs, -math.inf)
+                for row, prefix in enumerate(prefixes):
+                    if done[row]:
+                        mask[row, PAD_ID] = 0.0
+                        continue
+                    may_open, may_close, may_leaf, may_end = allowed_next(
+                        prefix, len(tags[row]), max_len - ys.size(1))
+                    allowed = (opens if may_open else []) + ([close] if may_close else [])
+                    allowed += (leaves if may_leaf else []) + ([EOS_ID] if may_end else [])
+                    mask[row, allowed] = 0.0
+                next_ids = (log_probs + mask).argmax(dim=-1)  # (batch,)
+                for row, token_id in enumerate(next_ids.tolist()):
+                    if not done[row]:
+                        done[row] = token_id == EOS_ID
+                        if not done[row]:
+                            prefixes[row].append(tgt_vocab.itos[token_id])
+                ys = torch.cat([ys, next_ids[:, None]], dim=1)
+        results += [delinearize(prefix, tree_words(t)) for prefix, t in zip(prefixes, chunk,
+                                                                         strict=True)]
+    return results
 
 
 # %% [markdown]

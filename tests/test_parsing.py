@@ -4,16 +4,21 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 
 from the_annotated_transformer import (
     PTB_SAMPLE_SHA256,
     Tree,
+    Vocab,
+    allowed_next,
     bracket_score,
     clean_tree,
     delinearize,
     labeled_spans,
     linearize,
     load_ptb_sample,
+    make_model,
+    parse_constrained,
     ptb_sample_dir,
     ptb_sample_file,
     read_trees,
@@ -145,3 +150,31 @@ def test_data_folder_comes_from_the_argument_then_the_environment(tmp_path, monk
     monkeypatch.setenv("PTB_SAMPLE_DIR", str(tmp_path / "env"))
     assert ptb_sample_dir(tmp_path / "arg") == tmp_path / "arg"
     assert ptb_sample_dir() == tmp_path / "env"
+
+
+@pytest.mark.parametrize("prefix, steps_left, expected", [
+    ([], 9, (True, False, False, False)),  # only a root may start
+    (["(S"], 9, (True, False, True, False)),  # an empty bracket may not close
+    (["(S"], 3, (False, False, True, False)),  # two leaves and a ")" must still fit
+    (["(S", "NN"], 9, (True, False, True, False)),  # the root closes only after every word
+    (["(S", "(NP", "NN"], 9, (True, True, True, False)),
+    (["(S", "(NP", "(NP", "(NP", "NN"], 20, (False, True, True, False)),  # 2 brackets a word
+    (["(S", "NN", "VBZ"], 9, (False, True, False, False)),  # no words left to fill a bracket
+    (["(S", "NN", "VBZ", ")"], 9, (False, False, False, True)),  # one root, then the end
+])
+def test_allowed_next_keeps_exactly_the_tokens_that_can_still_make_a_tree(prefix, steps_left,
+                                                                         expected):
+    assert allowed_next(prefix, 2, steps_left) == expected
+
+
+def test_constrained_parses_of_an_untrained_model_are_trees_over_the_sentences_words():
+    trees = [tree(GOLD), tree("(S (NP (NNS dogs)) (VP (VBP bark)))"),
+             tree("(S (NP (PRP it)) (VP (VBZ rains)) (. .))")]
+    src_vocab = Vocab.build([tree_tags(t) for t in trees], min_freq=1)
+    tgt_vocab = Vocab.build([linearize(t) for t in trees], min_freq=1)
+    torch.manual_seed(0)
+    model = make_model(len(src_vocab), len(tgt_vocab), N=1, d_model=16, d_ff=32, h=2)
+    parsed = parse_constrained(model, trees, src_vocab, tgt_vocab, batch_size=2, extra_len=20)
+    assert all(p.well_formed for p in parsed)
+    assert [tree_words(p.tree) for p in parsed] == [tree_words(t) for t in trees]
+    bracket_score(trees, [p.tree for p in parsed])  # scorable: same words, one tree each

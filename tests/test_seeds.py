@@ -19,7 +19,7 @@ from the_annotated_transformer import (
 ROOT = Path(__file__).resolve().parents[1]
 SWEEPS = sorted((ROOT / "book" / "data").glob("seeds_*.json"))
 METRIC = {"sparse_sort": "exact", "universal_sort": "token accuracy", "model_variations": "exact",
-          "norm_warmup": "loss", "checkpoint_averaging": "exact"}
+          "norm_warmup": "loss", "checkpoint_averaging": "exact", "parse_data": "F1"}
 
 
 def summary(name: str, metric: str) -> dict[str, dict]:
@@ -225,3 +225,18 @@ def test_book_data_names_a_file_that_is_neither_here_nor_downloadable(monkeypatc
     monkeypatch.setattr(book, "BOOK_REPOSITORY", "http://127.0.0.1:9")  # nothing listens there
     with pytest.raises(FileNotFoundError, match="no_such_sweep.json is not in this checkout"):
         book_data("no_such_sweep.json")
+
+
+def test_chapter_20_claims_hold_in_its_sweep():
+    curves: dict[tuple, list] = {}
+    for run in book_data("seeds_parse_data.json")["runs"]:
+        curves.setdefault((run["seed"], run["kernels"]), []).append(run)
+    assert len(curves) >= 6
+    for curve in curves.values():
+        low, mid, high = sorted(curve, key=lambda run: run["sentences"])
+        # the chapter says: each doubling raised dev F1, the second less than the first
+        assert 0 < high["F1"] - mid["F1"] < mid["F1"] - low["F1"]
+        # and more outputs were well formed with all the sentences than with a quarter
+        assert high["well formed"] > low["well formed"]
+        # and every run met the bound that its nbval cell asserts for seed 0 (in points)
+        assert 100 * high["F1"] > 100 * low["F1"] + 10

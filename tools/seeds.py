@@ -5,6 +5,7 @@
     python tools/seeds.py model_variations --seeds 0 1 2 3 4
     python tools/seeds.py norm_warmup --seeds 0 1 2 3 4
     python tools/seeds.py checkpoint_averaging --seeds 0 1 2 3 4
+    python tools/seeds.py parse_data --seeds 0 1 2
 
 A finding ("the window loses accuracy", "one shared layer sorts as well as two") compares
 training runs, and one run can turn over on another seed or another CPU. This script trains
@@ -94,11 +95,43 @@ def checkpoint_averaging(seed: int) -> list[dict]:
     return rows
 
 
+def parse_data(seed: int) -> list[dict]:
+    """Chapter 20: dev F1 of the parser trained on a quarter, half and all of its sentences."""
+    import random
+
+    from the_annotated_transformer import (
+        PARSE_MAX_WORDS,
+        bracket_score,
+        clean_tree,
+        load_ptb_sample,
+        parse_trees,
+        split_by_file,
+        train_parser,
+        tree_words,
+    )
+
+    trees = {name: [clean_tree(t) for t in file] for name, file in load_ptb_sample().items()}
+    short = {name: [t for t in split if len(tree_words(t)) <= PARSE_MAX_WORDS]
+             for name, split in split_by_file(trees).items()}
+    order = list(short["train"])
+    random.Random(seed).shuffle(order)
+    rows = []
+    for fraction in (0.25, 0.5, 1.0):
+        subset = order[: int(fraction * len(order))]
+        model, src_vocab, tgt_vocab = train_parser(subset, epochs=12, seed=seed, log_every=12)
+        parsed = parse_trees(model, short["dev"], src_vocab, tgt_vocab)
+        rows.append({"variant": f"{len(subset)} sentences", "sentences": len(subset),
+                     "F1": bracket_score(short["dev"], [p.tree for p in parsed]).f1,
+                     "well formed": sum(p.well_formed for p in parsed) / len(parsed)})
+    return rows
+
+
 EXPERIMENTS = {"sparse_sort": (sparse_sort, "23_transformer_as_a_graph"),
                "universal_sort": (universal_sort, "26_universal_transformer"),
                "model_variations": (model_variations, "19_model_variations"),
                "norm_warmup": (norm_warmup, "19_model_variations"),
-               "checkpoint_averaging": (checkpoint_averaging, "16_checkpoint_averaging")}
+               "checkpoint_averaging": (checkpoint_averaging, "16_checkpoint_averaging"),
+               "parse_data": (parse_data, "20_constituency_parsing")}
 
 
 def one_run(experiment: str, seed: int) -> None:
