@@ -52,8 +52,10 @@ enable_book_charts()
 #   survive interruptions, and scored with sacreBLEU {cite}`post2018call`; then the three things
 #   the paper did to get more out of a trained model: beam search with a length penalty,
 #   averaging the last checkpoints, and subword vocabularies; all of them together in the
-#   paper's own recipe, with a table of results (section 6.1); a miniature of the paper's table
-#   of model variations; English constituency parsing with the same model (section 6.3); and
+#   paper's own recipe, with a table of results (section 6.1) whose differences are tested for
+#   significance and whose failures are counted; a miniature of the paper's table of model
+#   variations; English constituency parsing with the same model (section 6.3), against two
+#   baselines; and
 #   how to make the model fast, measured: a key/value cache for decoding, fused attention and
 #   layer norm, packed projections, bfloat16 on CPUs that have it, and a benchmark; and the
 #   training program itself, on one process or many devices, with what to do when a machine dies.
