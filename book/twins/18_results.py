@@ -405,6 +405,7 @@ for row in mended[:4]:
     print(f"German:  {test_pairs[row][0]}\ngreedy:  {outputs['subwords-last', 'greedy'][row]}"
           f"\nbeam 4:  {outputs['subwords-last', 'beam4'][row]}\n")
 
+
 # %% [markdown]
 # The word model never makes up a word, by construction; its failure is `<unk>`, or (with
 # `<unk>` banned) a wrong but real word. About one subword greedy translation in nine holds a
@@ -424,20 +425,13 @@ for row in mended[:4]:
 # For context only, here are numbers that are *not* comparable with the table above, and why.
 
 # %%
-from sacrebleu.metrics import BLEU
-
-shipped_greedy = measurement("subwords-last", "greedy", "test_2016_flickr")
-english = load_tokenizers()[1]
-test = load_multi30k("test_2016_flickr")
-
-
 def spacy_tokens(text: str) -> str:
     return " ".join(tokenize(text, english))
 
 
 lowercased = BLEU(tokenize="none", lowercase=True, force=True).corpus_score(  # pre-tokenized
-    [spacy_tokens(line) for line in shipped_greedy["outputs"]],
-    [[spacy_tokens(en) for _, en in test]],
+    [spacy_tokens(line) for line in outputs["subwords-last", "greedy"]],
+    [[spacy_tokens(en) for en in references]],
 )
 print(f"our shipped model, greedy, scored like tutorial 6 (lowercased spaCy tokens): "
       f"{lowercased.score:.2f}")
