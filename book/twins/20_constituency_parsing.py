@@ -857,10 +857,10 @@ for metric in ("F1", "well formed"):
     for row in seed_summary(sweep["runs"], metric):
         print(f"{row['variant']:>15}: dev {metric} mean {row['mean']:.1%} over {row['runs']} "
               f"runs, from {row['min']:.1%} to {row['max']:.1%}")
-curves = {}
+by_seed = {}  # (seed, kernels) -> that run's three sizes
 for run in sweep["runs"]:
-    curves.setdefault((run["seed"], run["kernels"]), []).append((run["sentences"], run))
-curves = [[run for _, run in sorted(curve, key=lambda pair: pair[0])] for curve in curves.values()]
+    by_seed.setdefault((run["seed"], run["kernels"]), []).append(run)
+curves = [sorted(runs, key=lambda run: run["sentences"]) for runs in by_seed.values()]
 gains = [(mid["F1"] - low["F1"], high["F1"] - mid["F1"]) for low, mid, high in curves]
 print("gains in dev F1 (a quarter to half, half to all), per run:",
       ", ".join(f"({first:+.1%}, {second:+.1%})" for first, second in gains))
