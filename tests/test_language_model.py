@@ -1,4 +1,4 @@
-"""Chapter 25: rotary positions, the decoder-only language model, its batches and sampling."""
+"""Chapter 25: rotary positions, the decoder-only language model, its recipe and sampling."""
 
 import math
 
@@ -9,12 +9,17 @@ from the_annotated_transformer import (
     EOS_ID,
     MultiHeadedAttention,
     RotaryMultiHeadedAttention,
+    cosine_rate,
+    count_parameters,
+    keep_top_p,
     lm_batches,
     lm_nll,
+    lm_step,
     make_language_model,
     perplexity,
     rotary,
     sample,
+    train_language_model,
 )
 
 
@@ -99,3 +104,64 @@ def test_sampling_with_top_k_one_is_greedy_and_checks_its_arguments():
         sample(model, [0], temperature=0)
     with pytest.raises(ValueError, match="top_k"):
         sample(model, [0], top_k=0)
+
+
+def test_tied_embeddings_share_one_matrix_and_untied_ones_do_not():
+    tied = make_language_model(50, N=1, d_model=16, d_ff=32, h=2)
+    untied = make_language_model(50, N=1, d_model=16, d_ff=32, h=2, tie_embeddings=False)
+    assert tied.generator.proj.weight is tied.embed[0].lut.weight
+    assert untied.generator.proj.weight is not untied.embed[0].lut.weight
+    assert count_parameters(untied) - count_parameters(tied) == 50 * 16
+
+
+def test_cosine_rate_rises_to_the_peak_then_falls_to_the_floor():
+    rates = [cosine_rate(step, warmup=10, total=110) for step in range(120)]
+    assert rates[0] == pytest.approx(0.1) and rates[9] == pytest.approx(1.0)
+    assert all(a < b for a, b in zip(rates[:10], rates[1:10], strict=False))  # linear rise
+    assert all(a >= b for a, b in zip(rates[10:], rates[11:], strict=False))  # then falling
+    assert rates[60] == pytest.approx(0.55)  # halfway down: floor + (1 - floor) / 2
+    assert rates[110] == pytest.approx(0.1) and rates[119] == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("positions", ["sinusoidal", "rotary"])
+def test_cached_steps_give_the_log_probabilities_of_the_full_pass(positions):
+    torch.manual_seed(0)
+    model = make_language_model(30, N=2, d_model=16, d_ff=32, h=2, positions=positions).eval()
+    x = torch.randint(4, 30, (3, 9))
+    cache = []
+    with torch.no_grad():
+        full = model(x)  # (3, 9, 30)
+        steps = torch.stack([lm_step(model, cache, x[:, t], t) for t in range(9)], dim=1)
+    torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
+    assert len(cache) == 2 and cache[0][0].shape == (3, 2, 9, 8)  # (rows, h, n, d_k)
+
+
+def test_the_nucleus_is_the_fewest_likeliest_tokens_reaching_top_p():
+    logits = torch.tensor([0.0, 3.0, 1.0, 2.0])  # probabilities 0.03, 0.64, 0.09, 0.24
+    kept = lambda p: (keep_top_p(logits, p) > -math.inf).nonzero().flatten().tolist()  # noqa: E731
+    assert kept(0.5) == [1]
+    assert kept(0.8) == [1, 3]
+    assert kept(0.95) == [1, 2, 3]
+    assert kept(1.0) == [0, 1, 2, 3]
+    assert torch.equal(keep_top_p(logits, 0.8)[[1, 3]], logits[[1, 3]])  # kept ones unchanged
+
+
+def test_sampling_with_a_tiny_top_p_is_greedy_and_top_p_is_checked():
+    torch.manual_seed(0)
+    model = make_language_model(20, N=1, d_model=16, d_ff=32, h=2, positions="rotary").eval()
+    generator = torch.Generator().manual_seed(5)
+    assert sample(model, [0, 5, 6], max_len=9, top_p=1e-6, generator=generator) == sample(
+        model, [0, 5, 6], max_len=9, top_k=1, generator=generator)
+    for bad in (0, 1.5):
+        with pytest.raises(ValueError, match="top_p"):
+            sample(model, [0], top_p=bad)
+    with pytest.raises(ValueError, match="prompt"):
+        sample(model, [])
+
+
+def test_the_recipe_lowers_the_training_loss():
+    torch.manual_seed(0)
+    model = make_language_model(20, N=1, d_model=16, d_ff=32, h=2, dropout=0.0)
+    batches = lm_batches([[5, 6, 7, 8], [9, 10, 11], [5, 6, 12]] * 4, batch_size=4)
+    losses = train_language_model(model, batches, epochs=6, lr=1e-2, warmup=3)
+    assert losses[-1] < 0.5 * losses[0], losses

@@ -6,6 +6,7 @@
     python tools/seeds.py norm_warmup --seeds 0 1 2 3 4
     python tools/seeds.py checkpoint_averaging --seeds 0 1 2 3 4
     python tools/seeds.py parse_data --seeds 0 1 2
+    python tools/seeds.py caption_lm --seeds 0 1 2
 
 A finding ("the window loses accuracy", "one shared layer sorts as well as two") compares
 training runs, and one run can turn over on another seed or another CPU. This script trains
@@ -126,12 +127,26 @@ def parse_data(seed: int) -> list[dict]:
     return rows
 
 
+def caption_lm(seed: int) -> list[dict]:
+    """Chapter 25: validation perplexity of the caption language model, sinusoidal against
+    rotary positions (both tied), and tied against untied embeddings (both sinusoidal)."""
+    from the_annotated_transformer import caption_language_model, multi30k_captions
+
+    data = multi30k_captions()
+    variants = {"sinusoidal, tied": {"positions": "sinusoidal"},
+                "rotary, tied": {"positions": "rotary"},
+                "sinusoidal, untied": {"positions": "sinusoidal", "tie_embeddings": False}}
+    return [{"variant": name, "perplexity": caption_language_model(data, seed=seed, **options)[1]}
+            for name, options in variants.items()]
+
+
 EXPERIMENTS = {"sparse_sort": (sparse_sort, "23_transformer_as_a_graph"),
                "universal_sort": (universal_sort, "26_universal_transformer"),
                "model_variations": (model_variations, "19_model_variations"),
                "norm_warmup": (norm_warmup, "19_model_variations"),
                "checkpoint_averaging": (checkpoint_averaging, "16_checkpoint_averaging"),
-               "parse_data": (parse_data, "20_constituency_parsing")}
+               "parse_data": (parse_data, "20_constituency_parsing"),
+               "caption_lm": (caption_lm, "25_what_came_after")}
 
 
 def one_run(experiment: str, seed: int) -> None:
