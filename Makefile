@@ -13,9 +13,9 @@
 #   make bench   training and decoding speed of the readable and fast paths (chapter 21),
 #                about 10 minutes on a CPU; writes book/data/bench_cpu.json (or _cuda)
 #   make bench-quick   the same rows at tiny sizes, in under a minute
-#   make seeds   the multi-seed sweeps that chapters 16, 19, 20, 23 and 26 draw (tools/seeds.py),
-#                into book/data/seeds_*.json; tens of minutes per sweep on 2 cores, and stored
-#                runs are kept, so a rerun trains only what is missing
+#   make seeds   the multi-seed sweeps that chapters 16, 19, 20, 23, 25 and 26 draw
+#                (tools/seeds.py), into book/data/seeds_*.json; tens of minutes per sweep on 2
+#                cores, and stored runs are kept, so a rerun trains only what is missing
 # Each target first sets up .venv (tools/setup_env.sh) with the layer it needs, so any of them
 # works on a fresh clone: `translate` and `train` need torch and the package's `book` extra
 # (cli), `book` and `sync` add Jupyter Book and the JavaScript (book), the rest add the test
@@ -106,10 +106,13 @@ distclean: clean
 	rm -rf $(VENV) _vendor
 
 # On a machine with CUDA: the GPU tests (a skip fails), a few hundred bf16 steps of the base
-# preset, and a summary (tokens/s, peak memory, utilization, MFU). Fails loudly without CUDA.
+# preset, and a summary (tokens/s, peak memory, utilization, MFU), saved to
+# book/data/gpu_check_cuda.json; then `make bench` there, into book/data/bench_cuda.json.
+# Fails loudly without CUDA.
 .PHONY: gpu-check
 gpu-check: $(TEST_LAYER)
-	$(PY) tools/gpu_check.py
+	$(PY) tools/gpu_check.py --save
+	$(PY) tools/bench.py --save
 
 bench: $(CLI_LAYER)
 	$(PY) tools/bench.py --save
@@ -124,3 +127,4 @@ seeds: $(CLI_LAYER)
 	$(PY) tools/seeds.py norm_warmup --seeds 0 1 2 3 4
 	$(PY) tools/seeds.py checkpoint_averaging --seeds 0 1 2 3 4
 	$(PY) tools/seeds.py parse_data --seeds 0 1 2
+	$(PY) tools/seeds.py caption_lm --seeds 0 1 2

@@ -2305,11 +2305,28 @@ def paired_bootstrap(
 
 
 # %%
+import string
+
+
 def non_words(outputs: Sequence[str], known: set[str], tokenizer: Any) -> list[list[str]]:
     """For each output, its words (letters only) that `known` lacks, ignoring case: the words
     a model made up, when `known` holds every word of the target side's training text."""
     return [[word for word in tokenize(output, tokenizer)
              if word.isalpha() and word.lower() not in known] for output in outputs]
+
+
+def plain_words(text: str) -> list[str]:
+    """The words of `text` between spaces, without the punctuation around them."""
+    marks = string.punctuation + "“”„"
+    return [word.strip(marks) for word in text.split() if word.strip(marks)]
+
+
+def shared_names(source: str, reference: str) -> list[str]:
+    """The capitalized words that a source and its reference share exactly, each once; the
+    reference's first word is left out, since every sentence starts with a capital."""
+    later = set(plain_words(reference)[1:])
+    return [word for word in dict.fromkeys(plain_words(source))
+            if word[0].isupper() and word in later]
 
 
 # %% [markdown]
@@ -3420,7 +3437,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -3499,6 +3516,7 @@ class Run:
     train_state: TrainState
     history: list[dict[str, float]]
     epoch: int = 0  # epochs done
+    batch: int = 0  # micro-batches of the next epoch done (a checkpoint inside an epoch)
     elapsed_s: float = 0.0  # seconds of training, over all sessions of the run
     best_bleu: float | None = None
 
@@ -3746,10 +3764,12 @@ def resume_run(process: Process, config: TrainConfig, run: Run, *, resuming: boo
     run.scheduler.load_state_dict(checkpoint["scheduler"])
     run.train_state = TrainState(**checkpoint["train_state"])
     run.epoch, run.history = checkpoint["epoch"], checkpoint["history"]
+    run.batch = checkpoint.get("batch", 0)
     run.elapsed_s, run.best_bleu = checkpoint["elapsed_s"], checkpoint.get("best_bleu")
     check_same_on_all_ranks(
-        process, [run.epoch, run.train_state.accum_step, weights_fingerprint(run.model)],
-        f"the epoch, step and weights resumed from rank 0's {path}",
+        process, [run.epoch, run.batch, run.train_state.accum_step,
+                  weights_fingerprint(run.model)],
+        f"the epoch, batch, step and weights resumed from rank 0's {path}",
     )
     if len(checkpoint["rng"]) == process.world_size:
         set_rng_states(checkpoint["rng"][process.rank], process.device)
@@ -3759,7 +3779,8 @@ def resume_run(process: Process, config: TrainConfig, run: Run, *, resuming: boo
                   f"{process.world_size}: random states start afresh", file=sys.stderr)
         torch.manual_seed(config.seed + 1_000 * run.epoch + process.rank)
     if process.rank == 0:
-        print(f"resumed from {path} after epoch {run.epoch}", file=sys.stderr)
+        inside = f", {run.batch} micro-batches into epoch {run.epoch + 1}" if run.batch else ""
+        print(f"resumed from {path} after epoch {run.epoch}{inside}", file=sys.stderr)
 
 
 def validation_bleu(process: Process, model: nn.Module, data: RunData, max_len: int) -> float:
@@ -3787,8 +3808,14 @@ def all_ranks_sum(process: Process, values: list[float]) -> list[float]:
     return totals.tolist()
 
 
-def save_epoch(process: Process, config: TrainConfig, run: Run, improved: bool) -> None:
-    """7) Rank 0 writes last.pt (and best.pt, epoch_NNN.pt); every rank waits until it is done."""
+def save_epoch(
+    process: Process, config: TrainConfig, run: Run, improved: bool, *, elapsed_s: float = 0.0
+) -> None:
+    """7) Rank 0 writes last.pt (and best.pt, epoch_NNN.pt); every rank waits until it is done.
+
+    Inside an epoch (run.batch > 0) it writes last.pt only; elapsed_s is then the training time
+    of the epoch so far.
+    """
     rng_all = [rng_states(process.device)]
     if process.distributed:
         rng_all = [None] * process.world_size
@@ -3801,18 +3828,21 @@ def save_epoch(process: Process, config: TrainConfig, run: Run, improved: bool) 
         save_checkpoint(
             {
                 **weights,
+                "batch": run.batch,
                 "optimizer": run.optimizer.state_dict(),
                 "scheduler": run.scheduler.state_dict(),
                 "train_state": asdict(run.train_state),
                 "rng": rng_all,
                 "history": run.history,
                 "best_bleu": run.best_bleu,
-                "elapsed_s": run.elapsed_s,
+                "elapsed_s": run.elapsed_s + elapsed_s,
                 "hardware": hardware_name(process.device, process.world_size),
                 "command": " ".join(["python", *sys.argv]),
             },
             folder / "last.pt",
         )
+        if run.batch:
+            return
         if improved:
             save_checkpoint({**weights, "val_bleu": run.best_bleu}, folder / "best.pt")
         if config.keep_epochs:  # weights only: what checkpoint averaging needs
@@ -3848,10 +3878,35 @@ def epoch_line(
     return line
 
 
+def checkpointed_batches(
+    batches: Iterable, *, start: int, every: int, save: Callable[[int], None]
+) -> Iterator:
+    """The batches from number `start` on; before batch i, save(i) whenever i is a multiple of
+    `every` (0: never). run_groups asks for a group's first batch only after the step of the
+    group before, so at save(i) the weights hold every step of batches 0 .. i - 1."""
+    state = torch.get_rng_state()
+    iterator = iter(batches)  # a DataLoader draws a number from torch's generator here
+    if start:  # resumed inside the epoch: the checkpoint's random state follows that draw
+        torch.set_rng_state(state)
+    for i, batch in enumerate(iterator):
+        if i < start:
+            continue  # trained before the checkpoint this run resumed from
+        if every and i > start and i % every == 0:
+            save(i)
+        yield batch
+
+
 def train_epochs(
-    process: Process, config: TrainConfig, run: Run, data: RunData, *, progress: bool
+    process: Process,
+    config: TrainConfig,
+    run: Run,
+    data: RunData,
+    *,
+    progress: bool,
+    save_every: int = 0,
 ) -> list[dict[str, float]]:
-    """6) The epochs: check the batches, train, validate, score, report, checkpoint."""
+    """6) The epochs: check the batches, train, validate, score, report, checkpoint (also
+    every `save_every` optimizer steps inside an epoch, when it is not 0)."""
     train_loader, val_loader = data.train_loader, data.val_loader
     device, autocast_dtype = process.device, autocast_dtype_for(process.device)
     walls = []  # each epoch's wall-clock time, validation and checkpoint included
@@ -3868,13 +3923,20 @@ def train_epochs(
         if progress and process.rank == 0:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=len(train_loader), desc=f"epoch {epoch + 1}/{config.epochs}",
-                       unit="batch", file=sys.stderr, leave=False)
+            bar = tqdm(total=len(train_loader), initial=run.batch, unit="batch",
+                       desc=f"epoch {epoch + 1}/{config.epochs}", file=sys.stderr, leave=False)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        start = time.perf_counter()
+        start, resumed_at = time.perf_counter(), run.batch
+
+        def save_inside(i: int, start: float = start) -> None:
+            run.batch = i
+            save_epoch(process, config, run, False, elapsed_s=time.perf_counter() - start)
+
+        batches = checkpointed_batches(train_loader, start=run.batch, save=save_inside,
+                                       every=save_every * config.accum_iter)
         train_sums = train_epoch(
-            run.model, train_loader, run.criterion, run.optimizer, run.scheduler, device=device,
+            run.model, batches, run.criterion, run.optimizer, run.scheduler, device=device,
             accum_iter=config.accum_iter, train_state=run.train_state,
             autocast_dtype=autocast_dtype, bar=bar,
         )
@@ -3888,7 +3950,7 @@ def train_epochs(
         loss, tokens, nll, val_loss, val_tokens, val_nll = all_ranks_sum(
             process, [*train_sums, *val_sums]
         )
-        run.epoch, run.elapsed_s = epoch + 1, run.elapsed_s + seconds
+        run.epoch, run.batch, run.elapsed_s = epoch + 1, 0, run.elapsed_s + seconds
         record = {
             "epoch": run.epoch,
             "train_loss": loss / max(tokens, 1),
@@ -3900,6 +3962,8 @@ def train_epochs(
             "tokens_per_s": tokens / seconds,
             **device_report(device),
         }
+        if resumed_at:  # the training numbers cover the batches after the checkpoint only
+            record["resumed_at_batch"] = resumed_at
         improved = False
         if config.bleu_every and run.epoch % config.bleu_every == 0:
             record["val_bleu"] = validation_bleu(process, run.model, data, config.max_len)
@@ -3936,12 +4000,14 @@ def train_worker(
     progress: bool = True,
     threads: int | None = None,
     pairs: dict[str, Sequence[tuple[str, str]]] | None = None,
+    save_every: int = 0,
 ) -> list[dict[str, float]]:
     """Train (or resume) on one device as one of world_size processes; the per-epoch history.
 
     Started by train_distributed, by torchrun (rank and world size then come from the
     environment: RANK, WORLD_SIZE, LOCAL_RANK), or called directly for one process. pairs
-    replaces Multi30k: {"train": [(german, english), ...], "val": [...]}.
+    replaces Multi30k: {"train": [(german, english), ...], "val": [...]}. save_every: also
+    write last.pt every that many optimizer steps inside an epoch (0: after each epoch only).
     """
     config = training_config("cpu") if config is None else config
     rank = int(os.environ.get("RANK", 0)) if rank is None else rank
@@ -3951,6 +4017,8 @@ def train_worker(
             f"max_tokens={config.max_tokens} per device is less than max_len={config.max_len}: "
             "the longest sentences would not fit into a batch; raise max_tokens"
         )
+    if not isinstance(save_every, int) or save_every < 0:
+        raise ValueError(f"save_every must be a whole number of steps >= 0, got {save_every!r}")
     process = setup_process(rank, world_size, threads)
     try:
         restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
@@ -3968,7 +4036,8 @@ def train_worker(
         resume_run(process, config, run, resuming=resuming)
         if process.distributed:  # only now: every rank holds rank 0's state
             run.model = wrap_ddp(run.model, process.device)
-        history = train_epochs(process, config, run, data, progress=progress)
+        history = train_epochs(process, config, run, data, progress=progress,
+                               save_every=save_every)
         if process.distributed:  # no rank tears down while another still talks to it
             dist.barrier()
         return history
@@ -4006,6 +4075,7 @@ def train_distributed(
     progress: bool = True,
     threads: int | None = None,
     pairs: dict[str, Sequence[tuple[str, str]]] | None = None,
+    save_every: int = 0,
 ) -> None:
     """Train with world_size processes on this machine: one per GPU, or CPU processes (gloo)."""
     if not isinstance(world_size, int) or world_size < 1:
@@ -4015,7 +4085,7 @@ def train_distributed(
             f"world_size={world_size} is more than the {torch.cuda.device_count()} GPUs here"
         )
     options = {"resume": resume, "overwrite": overwrite, "progress": progress,
-               "threads": threads, "pairs": pairs}
+               "threads": threads, "pairs": pairs, "save_every": save_every}
     if world_size == 1:
         train_worker(0, 1, config, **options)
         return
@@ -4441,10 +4511,12 @@ def make_language_model(
     dropout: float = 0.1,
     *,
     positions: str = "sinusoidal",
+    tie_embeddings: bool = True,
 ) -> LanguageModel:
     """The book's encoder stack with a causal mask, which is a decoder without cross-attention.
 
     positions: "sinusoidal" (added to the embeddings, §3.5) or "rotary" (inside attention).
+    tie_embeddings: the output layer reuses the embedding matrix (§3.4), as GPT-2 does.
     """
     if positions not in ("sinusoidal", "rotary"):
         raise ValueError(f"positions must be 'sinusoidal' or 'rotary', got {positions!r}")
@@ -4460,6 +4532,8 @@ def make_language_model(
     for p in model.parameters():
         if p.dim() > 1:
             nn.init.xavier_uniform_(p)
+    if tie_embeddings:
+        model.generator.proj.weight = embed[0].lut.weight  # one (vocab, d_model) matrix
     return model
 
 
@@ -4504,58 +4578,166 @@ def perplexity(model: nn.Module, batches: list[torch.Tensor]) -> float:
     return math.exp(total / tokens)
 
 
+def cosine_rate(step: int, *, warmup: int, total: int, floor: float = 0.1) -> float:
+    """The learning rate at `step` as a fraction of the peak: a linear rise over `warmup`
+    steps, then half a cosine down to `floor` at step `total`."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
 def train_language_model(
-    model: nn.Module, batches: list[torch.Tensor], *, epochs: int, warmup: int = 400
+    model: nn.Module,
+    batches: list[torch.Tensor],
+    *,
+    epochs: int,
+    lr: float = 5e-3,
+    warmup: int = 200,
+    weight_decay: float = 0.1,
+    clip: float = 1.0,
 ) -> list[float]:
-    """Adam with the paper's schedule (chapter 10); the mean training loss of each epoch."""
-    d_model = model.embed[0].d_model
-    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+    """AdamW, warm-up and cosine decay, gradients clipped to norm `clip`; each epoch's mean
+    training loss. Weight decay pulls on the matrices only, not on biases and norm gains."""
+    matrices = [p for p in model.parameters() if p.dim() > 1]
+    others = [p for p in model.parameters() if p.dim() <= 1]
+    optimizer = torch.optim.AdamW(
+        [{"params": matrices, "weight_decay": weight_decay}, {"params": others,
+                                                              "weight_decay": 0.0}],
+        lr=lr, betas=(0.9, 0.95),
+    )
+    total = epochs * len(batches)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: rate(step, model_size=d_model, factor=1.0, warmup=warmup)
+        optimizer, lambda step: cosine_rate(step, warmup=warmup, total=total)
     )
     losses = []
     for _ in range(epochs):
         model.train()
-        total, tokens = 0.0, 0
+        loss_sum, tokens = 0.0, 0
         for batch in batches:
             nll, n = lm_nll(model, batch)
             (nll / n).backward()
+            nn.utils.clip_grad_norm_(model.parameters(), clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             scheduler.step()
-            total, tokens = total + nll.item(), tokens + n
-        losses.append(total / tokens)
+            loss_sum, tokens = loss_sum + nll.item(), tokens + n
+        losses.append(loss_sum / tokens)
     return losses
 
 
+def multi30k_captions() -> tuple[Vocab, list[list[int]], list[list[int]]]:
+    """The English captions of Multi30k's train and val splits as ids, with a vocabulary of
+    the training words seen at least twice."""
+    _, tokenizer_en = load_tokenizers()
+    train = [tokenize(en, tokenizer_en) for _, en in load_multi30k("train")]
+    val = [tokenize(en, tokenizer_en) for _, en in load_multi30k("val")]
+    vocab = Vocab.build(train, min_freq=2)
+    return vocab, [vocab.encode(t) for t in train], [vocab.encode(t) for t in val]
+
+
+def caption_language_model(
+    data: tuple[Vocab, list[list[int]], list[list[int]]],
+    *,
+    seed: int,
+    epochs: int = 2,
+    **options,
+) -> tuple[LanguageModel, float]:
+    """make_language_model(**options) trained on the captions from `seed` (its initial
+    weights and its batch order) with batches of 64, and its validation perplexity."""
+    vocab, train_ids, val_ids = data
+    batches = lm_batches(train_ids, batch_size=64,
+                         generator=torch.Generator().manual_seed(seed))
+    torch.manual_seed(seed)
+    model = make_language_model(len(vocab), **options)
+    train_language_model(model, batches, epochs=epochs)
+    return model, perplexity(model, lm_batches(val_ids, batch_size=128))
+
+
 # %%
+def lm_step(
+    model: LanguageModel,
+    cache: list[tuple[torch.Tensor, torch.Tensor]],
+    tokens: torch.Tensor,
+    position: int,
+) -> torch.Tensor:
+    """Log-probabilities (rows, vocab) of the token after `tokens` (rows,), which stand at
+    `position`; `cache` holds each layer's keys and values so far and gains this token's."""
+    embed, positions = model.embed
+    x = embed(tokens[:, None])  # (rows, 1, d_model)
+    if isinstance(positions, PositionalEncoding):
+        x = x + positions.pe[:, position : position + 1]
+    where = torch.tensor([position], device=tokens.device)
+    for i, layer in enumerate(model.layers.layers):
+
+        def self_attend(y: torch.Tensor, i: int = i, attn: nn.Module = layer.self_attn):
+            q, k, v = (attn.split_heads(linear(y)) for linear in attn.linears[:3])  # (rows,
+            # h, 1, d_k) each
+            if isinstance(attn, RotaryMultiHeadedAttention):
+                q, k = rotary(q, where), rotary(k, where)
+            if i < len(cache):  # the keys and values of the tokens before this one
+                k = torch.cat([cache[i][0], k], dim=2)  # (rows, h, position + 1, d_k)
+                v = torch.cat([cache[i][1], v], dim=2)
+                cache[i] = (k, v)
+            else:
+                cache.append((k, v))
+            out, _ = attention(q, k, v)  # no mask: every cached token comes before this one
+            return attn.linears[-1](attn.merge_heads(out))
+
+        x = layer.sublayer[0](x, self_attend)
+        x = layer.sublayer[1](x, layer.feed_forward)
+    return model.generator(model.layers.norm(x)[:, -1])  # (rows, vocab)
+
+
+def keep_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """logits (vocab,) with -inf outside the nucleus: the fewest likeliest tokens whose
+    probabilities add up to at least top_p."""
+    probs, order = logits.softmax(-1).sort(descending=True)
+    likelier = probs.cumsum(-1) - probs  # the mass of the tokens ranked above each one
+    outside = torch.zeros_like(logits, dtype=torch.bool)
+    outside[order] = likelier >= top_p
+    return logits.masked_fill(outside, -math.inf)
+
+
 def sample(
-    model: nn.Module,
+    model: LanguageModel,
     prompt: list[int],
     *,
     max_len: int = 30,
     temperature: float = 1.0,
     top_k: int | None = None,
+    top_p: float | None = None,
     generator: torch.Generator | None = None,
 ) -> list[int]:
     """Continue `prompt` (ids, starting with <s>) one sampled token at a time, until </s>.
 
-    temperature < 1 sharpens the distribution, > 1 flattens it; top_k keeps the k likeliest.
+    temperature < 1 sharpens the distribution, > 1 flattens it; top_k keeps the k likeliest
+    tokens, top_p the nucleus. Each step runs one position through the model (lm_step).
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be positive, got {temperature}")
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k must be at least 1 or None, got {top_k}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1] or None, got {top_p}")
+    if not prompt:
+        raise ValueError("the prompt must hold at least one id (<s>)")
     model.eval()
-    ids = list(prompt)
+    device = next(model.parameters()).device
+    ids, cache = list(prompt), []
     with torch.no_grad():
+        for position, token in enumerate(ids[:-1]):  # the prompt's keys and values
+            lm_step(model, cache, torch.tensor([token], device=device), position)
         while len(ids) < max_len and ids[-1] != EOS_ID:
-            logits = model(torch.tensor([ids]))[0, -1] / temperature  # (vocab,)
+            token = torch.tensor([ids[-1]], device=device)
+            log_probs = lm_step(model, cache, token, len(ids) - 1)[0]  # (vocab,)
+            logits = log_probs / temperature
             if top_k is not None:
                 kth = logits.topk(min(top_k, logits.numel())).values[-1]
                 logits = logits.masked_fill(logits < kth, -math.inf)
-            probs = logits.softmax(-1)
-            ids.append(int(torch.multinomial(probs, 1, generator=generator)))
+            if top_p is not None:
+                logits = keep_top_p(logits, top_p)
+            ids.append(int(torch.multinomial(logits.softmax(-1), 1, generator=generator)))
     return ids
 
 

@@ -47,3 +47,18 @@ def test_bench_refuses_bad_flags_in_one_line_before_running(flags, message):
     assert done.returncode == 2
     assert message in done.stderr.strip().splitlines()[-1]
     assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+@pytest.mark.parametrize("name", ["bench_cpu.json", "bench_cuda.json"])
+def test_the_stored_bench_runs_hold_every_row_and_what_they_ran_on(name):
+    """What chapter 21 reads: the full sizes, every row, the GPU named in the CUDA run."""
+    results = json.loads((ROOT / "book" / "data" / name).read_text())
+    assert not results["quick"] and results["command"].startswith("python tools/bench.py")
+    kinds = [(row["size"], row["model"]) for row in results["training"]]
+    assert kinds == [(size.name, kind) for size in bench.FULL_SIZES
+                     for kind in bench.TRAINING_KINDS]
+    labels = [(row["size"], row["decoder"]) for row in results["decoding"]]
+    assert labels == [(size.name, label) for size in bench.FULL_SIZES
+                      for label in bench.decoders(72, 32)]
+    assert all(row["same_as_recompute"] is not False for row in results["decoding"])
+    assert ("gpu" in results["hardware"]) == (name == "bench_cuda.json")

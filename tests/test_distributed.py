@@ -117,18 +117,23 @@ def test_a_node_with_other_data_stops_both_with_the_batch_count_error(tmp_path):
         assert "the ranks disagree on the number of training batches per rank" in out, out
 
 
+@pytest.mark.parametrize(("save_every", "resumed_at"), [
+    (0, "after epoch 1\n"),  # from the checkpoint of epoch 1
+    (2, "after epoch 1, 2 micro-batches into epoch 2"),  # from the one written inside epoch 2
+])
 def test_a_worker_killed_mid_epoch_is_restarted_by_torchrun_and_ends_like_no_kill(
-    tmp_path, reference
+    tmp_path, reference, save_every, resumed_at
 ):
     folder = tmp_path / "run"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node", "2", "--max-restarts", "1", str(SCRIPT), str(folder), "3",
-               "--kill-rank", "1", "--kill-epoch", "2"]
+               "--kill-rank", "1", "--kill-epoch", "2", "--kill-batch", "3",
+               "--save-every", str(save_every)]
     proc = subprocess.Popen(command, env=_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     [(code, out)] = _finish([proc])
     assert code == 0, out
-    assert "resumed from" in out and "after epoch 1" in out  # the restart continued the run
+    assert "resumed from" in out and resumed_at in out, out  # the restart continued the run
     state = load_checkpoint(folder / "last.pt")
     assert state["epoch"] == 3
     assert state["train_state"]["accum_step"] == reference[3]["train_state"]["accum_step"]

@@ -41,3 +41,16 @@ def test_benchmark_trains_and_reports_on_the_cpu():
     assert result["last_loss"] < result["first_loss"]
     text = gpu_check.summary(result, "cpu")
     assert "target tokens/s" in text and "MFU:              unknown" in text
+
+
+def test_the_stored_gpu_check_names_its_gpu_and_its_numbers_are_sane():
+    """What chapter 22 reads: one `make gpu-check` run of the base preset on a GPU."""
+    import json
+
+    record = json.loads((ROOT / "book" / "data" / "gpu_check_cuda.json").read_text())
+    assert record["command"].startswith("python tools/gpu_check.py") and record["gpu"]
+    result = record["result"]
+    assert result["last_loss"] < result["first_loss"] and result["steps"] >= 100
+    assert result["tokens_per_s"] > 0 and 0 < result["mfu"] < 1
+    assert result["parameters"] == sum(p.numel() for p in gpu_check.make_model(
+        8000, 8000, N=6, d_model=512, d_ff=2048, h=8).parameters())

@@ -1,11 +1,17 @@
-"""Chapter 18's measures of a translation system: sacreBLEU's paired bootstrap, made-up words."""
+"""Chapter 18's measures of a translation system: the paired bootstrap, made-up words, names."""
 
 import random
 
 import pytest
 from sacrebleu.metrics import BLEU
 
-from the_annotated_transformer import load_tokenizers, non_words, paired_bootstrap
+from the_annotated_transformer import (
+    load_tokenizers,
+    non_words,
+    paired_bootstrap,
+    plain_words,
+    shared_names,
+)
 
 WORDS = "a dog cat man woman runs sits on the green red grass street to its owner near".split()
 _rng = random.Random(0)
@@ -49,3 +55,17 @@ def test_non_words_are_the_letter_words_missing_from_the_training_text_ignoring_
     known = {"a", "dog", "runs", "boston", "terrier"}
     outputs = ["A dog runs.", "A dgo runs 3 times!", "Boston Terrier, bouuifier."]
     assert non_words(outputs, known, english) == [[], ["dgo", "times"], ["bouuifier"]]
+
+
+def test_plain_words_drop_the_punctuation_around_words_but_not_inside():
+    assert plain_words('A "Boston" terrier, in New York. -- ok') == [
+        "A", "Boston", "terrier", "in", "New", "York", "ok"]
+    assert plain_words("E.S.E. „Gelati“") == ["E.S.E", "Gelati"]
+
+
+def test_shared_names_are_capitalized_words_of_both_sides_after_the_first_word():
+    source = "Ein Boston Terrier läuft in New York über Gras, Boston."
+    reference = "A Boston terrier runs across grass in New York."
+    assert shared_names(source, reference) == ["Boston", "New", "York"]  # each once
+    assert shared_names("Ein Hund läuft.", "A dog runs.") == []  # "A" is the first word
+    assert shared_names("Gras ist grün.", "The Gras is green, Gras.") == ["Gras"]

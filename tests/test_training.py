@@ -192,6 +192,51 @@ def test_resumed_run_ends_with_same_weights_and_optimizer_as_uninterrupted_run(t
         train_worker(0, 1, replace(parts, warmup=9, epochs=4), resume=True, **run)
 
 
+class Interrupted(Exception):
+    """Stands for a process lost in the middle of an epoch."""
+
+
+def test_a_run_resumed_from_inside_an_epoch_ends_like_the_uninterrupted_run(
+    tmp_path, monkeypatch
+):
+    import the_annotated_transformer as tat
+
+    whole = replace(TINY, checkpoint_dir=str(tmp_path / "whole"))
+    parts = replace(TINY, checkpoint_dir=str(tmp_path / "parts"))
+    run = {"progress": False, "threads": 1, "pairs": PAIRS, "save_every": 2}
+    history = train_worker(0, 1, whole, **run)
+    per_epoch = load_checkpoint(tmp_path / "whole" / "last.pt")["train_state"]["step"] // 3
+    assert per_epoch > 5  # so that epoch 2 holds checkpoints at batches 2 and 4
+    epoch_core = tat.train_epoch
+
+    def dies_in_epoch_2(model, batches, *args, train_state, **kwargs):
+        def until_batch_5():
+            for i, batch in enumerate(batches):
+                if i == 5 and train_state.step >= per_epoch:
+                    raise Interrupted
+                yield batch
+
+        return epoch_core(model, until_batch_5(), *args, train_state=train_state, **kwargs)
+
+    monkeypatch.setattr(tat, "train_epoch", dies_in_epoch_2)
+    with pytest.raises(Interrupted):
+        train_worker(0, 1, parts, **run)
+    monkeypatch.undo()
+    state = load_checkpoint(tmp_path / "parts" / "last.pt")
+    assert (state["epoch"], state["batch"]) == (1, 4)  # the last save before batch 5
+    assert state["train_state"]["step"] == per_epoch + 4
+    resumed = train_worker(0, 1, parts, resume=True, **run)
+    a = load_checkpoint(tmp_path / "whole" / "last.pt")
+    b = load_checkpoint(tmp_path / "parts" / "last.pt")
+    assert (b["epoch"], b["batch"]) == (3, 0) and a["train_state"] == b["train_state"]
+    for name, tensor in a["model"].items():
+        assert torch.allclose(tensor, b["model"][name], rtol=0, atol=1e-6), name
+    assert [round(r["val_loss"], 6) for r in history] == [round(r["val_loss"], 6) for r in resumed]
+    assert resumed[1]["resumed_at_batch"] == 4 and "resumed_at_batch" not in resumed[2]
+    with pytest.raises(ValueError, match="save_every must be a whole number of steps"):
+        train_worker(0, 1, parts, resume=True, **{**run, "save_every": -1})
+
+
 def test_history_reports_nll_perplexity_and_bleu_and_best_pt_keeps_the_best_epoch(tmp_path):
     import math
 
@@ -523,6 +568,7 @@ def test_train_script_resume_with_nothing_to_resume_is_one_line_and_an_error(tmp
 @pytest.mark.parametrize("flags, message", [
     (["--epochs", "0"], "epochs must be a positive integer, got 0"),
     (["--max-tokens", "-5"], "max_tokens must be a positive integer, got -5"),
+    (["--save-every", "-1"], "save_every must be a whole number of steps >= 0, got -1"),
 ])
 def test_train_script_names_a_bad_value_in_one_line(tmp_path, flags, message):
     result = run_train_script("--config", "cpu", "--checkpoint-dir", str(tmp_path), *flags)

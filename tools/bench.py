@@ -168,9 +168,10 @@ def random_batch(src_len: list[int], tgt_len: list[int], vocab: tuple[int, int],
     return Batch(src, tgt, pad=PAD)
 
 
-def budget_batches(size: Size, vocab: tuple[int, int], count: int, *, pad_to: int | None = None,
-                   seed: int = 0) -> list[Batch]:
-    """`count` batches: token-budget batches (pad_to=None) or fixed-size ones padded to pad_to."""
+def budget_batches(size: Size, vocab: tuple[int, int], count: int, device: torch.device, *,
+                   pad_to: int | None = None, seed: int = 0) -> list[Batch]:
+    """`count` batches on `device`: token-budget batches (pad_to=None) or fixed-size ones
+    padded to pad_to."""
     g = torch.Generator().manual_seed(seed)
     src_len, tgt_len = multi30k_lengths(4000, g)
     if pad_to is None:
@@ -179,8 +180,8 @@ def budget_batches(size: Size, vocab: tuple[int, int], count: int, *, pad_to: in
     else:
         per_batch = max(1, size.max_tokens // pad_to)
         groups = [list(range(i * per_batch, (i + 1) * per_batch)) for i in range(count)]
-    return [random_batch([src_len[i] for i in ids], [tgt_len[i] for i in ids], vocab, g, pad_to)
-            for ids in groups]
+    return [random_batch([src_len[i] for i in ids], [tgt_len[i] for i in ids], vocab, g,
+                         pad_to).to(device) for ids in groups]
 
 
 # 3) the models that train
@@ -374,7 +375,7 @@ def run(quick: bool, repeats: int, device: torch.device) -> dict:
                "matmul_peak_gflops": peak / 1e9, "matmul_peak_bf16_gflops": peak_bf16 / 1e9,
                "training": [], "batching": [], "decoding": [], "decoding_sources": {}}
     for size in sizes:
-        batches = budget_batches(size, vocab, size.steps)
+        batches = budget_batches(size, vocab, size.steps, device)
         runs = {kind: (training_step(kind, size, vocab, device)[1], batches)
                 for kind in TRAINING_KINDS}
         rates, flops = time_training(runs, repeats, device)
@@ -394,7 +395,7 @@ def run(quick: bool, repeats: int, device: torch.device) -> dict:
         print(f"trained {size.name}", flush=True)
     size = sizes[0]  # token budget against padding to 72, the fast path at the first size
     runs = {label: (training_step("fast", size, vocab, device)[1],
-                    budget_batches(size, vocab, size.steps, pad_to=pad_to, seed=1))
+                    budget_batches(size, vocab, size.steps, device, pad_to=pad_to, seed=1))
             for label, pad_to in (("token budget", None), ("every batch padded to 72", 72))}
     rates, _ = time_training(runs, repeats, device)
     for label, (_, batches) in runs.items():

@@ -1,15 +1,18 @@
 """Check the GPU paths on a machine with CUDA: the GPU tests, then the base preset in bfloat16.
 
-    make gpu-check                          # or: python tools/gpu_check.py --steps 300
+    make gpu-check                          # or: python tools/gpu_check.py --steps 300 --save
 
 Fails (exit status 1) when there is no CUDA, when a GPU test fails or is skipped although CUDA
 is present, when the GPU cannot compute in bfloat16 natively, or when the benchmark breaks (an
 error, a loss that is not finite or does not fall). At the end it prints tokens per second,
-peak memory, GPU utilization and model FLOPs utilization (MFU).
+peak memory, GPU utilization and model FLOPs utilization (MFU); --save also writes them, with
+the GPU, torch and the date, to book/data/gpu_check_cuda.json, which chapter 22 reads.
 """
 
 import argparse
+import datetime
 import itertools
+import json
 import math
 import subprocess
 import sys
@@ -144,7 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300, help="timed optimizer steps")
     parser.add_argument("--skip-tests", action="store_true", help="only the benchmark")
+    parser.add_argument("--save", action="store_true",
+                        help="also write the result to book/data/gpu_check_cuda.json")
     args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error(f"--steps must be at least 1, got {args.steps}")
     if not torch.cuda.is_available():
         print("gpu-check: no CUDA device here; run it on a machine with a GPU", file=sys.stderr)
         return 1
@@ -163,6 +170,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu-check FAILED: {err}", file=sys.stderr)
         return 1
     print(summary(result, torch.cuda.get_device_name(device)))
+    if args.save:
+        path = ROOT / "book" / "data" / "gpu_check_cuda.json"
+        record = {"command": " ".join(["python tools/gpu_check.py", *(argv or sys.argv[1:])]),
+                  "date": datetime.datetime.now(datetime.timezone.utc).strftime(
+                      "%Y-%m-%d %H:%M UTC"),
+                  "gpu": torch.cuda.get_device_name(device), "torch": torch.__version__,
+                  "preset": "base", "autocast": "bfloat16", "result": result}
+        path.write_text(json.dumps(record, indent=1) + "\n")
+        print(f"wrote {path}")
     return 0
 
 

@@ -5,11 +5,14 @@
     python tools/train.py --config base --batch-tokens 25000   # the paper's batch, accumulated
     torchrun --nproc_per_node=8 tools/train.py --config base   # started by torchrun
     python tools/train.py --config cpu --resume                # continue after an interruption
+    python tools/train.py --config base --save-every 500       # also a checkpoint every 500 steps
 
 Under torchrun (which sets RANK and WORLD_SIZE) each process trains directly; otherwise
 --devices processes are started here: one per GPU, or CPU processes talking through gloo.
 Each epoch's checkpoint goes to --checkpoint-dir/last.pt (rank 0's folder), with the
-vocabularies beside it, and best.pt holds the weights with the best validation BLEU.
+vocabularies beside it, and best.pt holds the weights with the best validation BLEU; with
+--save-every N, last.pt is also written every N optimizer steps, and --resume continues from
+inside the epoch.
 """
 
 import argparse
@@ -72,6 +75,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--checkpoint-dir", help="folder for last.pt and the vocabularies")
     parser.add_argument("--threads", type=int,
                         help="CPU threads per process (default: the cores shared among processes)")
+    parser.add_argument("--save-every", type=int, default=0, metavar="N",
+                        help="also write last.pt every N optimizer steps inside an epoch, so "
+                             "that a resumed run loses at most N steps (default 0: per epoch)")
     parser.add_argument("--keep-epochs", type=int,
                         help="also keep the last K epochs' weights (epoch_NNN.pt), for averaging")
     start = parser.add_mutually_exclusive_group()
@@ -101,7 +107,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{world_size} process(es) x accum_iter {config.accum_iter} x max_tokens "
               f"{config.max_tokens} = {world_size * config.accum_iter * config.max_tokens:,} "
               "padded tokens per optimizer step", file=sys.stderr)
-    options = {"resume": args.resume, "overwrite": args.overwrite, "threads": args.threads}
+    options = {"resume": args.resume, "overwrite": args.overwrite, "threads": args.threads,
+               "save_every": args.save_every}
     try:
         message = None if args.overwrite else finished_run(config)
         if message is not None:

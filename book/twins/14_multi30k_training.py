@@ -72,10 +72,11 @@ enable_book_charts()
 #   tokens per batch an epoch would be about sixteen optimizer steps. So a batch holds 4,096
 #   padded tokens per GPU and the warmup is 1,000 steps (on one GPU, below) instead of 4,000, with `lr_factor=0.5` so that
 #   the peak learning rate, $0.5 \cdot 512^{-0.5} \cdot 1000^{-0.5} \approx 0.0007$, is the
-#   paper's. We have not run this preset for the book (its machine has no GPU); it is a
-#   starting point, not a tested recipe. The GPU-only parts of the code below (bfloat16
-#   autocast, NCCL, the GPU report) have tests of their own in `tests/test_gpu.py`, which run
-#   only where CUDA is available.
+#   paper's. Nobody has trained this preset to the end for the book; it is a starting point, not
+#   a tested recipe. Its training steps have run on one GPU (`make gpu-check`; chapter 22 gives
+#   the speed and what to expect), and the GPU-only parts of the code below (bfloat16 autocast,
+#   NCCL, the GPU report) have tests of their own in `tests/test_gpu.py`, which passed there and
+#   run only where CUDA is available.
 # * **`cpu`** is a small model for a 2-core CPU: $N=3$, $d_{\text{model}}=256$,
 #   $d_{\text{ff}}=1024$, $h=8$. Its size came from timing candidates, as described below.
 #

@@ -967,10 +967,83 @@ for name, value in ratios:
 #   is itself approximate. Under bfloat16 the peak fell by about a quarter, as it should if the
 #   activations kept for the backward pass are stored at half the size.
 #
-# Not measured yet: a GPU. `make bench` on a machine with CUDA runs the same rows there and
-# writes `book/data/bench_cuda.json` with the GPU named; `bench_results("bench_cuda.json")`
-# reads it. The bfloat16 speed-up above is this CPU's; a GPU's, with `torch.compile`, belongs
-# to that run. Everything above is one CPU thread.
+# Everything above is one CPU thread.
+
+# %% [markdown]
+# ## On a GPU
+#
+# `make gpu-check` ran the same benchmark once on a machine with one NVIDIA H200 and wrote
+# `book/data/bench_cuda.json`, which `bench_results` reads like the CPU's file. One difference
+# in what was measured: that machine had no spaCy and no copy of Multi30k, so at the cpu size,
+# too, an untrained model decoded random ids of Multi30k's lengths, and those rows cannot be
+# set beside the CPU's rows of the shipped model. The same ratios as above, from that run:
+
+# %%
+gpu = bench_results("bench_cuda.json")
+hw = gpu["hardware"]
+print(f"{hw['gpu']}, torch {hw['torch']}, {gpu['repeats']} repeats; matmul peak "
+      f"{gpu['matmul_peak_gflops'] / 1000:.1f} TFLOP/s in float32, "
+      f"{gpu['matmul_peak_bf16_gflops'] / 1000:.1f} in bfloat16")
+gpu_training = {(row["size"], row["model"]): row for row in gpu["training"]}
+gpu_decoding = {(row["size"], row["decoder"]): row["sentences_per_s"]["median"]
+                for row in gpu["decoding"]}
+
+
+def gpu_speed(size: str, model: str) -> float:
+    return gpu_training[size, model]["tokens_per_s"]["median"]
+
+
+def gpu_faster(size: str, decoder: str, than: str) -> float:
+    return gpu_decoding[size, decoder] / gpu_decoding[size, than]
+
+
+fused = "greedy, batched, cache, fast attention"
+gpu_ratios = [
+    ("training, fast / readable, cpu size",
+     gpu_speed("cpu", "fast") / gpu_speed("cpu", "readable")),
+    ("training, fast / readable, base size",
+     gpu_speed("base", "fast") / gpu_speed("base", "readable")),
+    ("training, fast / torch.nn.Transformer, base size",
+     gpu_speed("base", "fast") / gpu_speed("base", "torch.nn.Transformer")),
+    ("training, fast in bf16 / fast in float32, base size",
+     gpu_speed("base", "fast, bf16 autocast") / gpu_speed("base", "fast")),
+    ("training, MFU of the fast path at base size", gpu_training["base", "fast"]["mfu"]),
+    ("greedy, batched / classic, base size", gpu_faster("base", "greedy, batched", classic)),
+    ("greedy with cache / batched without, base size",
+     gpu_faster("base", cache, "greedy, batched")),
+    ("fused attention with the cache / the cache alone, base size",
+     gpu_faster("base", fused, cache)),
+    ("greedy with cache / classic greedy, base size", gpu_faster("base", cache, classic)),
+    ("the same in bf16 / in float32, fused, base size",
+     gpu_faster("base", "greedy, batched, cache, fast, bf16", fused)),
+]
+for name, value in gpu_ratios:
+    print(f"{name:<60} {value:5.2f}")
+bench_table(gpu).drop(columns="group").set_index(["size", "row"])
+
+# %% [markdown]
+# One run on one GPU, so these are a demonstration of where the time goes there, not a ranking
+# that would survive a rerun to the second decimal. What they say:
+#
+# * **The GPU waits for Python.** These models are small for an H200, and a training step or a
+#   decoding step is a few hundred small kernels that the host launches one after the other.
+#   So what saves kernel launches pays most: the fast path, whose fused attention and layer norm
+#   launch fewer kernels, trained about twice as fast as the readable model at both sizes (level
+#   with `torch.nn.Transformer`), and bfloat16 autocast, which adds a cast before each product
+#   and saves little in products this small, was no faster than float32 at the cpu size and
+#   *slower* at the base size. The matrix units, and the bfloat16 peak, hardly come into it: the
+#   fast path used about a quarter of the float32 peak at the base size.
+# * **Decoding: batching first, then fused attention, then the cache.** Translating 32
+#   sentences at a time instead of one gave about 30 times the sentences per second; the cache
+#   added only about a third more (presumably because a GPU recomputes a short prefix in
+#   parallel at little extra cost), and fused attention about two thirds on top of that. Against the classic decoder,
+#   greedy decoding with the cache ran about 40 times as fast in float32. Under bfloat16 it was
+#   slower, and its outputs differed from float32's in about three sentences in ten (an
+#   untrained model's scores lie close together, as on the CPU).
+#
+# Not measured yet: several GPUs, `torch.compile`, CUDA graphs, and batches large enough to keep
+# this GPU's matrix units busy. Chapter 22 gives what `make gpu-check` measured for the `base`
+# preset's training steps on the same machine.
 #
 # ## What we have
 #

@@ -31,6 +31,7 @@ from the_annotated_transformer import (
     Vocab,
     autocast_dtype_for,
     bleu,
+    book_data,
     enable_book_charts,
     encode_examples,
     evaluate,
@@ -110,7 +111,17 @@ enable_book_charts()
 #    states; `best.pt` (weights only) whenever the validation BLEU is the best so far; and with
 #    `keep_epochs=k` the weights of each of the last `k` epochs as `epoch_NNN.pt`, for the
 #    checkpoint averaging of chapter 16. The other ranks wait until it has finished, and a
-#    failed save stops all of them with rank 0's error.
+#    failed save stops all of them with rank 0's error. An epoch of the `base` preset on a
+#    slow machine can take long enough that losing one hurts (the paper wrote its checkpoints
+#    at 10-minute intervals, §6.1), so with `save_every=N` (`--save-every N`) rank 0 also
+#    writes `last.pt` every $N$ optimizer steps inside an epoch, marked with the number of
+#    micro-batches done. It counts steps, not minutes, because every rank must decide to save
+#    at the same moment without asking the others: the step count is the same on every rank,
+#    a clock is not. A run resumed from such a checkpoint skips those micro-batches of the
+#    epoch's batch order (seeded, so the same as before) and continues with the next one
+#    (`checkpointed_batches`). One detail makes that exact: a `DataLoader` draws a number from
+#    torch's random generator when its iterator is created, so a run resumed inside an epoch
+#    puts the saved random state back after that draw.
 #
 # The same function runs in three ways: called directly for one process, started by
 # `train_distributed` below, or started by `torchrun`, in which case it reads `RANK`,
@@ -125,7 +136,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -204,6 +215,7 @@ class Run:
     train_state: TrainState
     history: list[dict[str, float]]
     epoch: int = 0  # epochs done
+    batch: int = 0  # micro-batches of the next epoch done (a checkpoint inside an epoch)
     elapsed_s: float = 0.0  # seconds of training, over all sessions of the run
     best_bleu: float | None = None
 
@@ -451,10 +463,12 @@ def resume_run(process: Process, config: TrainConfig, run: Run, *, resuming: boo
     run.scheduler.load_state_dict(checkpoint["scheduler"])
     run.train_state = TrainState(**checkpoint["train_state"])
     run.epoch, run.history = checkpoint["epoch"], checkpoint["history"]
+    run.batch = checkpoint.get("batch", 0)
     run.elapsed_s, run.best_bleu = checkpoint["elapsed_s"], checkpoint.get("best_bleu")
     check_same_on_all_ranks(
-        process, [run.epoch, run.train_state.accum_step, weights_fingerprint(run.model)],
-        f"the epoch, step and weights resumed from rank 0's {path}",
+        process, [run.epoch, run.batch, run.train_state.accum_step,
+                  weights_fingerprint(run.model)],
+        f"the epoch, batch, step and weights resumed from rank 0's {path}",
     )
     if len(checkpoint["rng"]) == process.world_size:
         set_rng_states(checkpoint["rng"][process.rank], process.device)
@@ -464,7 +478,8 @@ def resume_run(process: Process, config: TrainConfig, run: Run, *, resuming: boo
                   f"{process.world_size}: random states start afresh", file=sys.stderr)
         torch.manual_seed(config.seed + 1_000 * run.epoch + process.rank)
     if process.rank == 0:
-        print(f"resumed from {path} after epoch {run.epoch}", file=sys.stderr)
+        inside = f", {run.batch} micro-batches into epoch {run.epoch + 1}" if run.batch else ""
+        print(f"resumed from {path} after epoch {run.epoch}{inside}", file=sys.stderr)
 
 
 def validation_bleu(process: Process, model: nn.Module, data: RunData, max_len: int) -> float:
@@ -492,8 +507,14 @@ def all_ranks_sum(process: Process, values: list[float]) -> list[float]:
     return totals.tolist()
 
 
-def save_epoch(process: Process, config: TrainConfig, run: Run, improved: bool) -> None:
-    """7) Rank 0 writes last.pt (and best.pt, epoch_NNN.pt); every rank waits until it is done."""
+def save_epoch(
+    process: Process, config: TrainConfig, run: Run, improved: bool, *, elapsed_s: float = 0.0
+) -> None:
+    """7) Rank 0 writes last.pt (and best.pt, epoch_NNN.pt); every rank waits until it is done.
+
+    Inside an epoch (run.batch > 0) it writes last.pt only; elapsed_s is then the training time
+    of the epoch so far.
+    """
     rng_all = [rng_states(process.device)]
     if process.distributed:
         rng_all = [None] * process.world_size
@@ -506,18 +527,21 @@ def save_epoch(process: Process, config: TrainConfig, run: Run, improved: bool) 
         save_checkpoint(
             {
                 **weights,
+                "batch": run.batch,
                 "optimizer": run.optimizer.state_dict(),
                 "scheduler": run.scheduler.state_dict(),
                 "train_state": asdict(run.train_state),
                 "rng": rng_all,
                 "history": run.history,
                 "best_bleu": run.best_bleu,
-                "elapsed_s": run.elapsed_s,
+                "elapsed_s": run.elapsed_s + elapsed_s,
                 "hardware": hardware_name(process.device, process.world_size),
                 "command": " ".join(["python", *sys.argv]),
             },
             folder / "last.pt",
         )
+        if run.batch:
+            return
         if improved:
             save_checkpoint({**weights, "val_bleu": run.best_bleu}, folder / "best.pt")
         if config.keep_epochs:  # weights only: what checkpoint averaging needs
@@ -553,10 +577,35 @@ def epoch_line(
     return line
 
 
+def checkpointed_batches(
+    batches: Iterable, *, start: int, every: int, save: Callable[[int], None]
+) -> Iterator:
+    """The batches from number `start` on; before batch i, save(i) whenever i is a multiple of
+    `every` (0: never). run_groups asks for a group's first batch only after the step of the
+    group before, so at save(i) the weights hold every step of batches 0 .. i - 1."""
+    state = torch.get_rng_state()
+    iterator = iter(batches)  # a DataLoader draws a number from torch's generator here
+    if start:  # resumed inside the epoch: the checkpoint's random state follows that draw
+        torch.set_rng_state(state)
+    for i, batch in enumerate(iterator):
+        if i < start:
+            continue  # trained before the checkpoint this run resumed from
+        if every and i > start and i % every == 0:
+            save(i)
+        yield batch
+
+
 def train_epochs(
-    process: Process, config: TrainConfig, run: Run, data: RunData, *, progress: bool
+    process: Process,
+    config: TrainConfig,
+    run: Run,
+    data: RunData,
+    *,
+    progress: bool,
+    save_every: int = 0,
 ) -> list[dict[str, float]]:
-    """6) The epochs: check the batches, train, validate, score, report, checkpoint."""
+    """6) The epochs: check the batches, train, validate, score, report, checkpoint (also
+    every `save_every` optimizer steps inside an epoch, when it is not 0)."""
     train_loader, val_loader = data.train_loader, data.val_loader
     device, autocast_dtype = process.device, autocast_dtype_for(process.device)
     walls = []  # each epoch's wall-clock time, validation and checkpoint included
@@ -573,13 +622,20 @@ def train_epochs(
         if progress and process.rank == 0:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=len(train_loader), desc=f"epoch {epoch + 1}/{config.epochs}",
-                       unit="batch", file=sys.stderr, leave=False)
+            bar = tqdm(total=len(train_loader), initial=run.batch, unit="batch",
+                       desc=f"epoch {epoch + 1}/{config.epochs}", file=sys.stderr, leave=False)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        start = time.perf_counter()
+        start, resumed_at = time.perf_counter(), run.batch
+
+        def save_inside(i: int, start: float = start) -> None:
+            run.batch = i
+            save_epoch(process, config, run, False, elapsed_s=time.perf_counter() - start)
+
+        batches = checkpointed_batches(train_loader, start=run.batch, save=save_inside,
+                                       every=save_every * config.accum_iter)
         train_sums = train_epoch(
-            run.model, train_loader, run.criterion, run.optimizer, run.scheduler, device=device,
+            run.model, batches, run.criterion, run.optimizer, run.scheduler, device=device,
             accum_iter=config.accum_iter, train_state=run.train_state,
             autocast_dtype=autocast_dtype, bar=bar,
         )
@@ -593,7 +649,7 @@ def train_epochs(
         loss, tokens, nll, val_loss, val_tokens, val_nll = all_ranks_sum(
             process, [*train_sums, *val_sums]
         )
-        run.epoch, run.elapsed_s = epoch + 1, run.elapsed_s + seconds
+        run.epoch, run.batch, run.elapsed_s = epoch + 1, 0, run.elapsed_s + seconds
         record = {
             "epoch": run.epoch,
             "train_loss": loss / max(tokens, 1),
@@ -605,6 +661,8 @@ def train_epochs(
             "tokens_per_s": tokens / seconds,
             **device_report(device),
         }
+        if resumed_at:  # the training numbers cover the batches after the checkpoint only
+            record["resumed_at_batch"] = resumed_at
         improved = False
         if config.bleu_every and run.epoch % config.bleu_every == 0:
             record["val_bleu"] = validation_bleu(process, run.model, data, config.max_len)
@@ -641,12 +699,14 @@ def train_worker(
     progress: bool = True,
     threads: int | None = None,
     pairs: dict[str, Sequence[tuple[str, str]]] | None = None,
+    save_every: int = 0,
 ) -> list[dict[str, float]]:
     """Train (or resume) on one device as one of world_size processes; the per-epoch history.
 
     Started by train_distributed, by torchrun (rank and world size then come from the
     environment: RANK, WORLD_SIZE, LOCAL_RANK), or called directly for one process. pairs
-    replaces Multi30k: {"train": [(german, english), ...], "val": [...]}.
+    replaces Multi30k: {"train": [(german, english), ...], "val": [...]}. save_every: also
+    write last.pt every that many optimizer steps inside an epoch (0: after each epoch only).
     """
     config = training_config("cpu") if config is None else config
     rank = int(os.environ.get("RANK", 0)) if rank is None else rank
@@ -656,6 +716,8 @@ def train_worker(
             f"max_tokens={config.max_tokens} per device is less than max_len={config.max_len}: "
             "the longest sentences would not fit into a batch; raise max_tokens"
         )
+    if not isinstance(save_every, int) or save_every < 0:
+        raise ValueError(f"save_every must be a whole number of steps >= 0, got {save_every!r}")
     process = setup_process(rank, world_size, threads)
     try:
         restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
@@ -673,7 +735,8 @@ def train_worker(
         resume_run(process, config, run, resuming=resuming)
         if process.distributed:  # only now: every rank holds rank 0's state
             run.model = wrap_ddp(run.model, process.device)
-        history = train_epochs(process, config, run, data, progress=progress)
+        history = train_epochs(process, config, run, data, progress=progress,
+                               save_every=save_every)
         if process.distributed:  # no rank tears down while another still talks to it
             dist.barrier()
         return history
@@ -750,6 +813,7 @@ def train_distributed(
     progress: bool = True,
     threads: int | None = None,
     pairs: dict[str, Sequence[tuple[str, str]]] | None = None,
+    save_every: int = 0,
 ) -> None:
     """Train with world_size processes on this machine: one per GPU, or CPU processes (gloo)."""
     if not isinstance(world_size, int) or world_size < 1:
@@ -759,7 +823,7 @@ def train_distributed(
             f"world_size={world_size} is more than the {torch.cuda.device_count()} GPUs here"
         )
     options = {"resume": resume, "overwrite": overwrite, "progress": progress,
-               "threads": threads, "pairs": pairs}
+               "threads": threads, "pairs": pairs, "save_every": save_every}
     if world_size == 1:
         train_worker(0, 1, config, **options)
         return
@@ -769,19 +833,72 @@ def train_distributed(
                                 nprocs=world_size)
 
 # %% [markdown]
+# ## On GPUs: what to expect
+#
+# One GPU, and eight GPUs of one machine, run the `base` preset with
+#
+# ```bash
+# python tools/train.py --config base                          # one GPU
+# torchrun --nproc_per_node=8 tools/train.py --config base     # eight GPUs of one machine
+# ```
+#
+# Below: the schedule each of them runs, counted by `schedule_steps` on Multi30k's own sentence
+# lengths, and what `make gpu-check` measured for the `base` preset's training steps on one
+# NVIDIA H200 (`book/data/gpu_check_cuda.json`).
+
+# %%
+tokenizers = load_tokenizers()
+# any vocabulary gives the same sentence lengths: a small one, quick to build
+small_src, small_tgt = multi30k_vocabularies(TrainConfig(), tokenizers, save=False,
+                                             pairs=load_multi30k("train")[:400])
+examples = encode_examples(load_multi30k("train"), small_src, small_tgt, tokenizers, max_len=72)
+base = training_config("base")
+for devices in (1, 8):
+    per_device = len(multi30k_loader(examples, max_tokens=base.max_tokens, shuffle=True,
+                                     num_replicas=devices))
+    plan = schedule_steps(base, batches_per_epoch=per_device, world_size=devices)
+    print(f"{devices} GPU(s): {per_device} micro-batches per GPU and epoch, "
+          f"{plan['total_steps']:,} optimizer steps in {base.epochs} epochs, "
+          f"warm-up {plan['warmup']}")
+check = book_data("gpu_check_cuda.json")
+result = check["result"]
+target_tokens = sum(len(tgt) + 1 for _, tgt in examples)  # what the loss counts: words, </s>
+epoch_s = target_tokens / result["tokens_per_s"]
+print(f"{check['command']} on {check['gpu']}, torch {check['torch']}, {check['date']}:")
+print(f"  {result['tokens_per_s']:,.0f} target tokens/s with bfloat16 autocast, peak memory "
+      f"{result['max_memory_gib']:.1f} GiB, GPU busy {result['utilization_percent']:.0f}% of "
+      f"the time, MFU {result['mfu']:.1%}")
+print(f"  at that rate one GPU trains an epoch of {target_tokens:,} target tokens in about "
+      f"{epoch_s:.0f} s, and {base.epochs} epochs in about {base.epochs * epoch_s / 60:.0f} "
+      "minutes, validation not counted")
+
+# %% [markdown]
+# Measured once, on one GPU; eight GPUs have not been measured, and the eight-GPU line above is
+# the schedule they would run, not a measurement. The rate is the check's: random token ids of
+# Multi30k-like lengths in the preset's batches of 4,096 tokens, not a real run, and it leaves out
+# validation and BLEU, so the minutes estimate the training steps alone. The `base` model is
+# small for this GPU. It was busy about a third of the time and its matrix units reached under 2%
+# of their bfloat16 peak, because a step is a few hundred small kernels that the Python process
+# launches one after the other, so the host's CPU sets the pace; a second run of the same check,
+# minutes earlier, measured about a third more tokens per second. Larger batches per GPU
+# (`--max-tokens`) give each kernel more work, and chapter 21 measures the fast path and the
+# decoders on the same GPU.
+
+# %% [markdown]
 # ## When a machine dies
 #
 # `torchrun` treats a failure as a change of membership {cite}`pytorch2024elastic`: when a process
 # dies, or a whole machine, every launcher that still runs stops its processes and waits at the
 # rendezvous for the group to form again, and with restarts left (`--max-restarts`) starts them
 # anew. The restarted processes know they were restarted (`TORCHELASTIC_RESTART_COUNT`) and
-# continue from rank 0's `last.pt`, so a failure costs the epoch it interrupted. What happens
+# continue from rank 0's `last.pt`, so a failure costs what was trained since that checkpoint:
+# the epoch it interrupted, or at most $N$ steps with `--save-every N`. What happens
 # next depends on how many machines the run insists on.
 #
 # * **A fixed number of machines** (`--nnodes=2`): the group forms again only when two machines
 #   meet at the rendezvous. The survivor waits; start the dead machine again, or a replacement
 #   with the same data, with the same command. If none comes before the rendezvous times out, the
-#   launcher gives up. Nothing is lost beyond the interrupted epoch: the same command with
+#   launcher gives up. Nothing is lost beyond the last checkpoint: the same command with
 #   `--resume`, on two machines, continues later.
 # * **A range** (`--nnodes=1:2`): the survivor can go on alone, with half the processes. The
 #   checkpoint knows how many processes made it, and a resumed run must keep processes $\times$
@@ -857,7 +974,8 @@ except FileExistsError as err:
 # and continues with epoch 3, with the optimizer moments, learning rate, step counter and
 # random state that an uninterrupted run would have had at that point. (The test suite checks
 # that claim: a run stopped and resumed ends with exactly the weights of one that never
-# stopped.)
+# stopped, also when it stopped in the middle of an epoch with `save_every` set, and also with
+# two processes under `torchrun`, one of them killed.)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -938,4 +1056,4 @@ assert same >= 0.9 * len(sources), same
 # weights, trains with checks that catch a rank that drifted or holds other data, and leaves a
 # checkpoint that resumes exactly. The same function runs alone, under `spawn` on one machine
 # and under `torchrun` on many, on CPUs or GPUs, and a failure costs at most the epoch it
-# interrupted. The test suite runs the multi-machine paths on one CPU, as described above.
+# interrupted, or the last $N$ steps with checkpoints every $N$ steps. The test suite runs the multi-machine paths on one CPU, as described above.
