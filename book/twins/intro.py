@@ -57,12 +57,14 @@ enable_book_charts()
 #   variations; English constituency parsing with the same model (section 6.3), against two
 #   baselines; and
 #   how to make the model fast, measured: a key/value cache for decoding, fused attention and
-#   layer norm, packed projections, bfloat16 on CPUs that have it, and a benchmark; and the
-#   training program itself, on one process or many devices, with what to do when a machine dies.
+#   layer norm, packed projections, bfloat16 on CPUs that have it, and a benchmark run on a CPU
+#   and on one GPU; and the training program itself, on one process or many devices, with
+#   checkpoints inside an epoch and what to do when a machine dies.
 # * **Part IV, beyond the paper**: the Transformer seen as a graph, run whole on packed
 #   sentences and with a sparse attention pattern; what the trained translation model attends
 #   to, layer by layer and head by head; what came after (encoder-only and decoder-only
-#   models, with a small language model and rotary positions trained in the book); and the
+#   models, with a small language model trained with today's recipe, sampled with a cache and
+#   top-p, and rotary positions measured over seeds); and the
 #   Universal Transformer, whose depth adapts to each position.
 # * **Conclusion** (section 7): what the book built, what it measured next to the paper, and
 #   what a CPU could not reproduce.
