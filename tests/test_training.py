@@ -586,3 +586,17 @@ def test_epoch_line_shows_the_epoch_of_all_the_training_time_and_an_estimate_of_
     assert line.endswith(
         "val BLEU 20.50 | 1,234 tokens/s | 300.0 s | trained 15.0 min, about 45.0 min left")
     assert [duration(s) for s in (42, 90, 7200)] == ["42 s", "1.5 min", "2.00 h"]
+
+
+def test_a_checkpoint_from_inside_an_epoch_resumes_only_with_as_many_processes(tmp_path):
+    from the_annotated_transformer import read_resume_checkpoint
+
+    path = tmp_path / "last.pt"
+    save_checkpoint({"model": {}, "config": vars(TINY), "rng": [{}, {}], "epoch": 1,
+                     "batch": 4}, path)
+    one = replace(TINY, accum_iter=2)  # 1 x 2 micro-batches per step, as 2 x 1 before
+    with pytest.raises(ValueError, match="written 4 micro-batches into epoch 2 by 2 processes"):
+        read_resume_checkpoint(path, one, world_size=1)
+    save_checkpoint({"model": {}, "config": vars(TINY), "rng": [{}, {}], "epoch": 1,
+                     "batch": 0}, path)
+    assert read_resume_checkpoint(path, one, world_size=1)["epoch"] == 1  # epoch boundary: fine

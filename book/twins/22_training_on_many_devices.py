@@ -447,6 +447,13 @@ def read_resume_checkpoint(path: Path, config: TrainConfig, world_size: int) -> 
                                  len(checkpoint["rng"]))
     if changes:
         raise ValueError(f"cannot resume from {path}: " + "; ".join(changes))
+    writers = len(checkpoint["rng"])
+    if checkpoint.get("batch") and writers != world_size:  # the ranks' shares would differ
+        raise ValueError(
+            f"cannot resume from {path}: it was written {checkpoint['batch']} micro-batches "
+            f"into epoch {checkpoint['epoch'] + 1} by {writers} processes, and {world_size} "
+            f"would split that epoch differently; resume with {writers} processes"
+        )
     return checkpoint
 
 
