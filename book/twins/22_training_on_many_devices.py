@@ -914,7 +914,10 @@ print(f"  at that rate one GPU trains an epoch of {target_tokens:,} target token
 #   what it was, and the survivor stops with the one-line error below. With `--batch-tokens`, `tools/train.py` chooses `accum_iter`
 #   for the processes present, so the survivor doubles its accumulation and continues with the
 #   same global batch (when the numbers divide). Its processes draw fresh random states, since
-#   the checkpoint holds one per process of the old group, and they say so.
+#   the checkpoint holds one per process of the old group, and they say so. A checkpoint written
+#   inside an epoch (`--save-every`) is the exception: fewer processes would share out that
+#   epoch's batches differently, so it resumes only with as many processes as wrote it, and the
+#   survivor says so in one line.
 # * **Where the checkpoint lives.** Only rank 0 reads and writes `last.pt`, and which machine
 #   holds rank 0 is decided at each rendezvous. Keep `--checkpoint-dir` on storage that every
 #   machine sees; otherwise a restart can put rank 0 on a machine without the checkpoint, and
