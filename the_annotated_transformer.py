@@ -8,6 +8,10 @@
 # %%
 """The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), as built in the book."""
 
+# A grown class stands where its last chapter defines it, after earlier code that names it in
+# annotations: those annotations stay unevaluated strings (PEP 563).
+from __future__ import annotations
+
 
 # %% [markdown]
 # ## From book/intro.ipynb
@@ -2129,58 +2133,6 @@ def vocabulary_chart(rows: Sequence[Mapping[str, Any]], *, title: str, subtitle:
 from dataclasses import dataclass, replace
 
 
-@dataclass(frozen=True)
-class TrainConfig:
-    """Chapter 14's configuration, grown by a joint subword vocabulary and tied embeddings."""
-
-    N: int = 6
-    d_model: int = 512
-    d_ff: int = 2048
-    h: int = 8
-    dropout: float = 0.1
-    max_tokens: int = 4096
-    accum_iter: int = 1
-    epochs: int = 30
-    warmup: int = 1000
-    lr_factor: float = 0.5
-    label_smoothing: float = 0.1
-    max_len: int = 72
-    min_freq: int = 2
-    seed: int = 0
-    checkpoint_dir: str = "checkpoints/multi30k_base"
-    train_limit: int | None = None
-    val_limit: int | None = None
-    keep_epochs: int = 0
-    bleu_every: int = 1
-    subwords: int = 0  # 0: two word vocabularies; else one joint sentencepiece vocabulary this big
-    share_embeddings: bool = False  # one matrix for both embeddings and the generator (§3.4)
-
-    def __post_init__(self) -> None:
-        check_train_config(self)
-        if isinstance(self.subwords, bool) or not isinstance(self.subwords, int) or (
-                self.subwords < 0):
-            raise ValueError(f"subwords must be an integer >= 0, got {self.subwords!r}")
-        if self.share_embeddings and not self.subwords:
-            raise ValueError("share_embeddings=True needs one joint vocabulary: set subwords > 0")
-
-
-def training_config(name: str, **overrides) -> TrainConfig:
-    """The preset `name` ("cpu", "base" or "cpu_subword") with some fields replaced."""
-    cpu = TrainConfig(
-        N=3, d_model=256, d_ff=1024, h=8, dropout=0.1, max_tokens=1500, accum_iter=1,
-        epochs=12, warmup=1000, lr_factor=0.5, checkpoint_dir="checkpoints/multi30k_cpu",
-    )
-    presets = {
-        "cpu": cpu,
-        "base": TrainConfig(),
-        "cpu_subword": replace(cpu, subwords=8000, share_embeddings=True,
-                               checkpoint_dir="checkpoints/multi30k_cpu_subword"),
-    }
-    if name not in presets:
-        raise ValueError(f"name must be one of {', '.join(presets)}, got {name!r}")
-    return replace(presets[name], **overrides)
-
-
 # %%
 import os
 from pathlib import Path
@@ -2949,9 +2901,24 @@ def parse_constrained(
 
 
 # %%
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+
+class PackedLinear:
+    """Several linear maps of one input as one matrix product, their weights stacked once:
+    called on x, it returns each map's output, in order."""
+
+    def __init__(self, linears: Sequence[nn.Linear]) -> None:
+        self.weight = torch.cat([linear.weight for linear in linears])  # (sum of outs, in)
+        self.bias = torch.cat([linear.bias for linear in linears])
+        self.sizes = [linear.out_features for linear in linears]
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1)
 
 
 class DecoderCache:
@@ -2964,11 +2931,16 @@ class DecoderCache:
         self.layers = list(model.decoder.layers)
         self.self_k: list[torch.Tensor | None] = [None] * len(self.layers)  # (rows, h, t, d_k)
         self.self_v: list[torch.Tensor | None] = [None] * len(self.layers)
-        # the memory's keys, values and mask, projected once, one row per sentence
-        self.memory_k = [layer.src_attn.split_heads(layer.src_attn.linears[1](memory))
-                         for layer in self.layers]  # (sentences, h, n_src, d_k)
-        self.memory_v = [layer.src_attn.split_heads(layer.src_attn.linears[2](memory))
-                         for layer in self.layers]
+        # W^Q, W^K and W^V of each self-attention side by side, concatenated once per call:
+        # each step then projects the new token with one matrix product instead of three
+        self.self_qkv = [PackedLinear(layer.self_attn.linears[:3]) for layer in self.layers]
+        # the memory's keys, values and mask, projected once (W^K and W^V packed likewise)
+        self.memory_k, self.memory_v = [], []  # (sentences, h, n_src, d_k) per layer
+        for layer in self.layers:
+            attn = layer.src_attn
+            k, v = PackedLinear(attn.linears[1:3])(memory)
+            self.memory_k.append(attn.split_heads(k))
+            self.memory_v.append(attn.split_heads(v))
         self.memory_mask = None if src_mask is None else src_mask.unsqueeze(1)  # (sentences, 1,
         # 1, n_src); the cross_* lists below are these rows gathered for each row's sentence
         self.sentence = torch.arange(memory.size(0), device=memory.device)  # (rows,)
@@ -2993,14 +2965,13 @@ class DecoderCache:
 # %%
 def attend_cached(
     attn: MultiHeadedAttention,
-    x: torch.Tensor,
+    query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
     mask: torch.Tensor | None,
 ) -> torch.Tensor:
-    """attn's output (rows, 1, d_model) for one new position x (rows, 1, d_model), whose
-    query meets keys and values (rows, h, n_k, d_k) that are already projected."""
-    query = attn.split_heads(attn.linears[0](x))  # (rows, h, 1, d_k)
+    """attn's output (rows, 1, d_model) for one new position, whose query (rows, h, 1, d_k)
+    meets keys and values (rows, h, n_k, d_k), all three already projected."""
     if getattr(attn, "fused", False):  # FastMultiHeadedAttention, below
         mask = None if mask is None else mask != 0
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask)
@@ -3026,17 +2997,20 @@ def decode_step(
     for i, layer in enumerate(cache.layers):
 
         def self_attend(y: torch.Tensor, i: int = i, attn: nn.Module = layer.self_attn):
-            # 1) the new token's key and value join those of the tokens before it
-            k, v = (attn.split_heads(linear(y)) for linear in attn.linears[1:3])
+            # 1) the new token's query, key and value in one product; its key and value
+            # join those of the tokens before it
+            q, k, v = (attn.split_heads(t) for t in cache.self_qkv[i](y))
             if cache.self_k[i] is not None:
                 k = torch.cat([cache.self_k[i], k], dim=2)  # (rows, h, t + 1, d_k)
                 v = torch.cat([cache.self_v[i], v], dim=2)
             cache.self_k[i], cache.self_v[i] = k, v
-            return attend_cached(attn, y, k, v, None)  # every earlier token is visible
+            return attend_cached(attn, q, k, v, None)  # every earlier token is visible
 
         def cross_attend(y: torch.Tensor, i: int = i, attn: nn.Module = layer.src_attn):
             # 2) attention to the memory, whose keys and values the cache holds
-            return attend_cached(attn, y, cache.cross_k[i], cache.cross_v[i], cache.src_mask)
+            query = attn.split_heads(attn.linears[0](y))  # (rows, h, 1, d_k)
+            return attend_cached(attn, query, cache.cross_k[i], cache.cross_v[i],
+                                 cache.src_mask)
 
         x = layer.sublayer[0](x, self_attend)
         x = layer.sublayer[1](x, cross_attend)
@@ -3425,6 +3399,87 @@ def bench_chart(results: dict[str, Any]) -> Any:
     ).resolve_scale(y="independent").properties(width=360, title=title)
 
 
+# %%
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Chapter 17's configuration, grown by the fast path and a schedule that ends at zero."""
+
+    N: int = 6
+    d_model: int = 512
+    d_ff: int = 2048
+    h: int = 8
+    dropout: float = 0.1
+    max_tokens: int = 4096
+    accum_iter: int = 1
+    epochs: int = 30
+    warmup: int = 1000
+    lr_factor: float = 0.5
+    label_smoothing: float = 0.1
+    max_len: int = 72
+    min_freq: int = 2
+    seed: int = 0
+    checkpoint_dir: str = "checkpoints/multi30k_base"
+    train_limit: int | None = None
+    val_limit: int | None = None
+    keep_epochs: int = 0
+    bleu_every: int = 1
+    subwords: int = 0  # 0: two word vocabularies; else one joint sentencepiece vocabulary this big
+    share_embeddings: bool = False  # one matrix for both embeddings and the generator (§3.4)
+    fast: bool = False  # the fast path, the fused loss and Adam's fused step
+    decay: str = "inverse_sqrt"  # after the warm-up: the paper's step^-0.5, or "linear" to 0
+
+    def __post_init__(self) -> None:
+        check_train_config(self)
+        if isinstance(self.subwords, bool) or not isinstance(self.subwords, int) or (
+                self.subwords < 0):
+            raise ValueError(f"subwords must be an integer >= 0, got {self.subwords!r}")
+        if self.share_embeddings and not self.subwords:
+            raise ValueError("share_embeddings=True needs one joint vocabulary: set subwords > 0")
+        if self.decay not in ("inverse_sqrt", "linear"):
+            raise ValueError(f"decay must be 'inverse_sqrt' or 'linear', got {self.decay!r}")
+
+
+def training_config(name: str, **overrides) -> TrainConfig:
+    """The preset `name` ("cpu", "base", "cpu_subword" or "cpu_fast") with some fields
+    replaced."""
+    cpu = TrainConfig(
+        N=3, d_model=256, d_ff=1024, h=8, dropout=0.1, max_tokens=1500, accum_iter=1,
+        epochs=12, warmup=1000, lr_factor=0.5, checkpoint_dir="checkpoints/multi30k_cpu",
+    )
+    presets = {
+        "cpu": cpu,
+        "base": TrainConfig(),
+        "cpu_subword": replace(cpu, subwords=8000, share_embeddings=True,
+                               checkpoint_dir="checkpoints/multi30k_cpu_subword"),
+    }
+    presets["cpu_fast"] = replace(presets["cpu_subword"], fast=True, dropout=0.0, epochs=5,
+                                  checkpoint_dir="checkpoints/multi30k_cpu_fast")
+    if name not in presets:
+        raise ValueError(f"name must be one of {', '.join(presets)}, got {name!r}")
+    return replace(presets[name], **overrides)
+
+
+# %%
+def linear_rate(step: int, model_size: int, factor: float, warmup: int, total: int) -> float:
+    """rate()'s warm-up to the same peak, then a straight line down to 0 at step `total`."""
+    peak = rate(warmup, model_size, factor, warmup)
+    if step <= warmup:
+        return rate(step, model_size, factor, warmup)
+    return peak * max(total - step, 0) / max(total - warmup, 1)
+
+
+class FusedLabelSmoothing(LabelSmoothing):
+    """LabelSmoothing through label_smoothing_loss: the same sum, without the (rows, V) target."""
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Summed KL divergence for log-probabilities x (rows, size) and targets (rows,)."""
+        return label_smoothing_loss(x, target, padding_idx=self.padding_idx,
+                                    smoothing=self.smoothing)
+
+
 # %% [markdown]
 # ## From book/22_training_on_many_devices.ipynb
 
@@ -3706,21 +3761,29 @@ def schedule_steps(config: TrainConfig, *, batches_per_epoch: int, world_size: i
 
 
 def build_training(
-    process: Process, config: TrainConfig, src_vocab: int, tgt_vocab: int, *, warmup: int
+    process: Process, config: TrainConfig, src_vocab: int, tgt_vocab: int, *, warmup: int,
+    total: int,
 ) -> Run:
     """4) Model (the same initial weights on every rank), optimizer, schedule and loss; warmup
-    is the run's warm-up in its own optimizer steps (schedule_steps)."""
+    and total are the run's warm-up and length in its own optimizer steps (schedule_steps).
+    config.fast trains on chapter 21's fast path, with the fused loss and Adam."""
     torch.manual_seed(config.seed)
     model = make_model(
         src_vocab, tgt_vocab, N=config.N, d_model=config.d_model, d_ff=config.d_ff,
         h=config.h, dropout=config.dropout, share_embeddings=config.share_embeddings,
     ).to(process.device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer,
-        lr_lambda=lambda step: rate(step, config.d_model, config.lr_factor, warmup),
-    )
-    criterion = LabelSmoothing(tgt_vocab, PAD_ID, smoothing=config.label_smoothing)
+    use_fast_path(model, config.fast)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9,
+                                 fused=config.fast or None)
+    if config.decay == "linear":
+        def lr_lambda(step: int) -> float:
+            return linear_rate(step, config.d_model, config.lr_factor, warmup, total)
+    else:
+        def lr_lambda(step: int) -> float:
+            return rate(step, config.d_model, config.lr_factor, warmup)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lr_lambda)
+    loss = FusedLabelSmoothing if config.fast else LabelSmoothing
+    criterion = loss(tgt_vocab, PAD_ID, smoothing=config.label_smoothing)
     return Run(model, optimizer, scheduler, criterion, TrainState(), [])
 
 
@@ -3738,6 +3801,10 @@ def config_differences(stored: dict[str, Any], config: TrainConfig, world_size: 
             f"processes x accum_iter = {before} in the checkpoint but "
             f"{world_size} x {config.accum_iter} now (another global batch)"
         )
+    if config.decay == "linear" and stored.get("epochs", config.epochs) != config.epochs:
+        changes.append(  # resumed longer, the rate would jump back up from near zero
+            f"epochs={stored['epochs']} in the checkpoint but {config.epochs} now (a linear "
+            "decay ends at the run's last step; a longer run starts afresh)")
     return changes
 
 
@@ -4039,7 +4106,7 @@ def train_worker(
             print(f"schedule: {plan['total_steps']} optimizer steps ({config.epochs} epochs of "
                   f"{plan['steps_per_epoch']}), warm-up {plan['warmup']} steps", flush=True)
         run = build_training(process, config, len(data.vocab_src), len(data.vocab_tgt),
-                             warmup=plan["warmup"])
+                             warmup=plan["warmup"], total=plan["total_steps"])
         resume_run(process, config, run, resuming=resuming)
         if process.distributed:  # only now: every rank holds rank 0's state
             run.model = wrap_ddp(run.model, process.device)

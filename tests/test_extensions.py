@@ -139,7 +139,8 @@ def test_grown_train_config_keeps_chapter_14s_fields_presets_and_errors():
     first = [(f.name, f.default) for f in dataclasses.fields(plain)]
     grown = [(f.name, f.default) for f in dataclasses.fields(tat.TrainConfig)]
     assert grown[:len(first)] == first
-    assert grown[len(first):] == [("subwords", 0), ("share_embeddings", False)]
+    assert grown[len(first):] == [("subwords", 0), ("share_embeddings", False), ("fast", False),
+                                  ("decay", "inverse_sqrt")]
     presets = first_definition("training_config")
     for name in ("cpu", "base"):
         assert dataclasses.asdict(presets(name)) == {

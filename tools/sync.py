@@ -55,6 +55,10 @@ HEADER = '''\
 
 # %%
 """The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), as built in the book."""
+
+# A grown class stands where its last chapter defines it, after earlier code that names it in
+# annotations: those annotations stay unevaluated strings (PEP 563).
+from __future__ import annotations
 '''
 
 

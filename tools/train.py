@@ -55,10 +55,12 @@ def finished_run(config: TrainConfig) -> str | None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line; --help explains every option."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", choices=["cpu", "cpu_subword", "base"], default="cpu",
+    parser.add_argument("--config", choices=["cpu", "cpu_subword", "cpu_fast", "base"],
+                        default="cpu",
                         help="preset: a small model for a CPU (with word vocabularies, or one "
-                             "joint subword vocabulary and tied embeddings), or the paper's "
-                             "base model")
+                             "joint subword vocabulary and tied embeddings, or that for 5 "
+                             "epochs on the fast path without dropout), or the paper's base "
+                             "model")
     parser.add_argument("--devices", type=int, default=1,
                         help="processes on this machine: GPUs if there are any, else CPU processes")
     parser.add_argument("--epochs", type=int, help="train until this many epochs are done")

@@ -25,6 +25,7 @@ if "google.colab" in sys.modules:
 
 from the_annotated_transformer import (
     PAD_ID,
+    FusedLabelSmoothing,
     LabelSmoothing,
     TrainConfig,
     TrainState,
@@ -37,6 +38,7 @@ from the_annotated_transformer import (
     evaluate,
     export_for_shipping,
     line_chart,
+    linear_rate,
     load_checkpoint,
     load_multi30k,
     load_tokenizers,
@@ -52,6 +54,7 @@ from the_annotated_transformer import (
     translate,
     translation_table,
     unwrap,
+    use_fast_path,
 )
 
 enable_book_charts()
@@ -83,11 +86,15 @@ enable_book_charts()
 #    that cannot see rank 0's files. Each rank encodes its sentence pairs and takes its share of
 #    the batches.
 # 4. **`build_training`: model, optimizer, schedule, loss.** Every rank seeds the generator
-#    identically before building the model, so all copies start from the same weights.
+#    identically before building the model, so all copies start from the same weights. The
+#    schedule is `rate`, or with `decay="linear"` chapter 21's `linear_rate`, which needs the
+#    run's length in steps; `fast=True` trains on chapter 21's fast path, fused loss and fused
+#    Adam step.
 # 5. **`resume_run`: one source of truth.** Rank 0 alone reads `last.pt`, checks that its
 #    configuration is this one (every field but those a resumed run may change: `epochs`,
 #    `checkpoint_dir`, `keep_epochs`, `bleu_every`, and `accum_iter` as long as processes
-#    $\times$ `accum_iter` stays the same), and sends the whole checkpoint to the other ranks
+#    $\times$ `accum_iter` stays the same; `epochs` not under a linear decay, whose line would
+#    jump back up from near zero), and sends the whole checkpoint to the other ranks
 #    *before* DDP wraps the model. Everything that changes during training is restored:
 #    weights, optimizer, scheduler, counters, epoch, and each rank's random state (torch's CPU
 #    generator and, on a GPU, its CUDA generator; nothing here draws from Python's `random` or
@@ -405,21 +412,29 @@ def schedule_steps(config: TrainConfig, *, batches_per_epoch: int, world_size: i
 
 
 def build_training(
-    process: Process, config: TrainConfig, src_vocab: int, tgt_vocab: int, *, warmup: int
+    process: Process, config: TrainConfig, src_vocab: int, tgt_vocab: int, *, warmup: int,
+    total: int,
 ) -> Run:
     """4) Model (the same initial weights on every rank), optimizer, schedule and loss; warmup
-    is the run's warm-up in its own optimizer steps (schedule_steps)."""
+    and total are the run's warm-up and length in its own optimizer steps (schedule_steps).
+    config.fast trains on chapter 21's fast path, with the fused loss and Adam."""
     torch.manual_seed(config.seed)
     model = make_model(
         src_vocab, tgt_vocab, N=config.N, d_model=config.d_model, d_ff=config.d_ff,
         h=config.h, dropout=config.dropout, share_embeddings=config.share_embeddings,
     ).to(process.device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer,
-        lr_lambda=lambda step: rate(step, config.d_model, config.lr_factor, warmup),
-    )
-    criterion = LabelSmoothing(tgt_vocab, PAD_ID, smoothing=config.label_smoothing)
+    use_fast_path(model, config.fast)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9,
+                                 fused=config.fast or None)
+    if config.decay == "linear":
+        def lr_lambda(step: int) -> float:
+            return linear_rate(step, config.d_model, config.lr_factor, warmup, total)
+    else:
+        def lr_lambda(step: int) -> float:
+            return rate(step, config.d_model, config.lr_factor, warmup)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lr_lambda)
+    loss = FusedLabelSmoothing if config.fast else LabelSmoothing
+    criterion = loss(tgt_vocab, PAD_ID, smoothing=config.label_smoothing)
     return Run(model, optimizer, scheduler, criterion, TrainState(), [])
 
 
@@ -437,6 +452,10 @@ def config_differences(stored: dict[str, Any], config: TrainConfig, world_size: 
             f"processes x accum_iter = {before} in the checkpoint but "
             f"{world_size} x {config.accum_iter} now (another global batch)"
         )
+    if config.decay == "linear" and stored.get("epochs", config.epochs) != config.epochs:
+        changes.append(  # resumed longer, the rate would jump back up from near zero
+            f"epochs={stored['epochs']} in the checkpoint but {config.epochs} now (a linear "
+            "decay ends at the run's last step; a longer run starts afresh)")
     return changes
 
 
@@ -738,7 +757,7 @@ def train_worker(
             print(f"schedule: {plan['total_steps']} optimizer steps ({config.epochs} epochs of "
                   f"{plan['steps_per_epoch']}), warm-up {plan['warmup']} steps", flush=True)
         run = build_training(process, config, len(data.vocab_src), len(data.vocab_tgt),
-                             warmup=plan["warmup"])
+                             warmup=plan["warmup"], total=plan["total_steps"])
         resume_run(process, config, run, resuming=resuming)
         if process.distributed:  # only now: every rank holds rank 0's state
             run.model = wrap_ddp(run.model, process.device)

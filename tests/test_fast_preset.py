@@ -1,0 +1,106 @@
+"""Chapter 21's cpu_fast preset: the fast path, the fused loss and a linear decay to zero."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+from tiny_training import synthetic_sentence_pairs
+
+from the_annotated_transformer import (
+    PAD_ID,
+    FastMultiHeadedAttention,
+    FusedLabelSmoothing,
+    LabelSmoothing,
+    MultiHeadedAttention,
+    TrainConfig,
+    export_for_shipping,
+    linear_rate,
+    load_checkpoint,
+    load_trained_model,
+    rate,
+    train_worker,
+    training_config,
+)
+
+PAIRS = {"train": synthetic_sentence_pairs(240, 0), "val": synthetic_sentence_pairs(40, 1)}
+TINY = TrainConfig(
+    N=1, d_model=32, d_ff=64, h=4, dropout=0.1, max_tokens=300, epochs=3, warmup=5,
+    subwords=320, share_embeddings=True, bleu_every=0, fast=True, decay="linear",
+)
+RUN = {"progress": False, "threads": 1, "pairs": PAIRS}
+
+
+def test_cpu_fast_is_cpu_subword_on_the_fast_path_without_dropout_for_five_epochs():
+    subword, fast = training_config("cpu_subword"), training_config("cpu_fast")
+    assert (fast.fast, fast.dropout, fast.epochs, fast.decay) == (True, 0.0, 5, "inverse_sqrt")
+    assert replace(fast, fast=False, dropout=0.1, epochs=12,
+                   checkpoint_dir=subword.checkpoint_dir) == subword
+    with pytest.raises(ValueError, match="decay must be 'inverse_sqrt' or 'linear', got 'cos'"):
+        TrainConfig(decay="cos")
+
+
+def test_linear_rate_warms_up_like_rate_then_falls_in_a_straight_line_to_zero():
+    warmup, total = 30, 130
+    rates = [linear_rate(s, 256, 0.5, warmup, total) for s in range(total + 5)]
+    assert rates[:warmup + 1] == [rate(s, 256, 0.5, warmup) for s in range(warmup + 1)]
+    assert max(rates) == rates[warmup] == rate(warmup, 256, 0.5, warmup)
+    steps = [b - a for a, b in zip(rates[warmup:total], rates[warmup + 1:total + 1], strict=True)]
+    assert all(d == pytest.approx(-rates[warmup] / (total - warmup)) for d in steps)
+    assert rates[total:] == [0.0] * 5
+
+
+def test_fused_label_smoothing_gives_label_smoothings_loss_and_gradient():
+    torch.manual_seed(0)
+    logits = torch.randn(12, 50, requires_grad=True)
+    target = torch.randint(0, 50, (12,))
+    target[[2, 7]] = PAD_ID  # padding rows count for nothing
+    grads = []
+    for loss in (LabelSmoothing, FusedLabelSmoothing):
+        logits.grad = None
+        value = loss(50, PAD_ID, smoothing=0.1)(logits.log_softmax(-1), target)
+        value.backward()
+        grads.append((value.detach(), logits.grad.clone()))
+    (a, grad_a), (b, grad_b) = grads
+    assert b == pytest.approx(float(a), rel=1e-5)
+    assert torch.allclose(grad_a, grad_b, atol=1e-6)
+
+
+class Interrupted(Exception):
+    """Stands for a process lost in the middle of the run."""
+
+
+def test_a_fast_run_trains_resumes_exactly_and_ships(tmp_path, monkeypatch):
+    import the_annotated_transformer as tat
+
+    whole = replace(TINY, checkpoint_dir=str(tmp_path / "whole"))
+    parts = replace(TINY, checkpoint_dir=str(tmp_path / "parts"))
+    history = train_worker(0, 1, whole, **RUN)
+    assert history[-1]["val_loss"] < history[0]["val_loss"]  # it learns
+    state = load_checkpoint(tmp_path / "whole" / "last.pt")
+    assert state["scheduler"]["_last_lr"] == [0.0]  # the linear decay ended at the last step
+    epoch_core, calls = tat.train_epoch, []
+
+    def dies_in_epoch_3(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise Interrupted  # after epoch 2's checkpoint, as if the machine went away
+        return epoch_core(*args, **kwargs)
+
+    monkeypatch.setattr(tat, "train_epoch", dies_in_epoch_3)
+    with pytest.raises(Interrupted):
+        train_worker(0, 1, parts, **RUN)
+    monkeypatch.undo()
+    assert load_checkpoint(tmp_path / "parts" / "last.pt")["epoch"] == 2
+    train_worker(0, 1, parts, resume=True, **RUN)
+    b = load_checkpoint(tmp_path / "parts" / "last.pt")
+    assert b["train_state"] == state["train_state"]
+    for name, tensor in state["model"].items():
+        assert torch.allclose(tensor, b["model"][name], rtol=0, atol=1e-6), name
+    with pytest.raises(ValueError, match="a linear decay ends at the run's last step"):
+        train_worker(0, 1, replace(parts, epochs=5), resume=True, **RUN)
+
+    export_for_shipping(tmp_path / "whole" / "last.pt", tmp_path / "ship")
+    model, _, _, config = load_trained_model(tmp_path / "ship")
+    assert config.fast and config.decay == "linear"
+    assert any(type(m) is MultiHeadedAttention for m in model.modules())  # loads readable
+    assert not any(isinstance(m, FastMultiHeadedAttention) for m in model.modules())
