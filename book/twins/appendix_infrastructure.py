@@ -53,7 +53,8 @@ from the_annotated_transformer import (
 # `TrainConfig`, its presets and its data functions know two word vocabularies; chapter 17 grows
 # them for one joint subword vocabulary: two fields and the `cpu_subword` preset, a `subwords`
 # option of `read_vocabularies`, and a sentencepiece branch inside `multi30k_vocabularies`,
-# `encode_examples`, `encode_text` and `decode_text`, whose signatures do not change. The
+# `encode_examples`, `encode_text` and `decode_text`, whose signatures do not change; chapter 21
+# grows `TrainConfig` and the presets again, by `fast`, `decay` and the `cpu_fast` preset. The
 # module's signatures, each parameter (or field) with the chapter that brought it:
 
 # %%
@@ -65,7 +66,7 @@ grown_in = {  # the parameters a later chapter added, with that chapter
     "greedy_decode": {"banned": 14, "use_cache": 21},
     "run_groups": {"group_norm": 14, "sync_context": 14, "forward_context": 14, "after_group": 14},
     "beam_search": {"use_cache": 21},
-    "TrainConfig": {"subwords": 17, "share_embeddings": 17},
+    "TrainConfig": {"subwords": 17, "share_embeddings": 17, "fast": 21, "decay": 21},
     "read_vocabularies": {"subwords": 17},
 }
 for function in [greedy_decode, run_groups, beam_search, TrainConfig, read_vocabularies]:
