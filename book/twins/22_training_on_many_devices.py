@@ -426,12 +426,11 @@ def build_training(
     use_fast_path(model, config.fast)
     optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9,
                                  fused=config.fast or None)
-    if config.decay == "linear":
-        def lr_lambda(step: int) -> float:
+    def lr_lambda(step: int) -> float:
+        if config.decay == "linear":
             return linear_rate(step, config.d_model, config.lr_factor, warmup, total)
-    else:
-        def lr_lambda(step: int) -> float:
-            return rate(step, config.d_model, config.lr_factor, warmup)
+        return rate(step, config.d_model, config.lr_factor, warmup)
+
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lr_lambda)
     loss = FusedLabelSmoothing if config.fast else LabelSmoothing
     criterion = loss(tgt_vocab, PAD_ID, smoothing=config.label_smoothing)

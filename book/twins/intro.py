@@ -58,7 +58,8 @@ enable_book_charts()
 #   baselines; and
 #   how to make the model fast, measured: a key/value cache for decoding, fused attention and
 #   layer norm, packed projections, bfloat16 on CPUs that have it, and a benchmark run on a CPU
-#   and on one GPU; and the training program itself, on one process or many devices, with
+#   and on one GPU, then what half an hour of training on two CPU cores reaches (measured, and
+#   short of the shipped model); and the training program itself, on one process or many devices, with
 #   checkpoints inside an epoch and what to do when a machine dies.
 # * **Part IV, beyond the paper**: the Transformer seen as a graph, run whole on packed
 #   sentences and with a sparse attention pattern; what the trained translation model attends
