@@ -3381,6 +3381,34 @@ def bench_table(results: dict[str, Any]) -> Any:
     return pd.DataFrame(rows)
 
 
+def decoding_roofline(results: dict[str, Any], size: str, steps: int) -> Any:
+    """Each float32 decoder at `size` against the fastest it could run on the run's machine:
+    its counted FLOPs at the measured matmul peak, or the weights that each of its `steps`
+    decoding steps reads whole, streamed at the measured memory read rate, whichever is
+    slower (a roofline, which ignores the caches' own reads and the encoder's weights)."""
+    import pandas as pd
+
+    peak, read = results["matmul_peak_gflops"] * 1e9, results["memory_read_gbs"] * 1e9
+    weights = results["decoder_weight_mb"][size] * 1e6
+    decoders = [row for row in results["decoding"]
+                if row["size"] == size and row["mfu_of"] == "float32"]
+    classic = decoders[0]["sentences_per_s"]["median"]
+    rows = []
+    for row in decoders:
+        flops = row["flops_per_sentence"]
+        streamed = weights * steps / row["batch"]  # one read per step serves the whole batch
+        bound = 1 / max(flops / peak, streamed / read)  # sentences/s
+        measured = row["sentences_per_s"]["median"]
+        rows.append({"decoder": row["decoder"], "GFLOP/sentence": round(flops / 1e9, 2),
+                     "weight MB/sentence": round(streamed / 1e6, 1),
+                     "FLOP/byte": round(flops / streamed, 1),
+                     "bound": "matmul" if flops / peak > streamed / read else "memory",
+                     "bound sentences/s": round(bound, 1), "measured": round(measured, 1),
+                     "% of bound": round(100 * measured / bound, 1),
+                     "bound / classic": round(bound / classic, 1)})
+    return pd.DataFrame(rows).set_index("decoder")
+
+
 def bench_chart(results: dict[str, Any]) -> Any:
     """Speed-ups over the first row of each group, one bar per row, with the hardware named."""
     import altair as alt
@@ -3455,7 +3483,8 @@ def training_config(name: str, **overrides) -> TrainConfig:
         "cpu_subword": replace(cpu, subwords=8000, share_embeddings=True,
                                checkpoint_dir="checkpoints/multi30k_cpu_subword"),
     }
-    presets["cpu_fast"] = replace(presets["cpu_subword"], fast=True, dropout=0.0, epochs=5,
+    presets["cpu_fast"] = replace(presets["cpu_subword"], fast=True, dropout=0.0, max_tokens=750,
+                                  warmup=2000, epochs=6,
                                   checkpoint_dir="checkpoints/multi30k_cpu_fast")
     if name not in presets:
         raise ValueError(f"name must be one of {', '.join(presets)}, got {name!r}")

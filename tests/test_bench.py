@@ -31,6 +31,15 @@ def test_bench_quick_prints_every_row_and_writes_the_json(tmp_path):
         spread = row["tokens_per_s"]
         assert spread["min"] <= spread["median"] <= spread["max"] and 0 < row["mfu"] < 1
     assert all(row["same_as_recompute"] is not False for row in results["decoding"])
+    assert results["memory_read_gbs"] > 0 and set(results["decoder_weight_mb"]) == {
+        size.name for size in bench.QUICK_SIZES}
+    for row in results["decoding"]:  # (a bfloat16 peak on a CPU without bfloat16 units is slow
+        assert row["flops_per_sentence"] > 0  # at the quick size, so only float32 MFU is bounded)
+        assert row["mfu_of"] == "bfloat16" or 0 < row["mfu"] < 1
+    flops = {(row["size"], row["decoder"]): row["flops_per_sentence"]
+             for row in results["decoding"]}
+    for size in bench.QUICK_SIZES:
+        assert flops[size.name, "greedy, batched, cache"] < flops[size.name, "greedy, batched"]
     padding = [row["padding"] for row in results["batching"]]
     assert padding[0] < 0.2 < padding[1]  # the token budget pads far less than 72 tokens
 
@@ -62,3 +71,18 @@ def test_the_stored_bench_runs_hold_every_row_and_what_they_ran_on(name):
                       for label in bench.decoders(72, 32)]
     assert all(row["same_as_recompute"] is not False for row in results["decoding"])
     assert ("gpu" in results["hardware"]) == (name == "bench_cuda.json")
+
+
+def test_the_roofline_run_counts_flops_and_weights_for_every_decoder():
+    """Chapter 21's roofline reads these; the first run (bench_cpu.json) predates them."""
+    results = json.loads((ROOT / "book" / "data" / "bench_cpu_epyc.json").read_text())
+    assert results["decoding_only"] and results["training"] == results["batching"] == []
+    assert results["command"].startswith("python tools/bench.py --decoding-only")
+    labels = [(row["size"], row["decoder"]) for row in results["decoding"]]
+    assert labels == [(size.name, label) for size in bench.FULL_SIZES
+                      for label in bench.decoders(72, 32)]
+    assert all(row["same_as_recompute"] is not False for row in results["decoding"])
+    assert results["memory_read_gbs"] > 0
+    assert set(results["decoder_weight_mb"]) == {size.name for size in bench.FULL_SIZES}
+    for row in results["decoding"]:
+        assert row["flops_per_sentence"] > 0 and (row["mfu_of"] == "bfloat16" or 0 < row["mfu"] < 1)

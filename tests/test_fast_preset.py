@@ -1,4 +1,4 @@
-"""Chapter 21's cpu_fast preset: the fast path, the fused loss and a linear decay to zero."""
+"""Chapter 21's cpu_fast preset: the fast path, the fused loss, half the batch, a linear decay."""
 
 from dataclasses import replace
 
@@ -30,11 +30,17 @@ TINY = TrainConfig(
 RUN = {"progress": False, "threads": 1, "pairs": PAIRS}
 
 
-def test_cpu_fast_is_cpu_subword_on_the_fast_path_without_dropout_for_five_epochs():
+def test_cpu_fast_is_cpu_subword_on_the_fast_path_without_dropout_at_half_the_batch():
     subword, fast = training_config("cpu_subword"), training_config("cpu_fast")
-    assert (fast.fast, fast.dropout, fast.epochs, fast.decay) == (True, 0.0, 5, "inverse_sqrt")
-    assert replace(fast, fast=False, dropout=0.1, epochs=12,
+    assert (fast.fast, fast.dropout, fast.epochs, fast.decay) == (True, 0.0, 6, "inverse_sqrt")
+    # half the tokens per step and twice the warm-up steps: the same warm-up share of the data
+    assert (fast.max_tokens * 2, fast.warmup) == (subword.max_tokens, subword.warmup * 2)
+    assert replace(fast, fast=False, dropout=0.1, epochs=12, max_tokens=1500, warmup=1000,
                    checkpoint_dir=subword.checkpoint_dir) == subword
+    for step in (1, 700, 2000, 5000):  # the square-root rule at the same point of the data
+        small = rate(2 * step, fast.d_model, fast.lr_factor, fast.warmup)
+        big = rate(step, subword.d_model, subword.lr_factor, subword.warmup)
+        assert small == pytest.approx(big / 2**0.5, rel=1e-12)
     with pytest.raises(ValueError, match="decay must be 'inverse_sqrt' or 'linear', got 'cos'"):
         TrainConfig(decay="cos")
 

@@ -3,6 +3,7 @@
     python tools/bench.py          # `make bench`: the cpu preset and the paper's base size
     python tools/bench.py --quick  # `make bench-quick`: the same rows, tiny, in seconds
     python tools/bench.py --save   # and write book/data/bench_cpu.json (bench_cuda.json on a GPU)
+    python tools/bench.py --decoding-only --out F  # the ceilings and decoding rows only
 
 Every row runs `--repeats` times after a warm-up (the training rows of one group take turns); the
 table gives the median and the range (min-max) and each row's ratio to the first row of its group,
@@ -19,7 +20,10 @@ Multi30k's lengths, with </s> made impossible so that every output has BASE_OUTP
 about the length of a Multi30k translation.
 Peak memory is the most tensor memory allocated at once during one step (training) or one batch
 (decoding), from torch.profiler's memory events on a CPU, and torch.cuda.max_memory_allocated on
-a GPU, above what was allocated before it.
+a GPU, above what was allocated before it. For the roofline of decoding, the run also measures
+the rate of reading a 512 MB float32 tensor (far larger than the caches), counts each decoder's
+matmul FLOPs (a first pass, which is also the warm-up) and records the bytes of the weights that
+every decoding step reads whole (the decoder's layers and the generator).
 """
 
 import argparse
@@ -118,6 +122,28 @@ def matmul_peak(device: torch.device, n: int, repeats: int,
             sync(device)
             best = min(best, time.perf_counter() - start)
     return 2 * n**3 / best
+
+
+def memory_bandwidth(device: torch.device, megabytes: int, repeats: int) -> float:
+    """The best rate (bytes/s) of reading a float32 tensor far larger than the caches, now:
+    the rate at which a decoding step can stream weights that do not stay in a cache."""
+    x = torch.ones(megabytes * 2**20 // 4, device=device)
+    best = float("inf")
+    x.sum()  # warm-up, and the pages are touched
+    for _ in range(repeats):
+        sync(device)
+        start = time.perf_counter()
+        x.sum()
+        sync(device)
+        best = min(best, time.perf_counter() - start)
+    return x.numel() * 4 / best
+
+
+def decoder_weight_bytes(model: nn.Module) -> int:
+    """The bytes of the weights that every decoding step reads whole: the decoder's layers and
+    the generator (a tied matrix counted once); the embedding reads only one row per token."""
+    params = {id(p): p for part in (model.decoder, model.generator) for p in part.parameters()}
+    return sum(p.numel() * p.element_size() for p in params.values())
 
 
 def peak_memory(run: Callable[[], object], device: torch.device) -> float:
@@ -347,12 +373,17 @@ def decoders(max_len: int, batch_size: int) -> dict[str, tuple[Callable, int]]:
 
 
 def time_decoding(model: nn.Module, decode: Callable, ids: list[list[int]], per_batch: int,
-                  repeats: int, device: torch.device) -> tuple[list[float], float, list]:
-    """Sentences/s of each repeat, the peak memory of the first batch, and the outputs."""
+                  repeats: int, device: torch.device
+                  ) -> tuple[list[float], float, list, float]:
+    """Sentences/s of each repeat, the peak memory of the first batch, the outputs, and the
+    matmul FLOPs counted over all the sentences (in a first pass that is also the warm-up)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # similar lengths together
     chunks = [[ids[i] for i in order[j : j + per_batch]] for j in range(0, len(ids), per_batch)]
     batches = [source_batch(chunk, device=device) for chunk in chunks]
-    outputs = [decode(model, *batches[0])]  # warm-up
+    with FlopCounterMode(display=False) as counter:
+        outputs = [decode(model, src, mask) for src, mask in batches]
     memory = peak_memory(lambda: decode(model, *batches[0]), device)
     rates = []
     for _ in range(repeats):
@@ -361,20 +392,22 @@ def time_decoding(model: nn.Module, decode: Callable, ids: list[list[int]], per_
         outputs = [decode(model, src, mask) for src, mask in batches]
         sync(device)
         rates.append(len(ids) / (time.perf_counter() - start))
-    return rates, memory, outputs
+    return rates, memory, outputs, counter.get_total_flops()
 
 
 # 5) the run
-def run(quick: bool, repeats: int, device: torch.device) -> dict:
+def run(quick: bool, repeats: int, device: torch.device, decoding_only: bool = False) -> dict:
     sizes, vocab = (QUICK_SIZES, QUICK_VOCAB) if quick else (FULL_SIZES, VOCAB)
     peak = matmul_peak(device, 256 if quick else 2048, 3 if quick else 10)
     peak_bf16 = matmul_peak(device, 256 if quick else 2048, 3 if quick else 10, torch.bfloat16)
-    print(f"matmul peak: {peak / 1e9:.1f} GFLOP/s float32, {peak_bf16 / 1e9:.1f} bfloat16",
-          flush=True)
+    bandwidth = memory_bandwidth(device, 32 if quick else 512, 3 if quick else 10)
+    print(f"matmul peak: {peak / 1e9:.1f} GFLOP/s float32, {peak_bf16 / 1e9:.1f} bfloat16; "
+          f"memory read {bandwidth / 1e9:.1f} GB/s", flush=True)
     results = {"hardware": hardware(device), "quick": quick, "repeats": repeats,
                "matmul_peak_gflops": peak / 1e9, "matmul_peak_bf16_gflops": peak_bf16 / 1e9,
-               "training": [], "batching": [], "decoding": [], "decoding_sources": {}}
-    for size in sizes:
+               "memory_read_gbs": bandwidth / 1e9, "training": [], "batching": [],
+               "decoding": [], "decoding_sources": {}, "decoder_weight_mb": {}}
+    for size in [] if decoding_only else sizes:
         batches = budget_batches(size, vocab, size.steps, device)
         runs = {kind: (training_step(kind, size, vocab, device)[1], batches)
                 for kind in TRAINING_KINDS}
@@ -394,9 +427,10 @@ def run(quick: bool, repeats: int, device: torch.device) -> dict:
         del runs  # the models and their optimizers, before the next size's
         print(f"trained {size.name}", flush=True)
     size = sizes[0]  # token budget against padding to 72, the fast path at the first size
-    runs = {label: (training_step("fast", size, vocab, device)[1],
-                    budget_batches(size, vocab, size.steps, device, pad_to=pad_to, seed=1))
-            for label, pad_to in (("token budget", None), ("every batch padded to 72", 72))}
+    runs = {} if decoding_only else {
+        label: (training_step("fast", size, vocab, device)[1],
+                budget_batches(size, vocab, size.steps, device, pad_to=pad_to, seed=1))
+        for label, pad_to in (("token budget", None), ("every batch padded to 72", 72))}
     rates, _ = time_training(runs, repeats, device)
     for label, (_, batches) in runs.items():
         padded = sum(b.tgt_y.numel() for b in batches)
@@ -409,8 +443,9 @@ def run(quick: bool, repeats: int, device: torch.device) -> dict:
         model, ids, source, max_len = decoding_sources(size, trained, vocab, device,
                                                        12 if quick else 64)
         results["decoding_sources"][size.name] = source
+        results["decoder_weight_mb"][size.name] = decoder_weight_bytes(model) / 1e6
         results["decoding"] += decoding_rows(size.name, model, ids, decoders(
-            max_len, 4 if quick else 32), repeats, device)
+            max_len, 4 if quick else 32), repeats, device, {"float32": peak, "bf16": peak_bf16})
     return results
 
 
@@ -420,14 +455,16 @@ def until_end(ids: list[int]) -> list[int]:
 
 
 def decoding_rows(size: str, model: nn.Module, ids: list[list[int]],
-                  rows: dict[str, tuple[Callable, int]], repeats: int, device: torch.device
-                  ) -> list[dict]:
-    """Each decoder's row, and whether the cached decoders gave the recomputing ones' tokens."""
+                  rows: dict[str, tuple[Callable, int]], repeats: int, device: torch.device,
+                  peaks: dict[str, float]) -> list[dict]:
+    """Each decoder's row, whether the cached decoders gave the recomputing ones' tokens, and
+    the matmul FLOPs per sentence with their share of the matmul peak (MFU)."""
     fast_model = use_fast_path(copy.deepcopy(model))
     results, reference = [], {}
     for label, (decode, per_batch) in rows.items():
         which = fast_model if "fast" in label else model
-        rates, memory, outputs = time_decoding(which, decode, ids, per_batch, repeats, device)
+        rates, memory, outputs, flops = time_decoding(which, decode, ids, per_batch, repeats,
+                                                      device)
         same = agree = None
         if label.startswith("greedy, batched") or label.startswith("beam"):
             key = "greedy" if label.startswith("greedy") else "beam"
@@ -441,7 +478,11 @@ def decoding_rows(size: str, model: nn.Module, ids: list[list[int]],
                 same = reference.setdefault(key, tokens) == tokens
         results.append({"size": size, "decoder": label, "sentences_per_s": spread(rates),
                         "peak_memory_mb": memory, "sentences": len(ids), "batch": per_batch,
-                        "same_as_recompute": same, "same_as_float32": agree})
+                        "same_as_recompute": same, "same_as_float32": agree,
+                        "flops_per_sentence": flops / len(ids),
+                        "mfu": flops / len(ids) * statistics.median(rates)
+                        / peaks["bf16" if "bf16" in label else "float32"],
+                        "mfu_of": "bfloat16" if "bf16" in label else "float32"})
         print(f"decoded {size} {label}", flush=True)
     return results
 
@@ -454,7 +495,9 @@ def table(results: dict) -> str:
 
     lines = [f"hardware: {results['hardware']}",
              f"matmul peak: {results['matmul_peak_gflops']:.1f} GFLOP/s float32, "
-             f"{results['matmul_peak_bf16_gflops']:.1f} bfloat16"]
+             f"{results['matmul_peak_bf16_gflops']:.1f} bfloat16; memory read "
+             f"{results['memory_read_gbs']:.1f} GB/s",
+             f"weights read by each decoding step (MB): {results['decoder_weight_mb']}"]
     lines.append("\ntraining (fwd+bwd+Adam), target tokens/s: median (min-max), ratio, MFU "
                  "(of the peak in its dtype), peak MB")
     first = {}
@@ -464,13 +507,13 @@ def table(results: dict) -> str:
                      f"x{row['tokens_per_s']['median'] / base:5.2f}  {100 * row['mfu']:5.1f}%  "
                      f"{row['peak_memory_mb']:8.1f}")
     lines.append("\nbatching (fast path), real target tokens/s, ratio, padding")
-    base = results["batching"][0]["real_tokens_per_s"]["median"]
     for row in results["batching"]:
+        base = results["batching"][0]["real_tokens_per_s"]["median"]
         lines.append(f"  {row['batching']:<28}{rate(row, 'real_tokens_per_s')}  "
                      f"x{row['real_tokens_per_s']['median'] / base:5.2f}  "
                      f"{100 * row['padding']:4.1f}% padding")
-    lines.append("\ndecoding, sentences/s, ratio, peak MB, same tokens as without the cache "
-                 "(bf16: the sentences that float32 decodes the same)")
+    lines.append("\ndecoding, sentences/s, ratio, MFU, matmul GFLOP per sentence, peak MB, same "
+                 "tokens as without the cache (bf16: the sentences that float32 decodes the same)")
     first = {}
     for row in results["decoding"]:
         if row["size"] not in first:
@@ -479,6 +522,7 @@ def table(results: dict) -> str:
         same = same_tokens(row) or ""
         lines.append(f"  {row['size']:>6} {row['decoder']:<40}{rate(row, 'sentences_per_s')}  "
                      f"x{row['sentences_per_s']['median'] / base:6.2f}  "
+                     f"{100 * row['mfu']:5.1f}%  {row['flops_per_sentence'] / 1e9:6.2f}  "
                      f"{row['peak_memory_mb']:8.1f}  {same}")
     return "\n".join(lines)
 
@@ -486,6 +530,10 @@ def table(results: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, few repeats")
+    parser.add_argument("--decoding-only", action="store_true",
+                        help="only the ceilings and the decoding rows (chapter 21's roofline), "
+                             "without the training and batching rows, which take most of the "
+                             "time on a CPU without bfloat16 units")
     parser.add_argument("--repeats", type=int, help="timed repeats per row (default 3; quick 2)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", help="write the results as JSON to this file")
@@ -511,7 +559,8 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as err:
             parser.error(f"--out {out}: cannot create its folder ({err.strerror})")
     start = time.perf_counter()
-    results = run(args.quick, repeats, device)
+    results = run(args.quick, repeats, device, args.decoding_only)
+    results["decoding_only"] = args.decoding_only
     results["seconds"] = round(time.perf_counter() - start, 1)
     results["command"] = " ".join(["python tools/bench.py", *(argv or sys.argv[1:])])
     print(table(results))

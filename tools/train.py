@@ -58,9 +58,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--config", choices=["cpu", "cpu_subword", "cpu_fast", "base"],
                         default="cpu",
                         help="preset: a small model for a CPU (with word vocabularies, or one "
-                             "joint subword vocabulary and tied embeddings, or that for 5 "
-                             "epochs on the fast path without dropout), or the paper's base "
-                             "model")
+                             "joint subword vocabulary and tied embeddings, or that on the fast "
+                             "path without dropout, at half the batch, for 6 epochs), or the "
+                             "paper's base model")
     parser.add_argument("--devices", type=int, default=1,
                         help="processes on this machine: GPUs if there are any, else CPU processes")
     parser.add_argument("--epochs", type=int, help="train until this many epochs are done")

@@ -866,6 +866,34 @@ def bench_table(results: dict[str, Any]) -> Any:
     return pd.DataFrame(rows)
 
 
+def decoding_roofline(results: dict[str, Any], size: str, steps: int) -> Any:
+    """Each float32 decoder at `size` against the fastest it could run on the run's machine:
+    its counted FLOPs at the measured matmul peak, or the weights that each of its `steps`
+    decoding steps reads whole, streamed at the measured memory read rate, whichever is
+    slower (a roofline, which ignores the caches' own reads and the encoder's weights)."""
+    import pandas as pd
+
+    peak, read = results["matmul_peak_gflops"] * 1e9, results["memory_read_gbs"] * 1e9
+    weights = results["decoder_weight_mb"][size] * 1e6
+    decoders = [row for row in results["decoding"]
+                if row["size"] == size and row["mfu_of"] == "float32"]
+    classic = decoders[0]["sentences_per_s"]["median"]
+    rows = []
+    for row in decoders:
+        flops = row["flops_per_sentence"]
+        streamed = weights * steps / row["batch"]  # one read per step serves the whole batch
+        bound = 1 / max(flops / peak, streamed / read)  # sentences/s
+        measured = row["sentences_per_s"]["median"]
+        rows.append({"decoder": row["decoder"], "GFLOP/sentence": round(flops / 1e9, 2),
+                     "weight MB/sentence": round(streamed / 1e6, 1),
+                     "FLOP/byte": round(flops / streamed, 1),
+                     "bound": "matmul" if flops / peak > streamed / read else "memory",
+                     "bound sentences/s": round(bound, 1), "measured": round(measured, 1),
+                     "% of bound": round(100 * measured / bound, 1),
+                     "bound / classic": round(bound / classic, 1)})
+    return pd.DataFrame(rows).set_index("decoder")
+
+
 def bench_chart(results: dict[str, Any]) -> Any:
     """Speed-ups over the first row of each group, one bar per row, with the hardware named."""
     import altair as alt
@@ -950,13 +978,11 @@ for name, value in ratios:
 #   hypothesis it extends.
 # * **At the base size, float32 decoding with the cache is about 13 times the classic decoder,
 #   and bfloat16 about 28 times.** In float32 the cache gave about 13 times, and about 15 with
-#   fused attention. The arithmetic explains why it is not more. By our count (approximate: matrix products only), a sentence of 15
-#   source and 14 output tokens costs the classic decoder about 3.3 billion multiply-adds at the
-#   base size, and the cached one about 0.7 billion. The prefix that is decoded again ($1 + \dots
-#   + 14 = 105$ positions against 14) and the memory's keys and values, projected again at every
-#   step, make the difference, while the encoder and the generator cost both the same. So the
-#   cache removes about four fifths of the work, and the rest of the speed-up has to come from
-#   batching. The cached decoder's products, 32 rows against matrices of 512 or 2,048 columns, ran
+#   fused attention. The prefix that the classic decoder computes again ($1 + \dots + 14 = 105$
+#   positions against 14) and the memory's keys and values, projected again at every step, are
+#   the work the cache removes, while the encoder and the generator cost both the same; the
+#   roofline below measures how much that is and how far it can take the cache. The rest of the
+#   speed-up has to come from batching. The cached decoder's products, 32 rows against matrices of 512 or 2,048 columns, ran
 #   at roughly a third of the measured float32 peak. Under bfloat16 autocast on this CPU's AMX
 #   units the same decoder with fused attention ran about 28 times as fast as the classic one. Its
 #   translations are not all the float32 ones: the table's last column gives the share of
@@ -995,6 +1021,64 @@ for name, value in ratios:
 #   activations kept for the backward pass are stored at half the size.
 #
 # Everything above is one CPU thread.
+
+# %% [markdown]
+# ### The roofline of decoding
+#
+# How far could float32 decoding with the cache go? A roofline {cite}`williams2009roofline`
+# bounds a program by two measured ceilings: its arithmetic can go no faster than the machine's
+# matmul peak, and the bytes it must read arrive no faster than the memory's read rate. Every
+# decoding step reads the weights of the decoder's layers and of the generator whole, once for
+# all the sentences of a batch. At the base size they come to over a hundred megabytes, more
+# than a CPU's caches hold, so they come from memory at every step. A decoder's counted FLOPs
+# divided by the bytes it reads is its arithmetic intensity, and the matmul peak divided by the
+# read rate is the intensity at which the two ceilings meet: below it a decoder waits for
+# memory, above it for arithmetic.
+#
+# `make bench` records what this needs: the read rate of a 512 MB tensor, each decoder's matrix
+# FLOPs (PyTorch's FLOP counter, in the warm-up pass) and the weight bytes of one decoding step.
+# For this section it ran on a second CPU of the book's kind, an AMD EPYC without bfloat16
+# units, with `--decoding-only` (`book/data/bench_cpu_epyc.json`), which leaves out the training
+# rows, whose bfloat16 products that CPU emulates slowly. `decoding_roofline` sets each float32
+# decoder at the base size against its ceiling:
+
+# %% tags=[]
+epyc = bench_results("bench_cpu_epyc.json")
+hw = epyc["hardware"]
+peak, read = epyc["matmul_peak_gflops"], epyc["memory_read_gbs"]
+print(f"{hw['cpu']}, {hw['threads']} thread(s), torch {hw['torch']}: matmul peak {peak:.1f} "
+      f"GFLOP/s in float32, memory read {read:.1f} GB/s, so {peak / read:.1f} FLOP per byte "
+      f"balance the two; each decoding step at the base size reads "
+      f"{epyc['decoder_weight_mb']['base']:.0f} MB of weights")
+roof = decoding_roofline(epyc, "base", steps=14)  # 15 tokens: <s> and 14 decoded ones
+classic_rate = roof["measured"].iloc[0]
+for name in ("greedy, batched, cache", "greedy, batched, cache, fast attention"):
+    print(f"{name}: {roof.loc[name, 'measured'] / classic_rate:.1f} times the classic decoder, "
+          f"at most {roof.loc[name, 'bound / classic']:.1f} times at its roofline")
+assert (roof["% of bound"] < 100).all()  # no decoder beats its own roofline
+assert (roof.loc[["greedy, batched, cache", "greedy, batched, cache, fast attention"],
+                 "bound / classic"] < 25).all()
+rows = {row["decoder"]: row["sentences_per_s"]["median"] for row in epyc["decoding"]
+        if row["size"] == "base"}
+bf16 = rows["greedy, batched, cache, fast, bf16"] / rows["greedy, batched, cache, fast attention"]
+print(f"bfloat16 autocast on this CPU: {bf16:.2f} times the float32 cached decoder's speed")
+assert bf16 < 0.5  # emulated: slower, not faster
+roof
+
+# %% [markdown]
+# The classic decoder is the only one that waits for memory: it reads every weight at every
+# step for the rows of one sentence. The batched decoders share each read among 32 sentences
+# and wait for arithmetic instead. Their speed-up over the classic decoder then has a ceiling
+# of its own, the product of two factors: the cache removes about three quarters of the FLOPs
+# (the GFLOP column), and the cached decoder can at best run what is left at the matmul peak,
+# while the classic decoder runs at a fraction of its own bound. On this CPU that ceiling lies
+# below 25 times the classic decoder (the last column), and the cached decoders reached about
+# half of their bound. So no float32 cached decoder, however well written, can reach 25 times
+# the classic one here: it would have to beat the matmul peak. What can go further is cheaper
+# arithmetic or less of it: bfloat16 on a CPU with matrix units (about 28 times on the AMX Xeon
+# of the first run; on this CPU, which emulates it, bfloat16 made decoding several times
+# slower), or a model that does less per output token, such as one with a shallower decoder
+# {cite}`kasai2021deep`.
 
 # %% [markdown]
 # ## On a GPU
@@ -1078,8 +1162,8 @@ bench_table(gpu).drop(columns="group").set_index(["size", "row"])
 #
 # Chapter 18's subword model trained for 80 minutes on this book's 2-core machine, plus the
 # time of its validation passes: more than a reader gives one sitting. How much of its quality
-# can half an hour buy? The preset `cpu_fast` keeps `cpu_subword`'s model, data, vocabulary,
-# batches and schedule, and changes three things:
+# can half an hour buy? The preset `cpu_fast` keeps `cpu_subword`'s model, data, vocabulary
+# and schedule, and changes four things:
 #
 # - **The fast path** (`fast=True`). Chapter 22's `build_training`, which builds the model,
 #   optimizer, schedule and loss of every `tools/train.py` run, switches the model with
@@ -1090,7 +1174,14 @@ bench_table(gpu).drop(columns="group").set_index(["size", "row"])
 #   are a short run: `cpu_subword`'s training loss, dropout and all, was still above its
 #   validation loss after epoch 5, so the model was not yet fitting its training data better
 #   than unseen data, and dropout only slowed its learning.
-# - **5 epochs instead of 12**, about 25 minutes of training steps at the fast path's speed on
+# - **Half the batch, twice the steps.** Batches of 750 tokens instead of 1,500 give an epoch
+#   twice as many optimizer steps, each from half as much data. After its warm-up the paper's
+#   rate falls as $\text{step}^{-1/2}$, so at the same point of the data the smaller batches'
+#   rate is already $1/\sqrt{2}$ of the larger ones': the square-root rule that Malladi et al.
+#   derived for Adam when the batch size changes {cite}`malladi2022sdes`. Twice the warm-up
+#   steps (2,000) keep the warm-up at the same share of the data and scale its peak by the same
+#   $1/\sqrt{2}$, so the whole schedule follows the rule.
+# - **6 epochs instead of 12**, about 26 minutes of training steps at the fast path's speed on
 #   this machine.
 #
 # A fourth change was tried and is kept as an option: **a schedule that ends**
@@ -1163,7 +1254,8 @@ def training_config(name: str, **overrides) -> TrainConfig:
         "cpu_subword": replace(cpu, subwords=8000, share_embeddings=True,
                                checkpoint_dir="checkpoints/multi30k_cpu_subword"),
     }
-    presets["cpu_fast"] = replace(presets["cpu_subword"], fast=True, dropout=0.0, epochs=5,
+    presets["cpu_fast"] = replace(presets["cpu_subword"], fast=True, dropout=0.0, max_tokens=750,
+                                  warmup=2000, epochs=6,
                                   checkpoint_dir="checkpoints/multi30k_cpu_fast")
     if name not in presets:
         raise ValueError(f"name must be one of {', '.join(presets)}, got {name!r}")
@@ -1193,8 +1285,15 @@ subword, fast = training_config("cpu_subword"), training_config("cpu_fast")
 for name, value in vars(fast).items():
     if getattr(subword, name) != value:
         print(f"{name:>14}: {getattr(subword, name)!r} -> {value!r}")
-steps = 343 * fast.epochs  # chapter 17 counted 343 optimizer steps per epoch of these batches
-schedules = {  # the paper's decay, and the linear one with the tried run's 300 warm-up steps
+# the same point of the data: step s of 1,500-token batches, step 2s of 750-token ones
+for s in (500, 1000, 2000, 3000):
+    big = rate(s, subword.d_model, subword.lr_factor, subword.warmup)
+    small = rate(2 * s, fast.d_model, fast.lr_factor, fast.warmup)
+    print(f"1,500 tokens, step {s:>4}: {big:.2e}   750 tokens, step {2 * s:>4}: {small:.2e}"
+          f"   ratio {small / big:.3f}")
+    assert abs(small / big - 2**-0.5) < 1e-9  # the square-root rule, at every step
+steps = 343 * 5  # the linear run below: 5 epochs of chapter 17's 343 steps of 1,500 tokens
+schedules = {  # the paper's decay, and the linear one with that run's 300 warm-up steps
     "rate, warm-up 1000": (1000, lambda s: rate(s, fast.d_model, fast.lr_factor, 1000)),
     "linear_rate, warm-up 300": (300, lambda s: linear_rate(s, fast.d_model, fast.lr_factor,
                                                             300, steps)),
@@ -1216,12 +1315,15 @@ assert torch.allclose(plain, fused, rtol=1e-5)
 # %% [markdown]
 # ### What the runs bought
 #
-# Three runs, one seed each, on this book's kind of machine (the lines above name each one's
-# CPU): chapter 18's `cpu_subword`, a run with the fast path and the linear decay, and the
-# preset `cpu_fast`. Their notes are in `book/data/fast_recipe.json`; the first two columns of
-# BLEU are greedy on the validation set after epoch 5 and after the run's last epoch, the third
-# is beam 4 ($\alpha = 0.6$) on the last epoch's weights, and the last two count the training
-# minutes until the greedy validation BLEU after an epoch first reached 38 and 40.
+# Five runs, one seed each, on this book's kind of machine (the lines below name each one's
+# CPU): chapter 18's `cpu_subword`; on the fast path, a run with the linear decay; a run
+# without dropout, at `cpu_subword`'s 1,500 tokens per batch for 5 epochs; the same at 750
+# tokens for 6 epochs with the warm-up left at 1,000 steps; and the preset `cpu_fast`. Their
+# notes are in `book/data/fast_recipe.json`; the first two columns of BLEU are greedy on the
+# validation set after epoch 5 and after the run's last epoch, the third is beam 4
+# ($\alpha = 0.6$) on the last epoch's weights, and the last two count the training minutes
+# until the greedy validation BLEU after an epoch first reached 38 and 40. The test set was
+# not read for any of them.
 
 # %%
 import json
@@ -1249,9 +1351,9 @@ def minutes_to(history: list[dict], bleu: float) -> str:
     return "not reached"
 
 
-def scored_bleu(run: dict, decoding: str) -> float:
-    return next(row["bleu"] for row in run["evaluation"]
-                if row["decoding"] == decoding and row["split"] == "val")
+def scored_bleu(run: dict, decoding: str, weights: str = "last epoch") -> float:
+    return next(row["bleu"] for row in run["evaluation"] if row["decoding"] == decoding
+                and row["split"] == "val" and row.get("weights", "last epoch") == weights)
 
 
 summary = pd.DataFrame([{
@@ -1281,29 +1383,50 @@ print(f"cpu_subword after epoch 5: train loss {fifth['train_loss']:.3f} (with dr
 assert fifth["train_loss"] > fifth["val_loss"]  # not yet fitting its own data better
 faster = (curves[runs[2]["name"]] - curves[subword["name"]]).dropna()
 assert len(faster) == 5 and (faster > 0).all()  # no dropout: ahead after every epoch
+short_warmup = (curves[runs[3]["name"]] - curves[runs[4]["name"]]).dropna()  # 1000 minus 2000
+assert len(short_warmup) == 6 and (short_warmup.loc[1:3] > 0).all()  # ahead after epochs 1-3,
+assert (short_warmup.loc[4:6] < 0).all()  # then behind,
+assert curves[runs[3]["name"]].loc[6] < curves[runs[3]["name"]].loc[5]  # and lower after epoch 6
+for run in runs:
+    for row in run["evaluation"]:
+        if row.get("weights", "last epoch") != "last epoch":
+            last = scored_bleu(run, row["decoding"])
+            print(f"{run['name']}, {row['weights']}: {row['decoding']} {row['bleu']:.2f} "
+                  f"(last epoch: {last:.2f})")
+            assert (row["bleu"] > last) == ("epochs 3 to 5" not in row["weights"])
 curves
 
 # %% [markdown]
 # What these runs say, with the caution that each is one run with one seed, so a difference of
 # a point or two is a demonstration, not a finding that would hold over seeds:
 #
-# - **The fast path** made the 5-epoch runs' steps faster than `cpu_subword`'s, by a quarter to a
-#   third in these runs' mean speeds. They ran at different times and beside other work, so
-#   `make bench`'s one-process ratio of the fast to the readable path above is the cleaner
-#   measure of what the fast path buys.
+# - **The fast path** made every fast-path run's steps faster than `cpu_subword`'s, by a quarter
+#   to about a half in these runs' mean speeds. They ran in different sessions, on machines of the
+#   same kind but not the same machine, and at least part of the spread comes from that: on one
+#   machine, in one process, batches of 750 and of 1,500 tokens trained at about the same speed
+#   per token. `make bench`'s one-process ratio of the fast to the readable path above is the
+#   cleaner measure of what the fast path buys.
 # - **No dropout** was ahead of `cpu_subword` after every one of the five epochs, and after 5
 #   epochs, about 25 minutes of training, it stood between `cpu_subword`'s epochs 6 and 7.
-# - **The linear decay with the shorter warm-up** was *behind* `cpu_subword` after epoch 5,
-#   although its rate had come down to zero. That run changed two things at once, the decay and
-#   (through the warm-up) a higher peak rate, so it cannot say which one cost; a budget-aware
-#   schedule at the paper's peak is untried.
-# - **The goal is not reached.** Half an hour of training on two cores gave about 36.5 validation
-#   BLEU with beam search, not the 41 that `cpu_subword` reaches in 80 minutes; neither short
-#   run reached 38 greedy, which `cpu_subword` first did after epoch 9. Still untried: smaller
-#   batches (more steps for the same data), another model shape (a deeper encoder and a
-#   shallower decoder {cite}`kasai2021deep`, or a smaller model that sees more epochs),
-#   averaging the last epochs, and bfloat16 on CPUs that compute it natively (the bench above
-#   measured about 1.5 times the float32 fast path at this size on the CPU it ran on).
+# - **Half the batch** (the preset) did not pull ahead at once: after epoch 4 the 750-token run
+#   was a little behind the 1,500-token one. It was ahead after epoch 5, and its sixth epoch,
+#   still inside the half hour, brought it above `cpu_subword`'s greedy score after any of that
+#   run's first 8 epochs (about 50 minutes of its training).
+# - **A warm-up of 1,000 steps at 750 tokens**, which reaches the peak rate after half as much
+#   data and a peak $\sqrt{2}$ higher than the square-root rule gives, was ahead of the preset
+#   after epochs 1 to 3 and behind it from epoch 4 on, and its score fell in its last epoch.
+# - **Averaging the last two epochs' weights** (chapter 16) raised both greedy and beam BLEU in
+#   each of the three runs where we tried it (the lines above the curves); averaging the last
+#   three epochs of the 5-epoch run lowered both. Presumably, in a run this short, the weights of
+#   two epochs before the last are still too far behind to help the average.
+# - **The goal is not reached.** The best half hour, the preset with its last two epochs
+#   averaged and beam search, is still below the 41 validation BLEU that `cpu_subword` reaches in
+#   80 minutes (the numbers are in the lines above the curves), and no short run reached 38
+#   greedy after an epoch, which `cpu_subword` first did after epoch 9. Still untried: another
+#   model shape (a deeper encoder and a shallower decoder {cite}`kasai2021deep`, or a smaller
+#   model that sees more epochs), a budget-aware schedule at the paper's peak, and bfloat16 on
+#   CPUs that compute it natively (the bench above measured about 1.5 times the float32 fast
+#   path at this size on the CPU it ran on).
 #
 # No model of these runs is shipped: `cpu_subword` stays the book's best, and `make translate`
 # keeps using it.
