@@ -57,8 +57,8 @@ enable_book_charts()
 #   variations; English constituency parsing with the same model (section 6.3), against two
 #   baselines; and
 #   how to make the model fast, measured: a key/value cache for decoding, fused attention and
-#   layer norm, packed projections, bfloat16 on CPUs that have it, and a benchmark run on a CPU
-#   and on one GPU, then what half an hour of training on two CPU cores reaches (measured, and
+#   layer norm, packed projections, bfloat16 on CPUs that have it, a benchmark run on a CPU
+#   and on one GPU, a roofline that bounds what float32 decoding can gain on a CPU, then what half an hour of training on two CPU cores reaches (measured, and
 #   short of the shipped model); and the training program itself, on one process or many devices, with
 #   checkpoints inside an epoch and what to do when a machine dies.
 # * **Part IV, beyond the paper**: the Transformer seen as a graph, run whole on packed
