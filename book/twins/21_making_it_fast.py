@@ -1444,8 +1444,8 @@ curves
 #   each of the four runs with the paper's decay where we tried it, both seeds of the preset
 #   among them; averaging the last three epochs of the 5-epoch run lowered both. Presumably, in
 #   a run this short, the weights of two epochs before the last are still too far behind to help
-#   the average. In the linear run averaging lowered both: there the last steps are already
-#   small, and the average only mixes in the weights from an epoch earlier.
+#   the average. In the linear run averaging lowered both, probably because there the last
+#   steps are already small and the average only mixes in the weights from an epoch earlier.
 # - **The goal is not reached.** The best half hour, the preset with its last two epochs
 #   averaged and beam search, is below the 41 validation BLEU that `cpu_subword` reaches in
 #   80 minutes for both seeds (the numbers are in the lines above the curves), and no short run
