@@ -1320,7 +1320,8 @@ assert torch.allclose(plain, fused, rtol=1e-5)
 # dropout, at `cpu_subword`'s 1,500 tokens per batch for 5 epochs; the same at 750 tokens for 6
 # epochs with the warm-up left at 1,000 steps; the preset `cpu_fast`; the linear decay from
 # that same 1,000-step warm-up, at 750 tokens; and the preset once more with seed 1, to see how
-# far a second seed of one recipe lands from the first. All others use seed 0. Their notes are in `book/data/fast_recipe.json`; the first two columns of BLEU are greedy on the
+# far a second seed of one recipe lands from the first. All others use seed 0. Their notes
+# are in `book/data/fast_recipe.json`; the first two columns of BLEU are greedy on the
 # validation set after epoch 5 and after the run's last epoch, the third is beam 4
 # ($\alpha = 0.6$) on the last epoch's weights, and the last two count the training minutes
 # until the greedy validation BLEU after an epoch first reached 38 and 40. The test set was
@@ -1454,6 +1455,9 @@ curves
 #   smaller model that sees more epochs), the linear decay from the preset's own 2,000-step
 #   warm-up, and bfloat16 on CPUs that compute it natively (the bench above measured about 1.5
 #   times the float32 fast path at this size on the CPU it ran on).
+#
+# No model of these runs is shipped: `cpu_subword` stays the book's best, and `make translate`
+# keeps using it.
 
 # %% [markdown]
 # ## What we have
