@@ -43,7 +43,7 @@ NBVAL_FIRST_HALF := $(addprefix book/,05_full_model.ipynb 08_training_loop.ipynb
 	11_regularization.ipynb 12_copy_task.ipynb 13_sort_task.ipynb 14_multi30k_training.ipynb \
 	19_model_variations.ipynb 20_constituency_parsing.ipynb 25_what_came_after.ipynb)
 
-.PHONY: book test nbval test-portable test-cli-layer sync lint lock clean distclean setup train \
+.PHONY: book test nbval test-portable test-portable-all test-cli-layer sync lint lock clean distclean setup train \
 	translate bench bench-quick seeds
 
 # Set-up messages go to stderr, so that `make translate` writes nothing but translations.
@@ -76,6 +76,9 @@ test-portable: $(TEST_LAYER)
 
 nbval: $(TEST_LAYER)
 	$(NBVAL) book
+
+# Every chapter both ways: as other machines run it, then under this CPU's own kernels.
+test-portable-all: test-portable nbval
 
 # A fresh venv with only the first layer, and no npm or Jupyter Book on PATH, translates.
 test-cli-layer:

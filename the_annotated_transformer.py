@@ -757,8 +757,8 @@ def example_lengths(
     return [len(src) + 2 for src, _ in examples], [len(tgt) + 2 for _, tgt in examples]
 
 
-def collate_batch(batch: Sequence[tuple[Sequence[int], Sequence[int]]], *, bos_id: int = 0,
-                  eos_id: int = 1, pad_id: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+def collate_batch(batch: Sequence[tuple[Sequence[int], Sequence[int]]], *, bos_id: int = BOS_ID,
+                  eos_id: int = EOS_ID, pad_id: int = PAD_ID) -> tuple[torch.Tensor, torch.Tensor]:
     """Wrap each sentence in `<s>` ... `</s>` and pad to the longest in the batch (never cut)."""
     if len(batch) == 0:
         raise ValueError("batch is empty; collate_batch needs at least one (src, tgt) pair")
@@ -964,7 +964,7 @@ def random_sequences(
     min_len: int = 1,
     max_len: int = 10,
     generator: torch.Generator | None = None,
-    pad: int = 2,
+    pad: int = PAD_ID,
     first: int = 3,
 ) -> torch.Tensor:
     """`n` random rows of tokens first..V-1 of random lengths, padded with `pad` at the end."""
@@ -978,13 +978,13 @@ def random_sequences(
     return tokens
 
 
-def sequence_set(tokens: torch.Tensor, *, pad: int = 2) -> set[tuple[int, ...]]:
+def sequence_set(tokens: torch.Tensor, *, pad: int = PAD_ID) -> set[tuple[int, ...]]:
     """The rows of a padded token matrix as a set of tuples, padding removed."""
     return {tuple(t for t in row if t != pad) for row in tokens.tolist()}
 
 
 def drop_sequences(
-    tokens: torch.Tensor, exclude: set[tuple[int, ...]] | None, *, pad: int = 2
+    tokens: torch.Tensor, exclude: set[tuple[int, ...]] | None, *, pad: int = PAD_ID
 ) -> torch.Tensor:
     """The rows of `tokens` that are not in `exclude` (a `sequence_set`), to hold data out."""
     if not exclude:
@@ -1000,7 +1000,8 @@ import torch
 
 
 def seq2seq_batch(
-    src: torch.Tensor, tgt: torch.Tensor, *, start: int = 0, end: int = 1, pad: int = 2
+    src: torch.Tensor, tgt: torch.Tensor, *, start: int = BOS_ID, end: int = EOS_ID,
+    pad: int = PAD_ID,
 ) -> Batch:
     """A Batch from padded source and target rows; each target gets `start` and `end` added."""
     if src.dim() != 2 or tgt.dim() != 2 or src.size(0) != tgt.size(0):
@@ -1041,7 +1042,7 @@ import torch
 from torch import nn
 
 
-def exact_matches(model: nn.Module, batch: Batch, *, start: int = 0, end: int = 1) -> int:
+def exact_matches(model: nn.Module, batch: Batch, *, start: int = BOS_ID, end: int = EOS_ID) -> int:
     """How many targets of `batch` greedy decoding reproduces exactly, up to and with `end`."""
     model.eval()
     with torch.no_grad():

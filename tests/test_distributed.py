@@ -1,4 +1,4 @@
-"""Chapter 14's multi-process paths under torchrun, on this CPU: gloo, 127.0.0.1, one thread.
+"""Chapter 22's multi-process paths under torchrun, on this CPU: gloo, 127.0.0.1, one thread.
 
 Two torchrun agents (--nnodes 2, c10d rendezvous) stand for two machines, each with its own
 checkpoint folder. Every launch has a timeout, so that a hang fails the test instead of

@@ -27,7 +27,11 @@ if "google.colab" in sys.modules:
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
 
 from the_annotated_transformer import (
+    BOS_ID,
+    EOS_ID,
     MULTI30K_SPLITS,
+    PAD_ID,
+    UNK_ID,
     bar_chart,
     check_token_budget,
     enable_book_charts,
@@ -124,8 +128,8 @@ length_histogram(train_tokens, title="Multi30k training sentences by length")
 # ## A vocabulary
 #
 # The vocabulary maps tokens to ids and back. Four special tokens come first: `<s>` (0) and
-# `</s>` (1) mark where a sentence starts and ends, `<blank>` (2) is the padding (the `pad=2` of
-# chapter 7's `Batch`), and `<unk>` (3) stands for any word the vocabulary does not know. Then
+# `</s>` (1) mark where a sentence starts and ends, `<blank>` (2) is the padding (`PAD_ID`, the
+# padding of chapter 7's `Batch`), and `<unk>` (3) stands for any word the vocabulary does not know. Then
 # come the words seen at least twice in the training data: a word seen once would get an
 # embedding trained on one example, and mapping it to `<unk>` teaches the model what to do with
 # the unknown words of new text. The order (most frequent first, ties alphabetical) is
@@ -219,7 +223,8 @@ vocab_tgt = Vocab.build(tgt for _, tgt in train_tokens)  # English
 print("German: ", vocab_src)
 print("English:", vocab_tgt)
 print("special ids:", {token: vocab_src[token] for token in SPECIALS})
-print("an unseen word:", vocab_tgt["Transformerology"], "=", vocab_tgt.lookup_tokens([3]))
+assert [vocab_src[token] for token in SPECIALS] == [BOS_ID, EOS_ID, PAD_ID, UNK_ID]  # chapter 5's
+print("an unseen word:", vocab_tgt["Transformerology"], "=", vocab_tgt.lookup_tokens([UNK_ID]))
 for split in ["val", "test_2016_flickr"]:
     for name, side, vocab in [("German", 0, vocab_src), ("English", 1, vocab_tgt)]:
         words = [token for pair in tokens[split] for token in pair[side]]
@@ -270,8 +275,8 @@ def example_lengths(
     return [len(src) + 2 for src, _ in examples], [len(tgt) + 2 for _, tgt in examples]
 
 
-def collate_batch(batch: Sequence[tuple[Sequence[int], Sequence[int]]], *, bos_id: int = 0,
-                  eos_id: int = 1, pad_id: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+def collate_batch(batch: Sequence[tuple[Sequence[int], Sequence[int]]], *, bos_id: int = BOS_ID,
+                  eos_id: int = EOS_ID, pad_id: int = PAD_ID) -> tuple[torch.Tensor, torch.Tensor]:
     """Wrap each sentence in `<s>` ... `</s>` and pad to the longest in the batch (never cut)."""
     if len(batch) == 0:
         raise ValueError("batch is empty; collate_batch needs at least one (src, tgt) pair")

@@ -22,6 +22,9 @@ if "google.colab" in sys.modules:
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
 
 from the_annotated_transformer import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
     Batch,
     LabelSmoothing,
     SimpleLossCompute,
@@ -64,7 +67,7 @@ def random_sequences(
     min_len: int = 1,
     max_len: int = 10,
     generator: torch.Generator | None = None,
-    pad: int = 2,
+    pad: int = PAD_ID,
     first: int = 3,
 ) -> torch.Tensor:
     """`n` random rows of tokens first..V-1 of random lengths, padded with `pad` at the end."""
@@ -78,13 +81,13 @@ def random_sequences(
     return tokens
 
 
-def sequence_set(tokens: torch.Tensor, *, pad: int = 2) -> set[tuple[int, ...]]:
+def sequence_set(tokens: torch.Tensor, *, pad: int = PAD_ID) -> set[tuple[int, ...]]:
     """The rows of a padded token matrix as a set of tuples, padding removed."""
     return {tuple(t for t in row if t != pad) for row in tokens.tolist()}
 
 
 def drop_sequences(
-    tokens: torch.Tensor, exclude: set[tuple[int, ...]] | None, *, pad: int = 2
+    tokens: torch.Tensor, exclude: set[tuple[int, ...]] | None, *, pad: int = PAD_ID
 ) -> torch.Tensor:
     """The rows of `tokens` that are not in `exclude` (a `sequence_set`), to hold data out."""
     if not exclude:
@@ -100,7 +103,8 @@ import torch
 
 
 def seq2seq_batch(
-    src: torch.Tensor, tgt: torch.Tensor, *, start: int = 0, end: int = 1, pad: int = 2
+    src: torch.Tensor, tgt: torch.Tensor, *, start: int = BOS_ID, end: int = EOS_ID,
+    pad: int = PAD_ID,
 ) -> Batch:
     """A Batch from padded source and target rows; each target gets `start` and `end` added."""
     if src.dim() != 2 or tgt.dim() != 2 or src.size(0) != tgt.size(0):
@@ -177,7 +181,7 @@ d_model = 64
 torch.manual_seed(0)
 model = make_model(V, V, N=2, d_model=d_model, d_ff=128, h=4, dropout=0.0)
 print(f"{sum(p.numel() for p in model.parameters()):,} parameters")
-criterion = LabelSmoothing(V, padding_idx=2, smoothing=0.0)
+criterion = LabelSmoothing(V, padding_idx=PAD_ID, smoothing=0.0)
 loss_compute = SimpleLossCompute(model.generator, criterion)
 optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
 scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -199,7 +203,7 @@ import torch
 from torch import nn
 
 
-def exact_matches(model: nn.Module, batch: Batch, *, start: int = 0, end: int = 1) -> int:
+def exact_matches(model: nn.Module, batch: Batch, *, start: int = BOS_ID, end: int = EOS_ID) -> int:
     """How many targets of `batch` greedy decoding reproduces exactly, up to and with `end`."""
     model.eval()
     with torch.no_grad():
@@ -323,7 +327,8 @@ alt.hconcat(
 digits = {0: "<s>", 1: "</s>", 2: "_"} | {i: str(i - 3) for i in range(3, V)}
 sample = seq2seq_batch(test_src[:5], test_src[:5])
 model.eval()
-ys = greedy_decode(model, sample.src, sample.src_mask, sample.tgt_y.size(1) + 1, 0, end_symbol=1)
+ys = greedy_decode(model, sample.src, sample.src_mask, sample.tgt_y.size(1) + 1, BOS_ID,
+                   end_symbol=EOS_ID)
 print(ys)
 for src_row, out_row in zip(sample.src.tolist(), ys.tolist(), strict=True):
     print(" ".join(digits[t] for t in src_row), " -> ", " ".join(digits[t] for t in out_row))
@@ -413,7 +418,7 @@ assert share.max() > 0.9 and share[0].mean() > 0.5  # the first layer's heads fi
 #    this chapter's generator choose from, and what share of them do 60 epochs of 20 batches
 #    of 64 sequences see at most? The check also draws 20,000 sequences of up to 3 of 3
 #    symbols and counts the distinct ones.
-# 2. **Reversing instead of copying.** Write `reversed_symbols(src, pad=2)`: each row's
+# 2. **Reversing instead of copying.** Write `reversed_symbols(src, pad=PAD_ID)`: each row's
 #    symbols in reverse order, padding kept at the end. (Training on it is one change to
 #    `copy_batches`; try it, if you like, with the set-up of this chapter.) Which pattern would
 #    you expect in the trained model's decoder-to-source attention?
@@ -432,7 +437,7 @@ def count_sequences(symbols: int, max_len: int) -> int:
     return sum(symbols**length for length in range(1, max_len + 1))
 
 
-def reversed_symbols(src: torch.Tensor, *, pad: int = 2) -> torch.Tensor:
+def reversed_symbols(src: torch.Tensor, *, pad: int = PAD_ID) -> torch.Tensor:
     """Each row's symbols in reverse order, padding kept at the end."""
     rows = [[t for t in row if t != pad] for row in src.tolist()]
     return torch.tensor([row[::-1] + [pad] * (src.size(1) - len(row)) for row in rows])

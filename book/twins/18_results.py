@@ -76,7 +76,9 @@ for name, (before, after) in changed.items():
 #     --output checkpoints/multi30k_cpu_subword/average_08-12.pt
 # ```
 #
-# The shipped folder, `book/models/multi30k_cpu_subword`, keeps the run's notes:
+# The shipped folder, `book/models/multi30k_cpu_subword`, keeps the run's notes. Like chapter 14's
+# model it is pre-norm (`make_model`'s default; chapter 14 says why), which its `info.json`
+# records as `"variant": "pre-norm"`:
 
 # %%
 import json
@@ -515,8 +517,8 @@ context
 # - **Averaging helped greedy decoding and hurt the beam.** The average of epochs 8 to 12 is
 #   better than the last epoch with greedy decoding but worse with beam search, on both sets.
 #   The data separate the two decoders, not phases of training: the same averaged weights gain
-#   with one and lose with the other, so "the run was still improving" cannot be the whole
-#   explanation, and we have none that these data test. The averaged weights are not shipped,
+#   with one and lose with the other, so the phase of training alone (a run still improving)
+#   cannot explain it, and we have no explanation that these data test. The averaged weights are not shipped,
 #   so the bootstrap above does not cover them; with one run, the pattern is a demonstration,
 #   not a finding. Chapter 16's averages, taken at epochs 13 to 17 of a run that had levelled
 #   off, helped greedy decoding; they were not decoded with the beam.

@@ -266,8 +266,8 @@ for d_k, paper_count in ((64, 65), (32, 60), (16, 58)):
 # places. The test set is 500 sequences of 4 to 10 digits from their own seed; training never
 # sees them.
 #
-# **Base model.** Chapter 13's model at half the width, to fit 24 training runs into a few
-# minutes: $N = 2$, $d_{model} = 32$, $d_{ff} = 64$, $h = 4$ heads of $d_k = d_v = 8$, with the
+# **Base model.** Chapter 13's model at half the width, so that each training run takes
+# seconds: $N = 2$, $d_{model} = 32$, $d_{ff} = 64$, $h = 4$ heads of $d_k = d_v = 8$, with the
 # paper's regularization, $P_{drop} = 0.1$ and $\epsilon_{ls} = 0.1$.
 #
 # **Variants.** One change each, mirroring the paper's groups: (A) $h$ = 1, 2 and 8 with

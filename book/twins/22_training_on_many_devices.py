@@ -925,17 +925,18 @@ print(f"  at that rate one GPU trains an epoch of {target_tokens:,} target token
 #   with the same data, with the same command. If none comes before the rendezvous times out, the
 #   launcher gives up. Nothing is lost beyond the last checkpoint: the same command with
 #   `--resume`, on two machines, continues later.
-# * **A range** (`--nnodes=1:2`): the survivor can go on alone, with half the processes. The
-#   checkpoint knows how many processes made it, and a resumed run must keep processes $\times$
-#   `accum_iter`, the number of micro-batches in one optimizer step, or it would continue with
-#   another global batch and another schedule. Without `--batch-tokens`, `accum_iter` stays
-#   what it was, and the survivor stops with the one-line error below. With `--batch-tokens`, `tools/train.py` chooses `accum_iter`
-#   for the processes present, so the survivor doubles its accumulation and continues with the
-#   same global batch (when the numbers divide). Its processes draw fresh random states, since
-#   the checkpoint holds one per process of the old group, and they say so. A checkpoint written
-#   inside an epoch (`--save-every`) is the exception: fewer processes would share out that
-#   epoch's batches differently, so it resumes only with as many processes as wrote it, and the
-#   survivor says so in one line.
+# * **A range** (`--nnodes=1:2`, in the command above in place of `--nnodes=2`, with
+#   `--batch-tokens 25000` after `--config base`): the survivor can go on alone, with half the
+#   processes. The checkpoint knows how many processes made it, and a resumed run must keep
+#   processes $\times$ `accum_iter`, the number of micro-batches in one optimizer step, or it
+#   would continue with another global batch and another schedule. Without `--batch-tokens`,
+#   `accum_iter` stays what it was, and the survivor stops with the one-line error below. With
+#   `--batch-tokens`, `tools/train.py` chooses `accum_iter` for the processes present, so the
+#   survivor doubles its accumulation and continues with the same global batch (when the numbers
+#   divide). Its processes draw fresh random states, since the checkpoint holds one per process of
+#   the old group, and they say so. A checkpoint written inside an epoch (`--save-every`) is the
+#   exception: fewer processes would share out that epoch's batches differently, so it resumes
+#   only with as many processes as wrote it, and the survivor says so in one line.
 # * **Where the checkpoint lives.** Only rank 0 reads and writes `last.pt`, and which machine
 #   holds rank 0 is decided at each rendezvous. Keep `--checkpoint-dir` on storage that every
 #   machine sees; otherwise a restart can put rank 0 on a machine without the checkpoint, and

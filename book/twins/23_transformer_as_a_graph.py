@@ -232,8 +232,8 @@ for name, (n_q, n_k, mask) in masks.items():
     assert torch.allclose(dense, sparse, atol=1e-6)
 
 # %% [markdown]
-# The two agree to float rounding (the largest difference is about $10^{-7}$, the size of one
-# float32 rounding step). (The dense version can disagree only where a query has no
+# The two agree to float rounding (within $10^{-6}$, the tolerance the cell checks: a few
+# float32 rounding steps). (The dense version can disagree only where a query has no
 # allowed key at all: it then spreads its weight evenly over the masked keys, while the graph
 # version, with no edge arriving, returns zeros. Neither case occurs in the model, since every
 # query may at least see itself or a real source token.)
