@@ -1676,10 +1676,10 @@ def beam_translate_batch(
     src_ids: Sequence[Sequence[int]],
     *,
     extra_len: int = 50,
-    bos_id: int = 0,
-    eos_id: int = 1,
-    pad_id: int = 2,
-    unk_id: int = 3,
+    bos_id: int = BOS_ID,
+    eos_id: int = EOS_ID,
+    pad_id: int = PAD_ID,
+    unk_id: int = UNK_ID,
     allow_unk: bool = False,
     **search: Any,
 ) -> list[list[int]]:
@@ -2733,7 +2733,7 @@ def train_parser(
     examples = [(src_vocab.encode(tree_tags(t)), tgt_vocab.encode(linearize(t))) for t in trees]
     model = make_model(len(src_vocab), len(tgt_vocab), N=N, d_model=d_model,
                        d_ff=4 * d_model, h=h, dropout=0.1)
-    criterion = LabelSmoothing(len(tgt_vocab), padding_idx=2, smoothing=0.1)
+    criterion = LabelSmoothing(len(tgt_vocab), padding_idx=PAD_ID, smoothing=0.1)
     loss_compute = SimpleLossCompute(model.generator, criterion)
     optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -4419,7 +4419,7 @@ def sparse_sort_accuracy(sparse: bool, *, seed: int = 0, epochs: int = 30) -> fl
     model = make_model(V, V, N=2, d_model=64, d_ff=128, h=4, dropout=0.0)
     if sparse:
         model.encoder = SparseEncoder(model.encoder, r=1, n_global=1)
-    loss_compute = SimpleLossCompute(model.generator, LabelSmoothing(V, padding_idx=2))
+    loss_compute = SimpleLossCompute(model.generator, LabelSmoothing(V, padding_idx=PAD_ID))
     optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda=lambda step: rate(step, model_size=64, factor=0.5, warmup=100)
@@ -4931,7 +4931,7 @@ class UniversalTransformer(nn.Module):
 
     def __init__(
         self, V: int, d_model: int = 64, d_ff: int = 128, h: int = 4, *,
-        max_steps: int = 4, dropout: float = 0.0, pad: int = 2,
+        max_steps: int = 4, dropout: float = 0.0, pad: int = PAD_ID,
     ) -> None:
         super().__init__()
         attn = MultiHeadedAttention(h, d_model, dropout=dropout)

@@ -32,6 +32,10 @@ if "google.colab" in sys.modules:
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
 
 from the_annotated_transformer import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    UNK_ID,
     Vocab,
     bleu,
     detokenize,
@@ -452,10 +456,10 @@ def beam_translate_batch(
     src_ids: Sequence[Sequence[int]],
     *,
     extra_len: int = 50,
-    bos_id: int = 0,
-    eos_id: int = 1,
-    pad_id: int = 2,
-    unk_id: int = 3,
+    bos_id: int = BOS_ID,
+    eos_id: int = EOS_ID,
+    pad_id: int = PAD_ID,
+    unk_id: int = UNK_ID,
     allow_unk: bool = False,
     **search: Any,
 ) -> list[list[int]]:

@@ -500,7 +500,7 @@ def train_parser(
     examples = [(src_vocab.encode(tree_tags(t)), tgt_vocab.encode(linearize(t))) for t in trees]
     model = make_model(len(src_vocab), len(tgt_vocab), N=N, d_model=d_model,
                        d_ff=4 * d_model, h=h, dropout=0.1)
-    criterion = LabelSmoothing(len(tgt_vocab), padding_idx=2, smoothing=0.1)
+    criterion = LabelSmoothing(len(tgt_vocab), padding_idx=PAD_ID, smoothing=0.1)
     loss_compute = SimpleLossCompute(model.generator, criterion)
     optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
     scheduler = torch.optim.lr_scheduler.LambdaLR(

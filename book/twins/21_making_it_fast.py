@@ -711,8 +711,8 @@ logits = torch.randn(32, V, requires_grad=True)
 target = torch.randint(0, V, (32,))
 target[:4] = 2  # padding rows
 for eps in (0.0, 0.1, 0.3):
-    book = LabelSmoothing(V, padding_idx=2, smoothing=eps)(logits.log_softmax(-1), target)
-    fused = label_smoothing_loss(logits, target, padding_idx=2, smoothing=eps)
+    book = LabelSmoothing(V, padding_idx=PAD_ID, smoothing=eps)(logits.log_softmax(-1), target)
+    fused = label_smoothing_loss(logits, target, padding_idx=PAD_ID, smoothing=eps)
     (g_book,), (g_fused,) = (torch.autograd.grad(x, logits) for x in (book, fused))
     assert torch.allclose(book, fused, rtol=1e-5) and torch.allclose(g_book, g_fused, atol=1e-6)
     plain = F.cross_entropy(logits, target, ignore_index=2, label_smoothing=eps, reduction="sum")
@@ -762,7 +762,7 @@ english = load_tokenizers()[1]
 pairs = load_multi30k("val")[:128]
 examples = encode_pairs([(tokenize(de, german), tokenize(en, english)) for de, en in pairs],
                         vocab_src, vocab_tgt)
-batch = Batch(*collate_batch(examples), pad=2)
+batch = Batch(*collate_batch(examples), pad=PAD_ID)
 step_model = use_fast_path(copy.deepcopy(model)).eval()  # fast path, dropout off
 
 
@@ -773,7 +773,7 @@ def loss_and_gradient(bf16: bool) -> tuple[float, torch.Tensor]:
         logits = step_model.generator.proj(
             step_model(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask))
     loss = label_smoothing_loss(logits.float().flatten(0, 1), batch.tgt_y.flatten(),
-                                padding_idx=2, smoothing=0.1) / batch.ntokens
+                                padding_idx=PAD_ID, smoothing=0.1) / batch.ntokens
     loss.backward()
     return loss.item(), torch.cat([p.grad.flatten() for p in step_model.parameters()]).double()
 

@@ -564,7 +564,7 @@ def sparse_sort_accuracy(sparse: bool, *, seed: int = 0, epochs: int = 30) -> fl
     model = make_model(V, V, N=2, d_model=64, d_ff=128, h=4, dropout=0.0)
     if sparse:
         model.encoder = SparseEncoder(model.encoder, r=1, n_global=1)
-    loss_compute = SimpleLossCompute(model.generator, LabelSmoothing(V, padding_idx=2))
+    loss_compute = SimpleLossCompute(model.generator, LabelSmoothing(V, padding_idx=PAD_ID))
     optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda=lambda step: rate(step, model_size=64, factor=0.5, warmup=100)

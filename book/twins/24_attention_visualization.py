@@ -39,6 +39,7 @@ if "google.colab" in sys.modules:
 
 from the_annotated_transformer import (
     ATTENTION_KINDS,
+    PAD_ID,
     AttentionMaps,
     LabelSmoothing,
     SimpleLossCompute,
@@ -447,7 +448,8 @@ import time
 V, d_model = 13, 64
 torch.manual_seed(0)
 copier = make_model(V, V, N=2, d_model=d_model, d_ff=128, h=4, dropout=0.0)
-loss_compute = SimpleLossCompute(copier.generator, LabelSmoothing(V, padding_idx=2, smoothing=0.0))
+loss_compute = SimpleLossCompute(copier.generator,
+                                 LabelSmoothing(V, padding_idx=PAD_ID, smoothing=0.0))
 optimizer = torch.optim.Adam(copier.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
 scheduler = torch.optim.lr_scheduler.LambdaLR(
     optimizer, lr_lambda=lambda step: rate(step, model_size=d_model, factor=0.5, warmup=100)

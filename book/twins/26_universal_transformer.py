@@ -25,6 +25,7 @@ if "google.colab" in sys.modules:
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
 
 from the_annotated_transformer import (
+    PAD_ID,
     Batch,
     DecoderLayer,
     Embeddings,
@@ -181,7 +182,7 @@ class UniversalTransformer(nn.Module):
 
     def __init__(
         self, V: int, d_model: int = 64, d_ff: int = 128, h: int = 4, *,
-        max_steps: int = 4, dropout: float = 0.0, pad: int = 2,
+        max_steps: int = 4, dropout: float = 0.0, pad: int = PAD_ID,
     ) -> None:
         super().__init__()
         attn = MultiHeadedAttention(h, d_model, dropout=dropout)
