@@ -129,10 +129,10 @@ length_histogram(train_tokens, title="Multi30k training sentences by length")
 #
 # The vocabulary maps tokens to ids and back. Four special tokens come first: `<s>` (0) and
 # `</s>` (1) mark where a sentence starts and ends, `<blank>` (2) is the padding (`PAD_ID`, the
-# padding of chapter 7's `Batch`), and `<unk>` (3) stands for any word the vocabulary does not know. Then
-# come the words seen at least twice in the training data: a word seen once would get an
-# embedding trained on one example, and mapping it to `<unk>` teaches the model what to do with
-# the unknown words of new text. The order (most frequent first, ties alphabetical) is
+# padding of chapter 7's `Batch`), and `<unk>` (3) stands for any word the vocabulary does not
+# know. Then come the words seen at least twice in the training data: a word seen once would get
+# an embedding trained on one example, and mapping it to `<unk>` teaches the model what to do
+# with the unknown words of new text. The order (most frequent first, ties alphabetical) is
 # deterministic, and the vocabulary is saved as JSON, which loads without running code.
 #
 # ```{note}

@@ -518,10 +518,10 @@ context
 #   better than the last epoch with greedy decoding but worse with beam search, on both sets.
 #   The data separate the two decoders, not phases of training: the same averaged weights gain
 #   with one and lose with the other, so the phase of training alone (a run still improving)
-#   cannot explain it, and we have no explanation that these data test. The averaged weights are not shipped,
-#   so the bootstrap above does not cover them; with one run, the pattern is a demonstration,
-#   not a finding. Chapter 16's averages, taken at epochs 13 to 17 of a run that had levelled
-#   off, helped greedy decoding; they were not decoded with the beam.
+#   cannot explain it, and we have no explanation that these data test. The averaged weights are
+#   not shipped, so the bootstrap above does not cover them; with one run, the pattern is a
+#   demonstration, not a finding. Chapter 16's averages, taken at epochs 13 to 17 of a run that
+#   had levelled off, helped greedy decoding; they were not decoded with the beam.
 # - **What they do not show.** Each row is one training run with one seed, scored once; a
 #   difference of a few tenths of a point is within what another seed or another epoch would
 #   move (chapter 16 saw a point between neighbouring epochs). The choice among rows was made

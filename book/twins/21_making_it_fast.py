@@ -1420,17 +1420,18 @@ curves
 # other runs that is smaller than that is a demonstration, not a finding:
 #
 # - **Three seeds of the preset** were furthest apart after epoch 2, by 2.32 points, and came
-#   closer after every later epoch, to 0.51 after epoch 6 (the line above the curves). Their last-epoch
-#   scores lie within about half a point of each other greedy and about 0.7 with beam search.
+#   closer after every later epoch, to 0.51 after epoch 6 (the line above the curves). Their
+#   last-epoch scores lie within about half a point of each other greedy and about 0.7 with beam
+#   search.
 # - **The fast path** made every fast-path run's steps faster than `cpu_subword`'s in their mean
-#   speeds (the tokens/s column), from barely (seed 2, on the slowest session) to about a half. They ran in different sessions, on machines of the
-#   same kind but not the same machine, and at least part of the spread comes from that: on one
-#   machine, in one process, batches of 750 and of 1,500 tokens trained at about the same speed
-#   per token. The preset's steps, the same number for every seed, took 25.9, 30.7 and 38.6
-#   training minutes for seeds 0, 1 and 2 (the third shared its machine with some light work), so
-#   on this kind of machine the half hour is a budget of steps, not a promise of minutes. `make
-#   bench`'s one-process ratio of the fast to the readable path above is the cleaner measure of
-#   what the fast path buys.
+#   speeds (the tokens/s column), from barely (seed 2, on the slowest session) to about a half.
+#   They ran in different sessions, on machines of the same kind but not the same machine, and
+#   at least part of the spread comes from that: on one machine, in one process, batches of 750
+#   and of 1,500 tokens trained at about the same speed per token. The preset's steps, the same
+#   number for every seed, took 25.9, 30.7 and 38.6 training minutes for seeds 0, 1 and 2 (the
+#   third shared its machine with some light work), so on this kind of machine the half hour is
+#   a budget of steps, not a promise of minutes. `make bench`'s one-process ratio of the fast to
+#   the readable path above is the cleaner measure of what the fast path buys.
 # - **No dropout** was ahead of `cpu_subword` after every one of the five epochs, and after 5
 #   epochs, about 25 minutes of training, it stood between `cpu_subword`'s epochs 6 and 7.
 # - **Half the batch** (the preset) was ahead of the 1,500-token run after epochs 1 to 3 for every

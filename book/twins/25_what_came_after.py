@@ -695,6 +695,6 @@ for temperature, top_k, top_p in ((0.5, None, None), (1.0, None, None), (1.0, 10
 #    compare perplexity at the same budget, over three seeds.
 # 3. Train both kinds of position on captions cut to 8 tokens and measure perplexity on full
 #    captions: which copes better with lengths it never saw?
-# 4. Time `sample` against a loop that calls the model on the whole prefix for every token
-#    (no cache, as chapter 5's `greedy_decode` does), for captions of 30 tokens and for texts of 300. Where
-#    does the cache start to pay?
+# 4. Time `sample` against a loop that calls the model on the whole prefix for every token (no
+#    cache, as chapter 5's `greedy_decode` does), for captions of 30 tokens and for texts of
+#    300. Where does the cache start to pay?
