@@ -40,7 +40,7 @@ DEVICES ?= 1
 # one level below this CPU's), in two runs side by side (2 x 1 thread). These chapters make the
 # first run, every other chapter the second; the split keeps the two runs about as long.
 NBVAL_FIRST_HALF := $(addprefix book/,05_full_model.ipynb 08_training_loop.ipynb \
-	11_regularization.ipynb 12_copy_task.ipynb 13_sort_task.ipynb 14_multi30k_training.ipynb \
+	11_regularization.ipynb 13_sort_task.ipynb 14_multi30k_training.ipynb \
 	19_model_variations.ipynb 20_constituency_parsing.ipynb 25_what_came_after.ipynb)
 
 .PHONY: book test nbval test-portable test-portable-all test-cli-layer sync lint lock clean distclean setup train \
