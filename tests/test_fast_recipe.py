@@ -1,6 +1,8 @@
 """book/data/fast_recipe.json, the half-hour runs chapter 21 draws: its shape, and its claims."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -84,3 +86,19 @@ def test_record_run_keeps_validation_rows_and_names_a_model_it_cannot_find():
                                     "weights": "last epoch"}]
     with pytest.raises(ValueError, match=r"no results for model\(s\) avg in the results file"):
         run_entry("seed 2", "", "", checkpoint, results, {"S2": "last", "avg": "average"})
+
+
+def test_record_run_refuses_unreadable_input_in_one_line_and_leaves_the_recipe_alone(tmp_path):
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text('{"runs": []}\n')
+    (tmp_path / "results.json").write_bytes(b"\xff\xfe not json")
+    (tmp_path / "last.pt").write_bytes(b"\x80\x02 not a checkpoint")
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "record_run.py"), "--name", "x", "--changes", "y",
+         "--command", "z", "--checkpoint", str(tmp_path / "last.pt"),
+         "--results", str(tmp_path / "results.json"), "--weights", "S2=last epoch",
+         "--recipe", str(recipe)],
+        capture_output=True, text=True, check=False)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.startswith("record_run.py: error: ") and done.stderr.count("\n") == 1
+    assert recipe.read_text() == '{"runs": []}\n'

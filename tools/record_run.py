@@ -15,6 +15,7 @@ the others keep their order, which chapter 21 relies on.
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -61,17 +62,23 @@ def main() -> None:
     pairs = [item.split("=", 1) for item in args.weights]
     if any(len(pair) != 2 for pair in pairs):
         parser.error("--weights takes NAME=WEIGHTS, e.g. S2='last epoch'")
-    results = json.loads(args.results.read_text())["results"]
-    entry = run_entry(args.name, args.changes, args.command, load_checkpoint(args.checkpoint),
-                      results, dict(pairs))
-    recipe = json.loads(args.recipe.read_text())
+    try:
+        results = json.loads(args.results.read_text())["results"]
+        entry = run_entry(args.name, args.changes, args.command,
+                          load_checkpoint(args.checkpoint), results, dict(pairs))
+        recipe = json.loads(args.recipe.read_text())
+    except (OSError, ValueError, KeyError, TypeError) as err:  # JSONDecodeError is a ValueError
+        first_line = str(err).splitlines()[0] if str(err) else ""
+        sys.exit(f"record_run.py: error: {type(err).__name__}: {first_line}")
     runs = recipe["runs"]
     names = [run["name"] for run in runs]
     if args.name in names:
         runs[names.index(args.name)] = entry
     else:
         runs.append(entry)
-    args.recipe.write_text(json.dumps(recipe, indent=1) + "\n")
+    partial = args.recipe.with_suffix(".json.partial")  # the old file stays whole until replaced
+    partial.write_text(json.dumps(recipe, indent=1) + "\n")
+    partial.replace(args.recipe)
     scores = ", ".join(f"{row['decoding']} {row['bleu']} ({row['weights']})"
                        for row in entry["evaluation"])
     print(f"{args.name}: {entry['training_seconds'] / 60:.1f} training min; {scores}")
