@@ -1224,89 +1224,10 @@ def multi30k_loader(
 
 
 # %%
-from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager, nullcontext
-
-import torch
-from torch import nn
-
-
-def run_groups(
-    batches: Iterable,
-    model: nn.Module,
-    loss_compute,
-    optimizer: torch.optim.Optimizer | None = None,
-    scheduler=None,
-    *,
-    accum_iter: int = 1,
-    train_state: TrainState | None = None,
-    group_norm: Callable[[int], float] | None = None,
-    sync_context: Callable[[bool], AbstractContextManager] | None = None,
-    forward_context: Callable[[], AbstractContextManager] | None = None,
-    after_group: Callable[[float, int, int], None] | None = None,
-) -> tuple[float, int]:
-    """Chapter 8's accumulation core, grown by four hooks for real hardware.
-
-    group_norm(T) replaces the divisor T (DDP divides by the tokens of all ranks);
-    sync_context(is_last) wraps a micro-batch's forward and backward (DDP's no_sync),
-    forward_context() its forward (autocast); after_group(loss, tokens, batches) reports.
-    """
-    train = optimizer is not None
-    total_loss, total_tokens = 0.0, 0
-    with torch.set_grad_enabled(train):
-        for group in accumulation_groups(batches, accum_iter):
-            tokens = sum(batch.ntokens for batch in group)  # T = T_1 + ... + T_k
-            norm = group_norm(tokens) if group_norm is not None else max(tokens, 1)
-            group_loss = 0.0
-            for i, batch in enumerate(group):
-                is_last = i == len(group) - 1
-                with sync_context(is_last) if sync_context is not None else nullcontext():
-                    with forward_context() if forward_context is not None else nullcontext():
-                        out = model(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask)
-                        loss_sum, loss = loss_compute(out, batch.tgt_y, norm)  # S_i, S_i / T
-                    if train:
-                        loss.backward()  # .grad accumulates the sum over the group
-                group_loss += loss_sum
-                if train and train_state is not None:
-                    train_state.step += 1
-                    train_state.samples += batch.src.size(0)
-                    train_state.tokens += batch.ntokens
-            if train:
-                optimizer.step()  # once per group of accum_iter micro-batches
-                optimizer.zero_grad(set_to_none=True)
-                if train_state is not None:
-                    train_state.accum_step += 1
-                if scheduler is not None:
-                    scheduler.step()  # the schedule counts optimizer steps
-            total_loss += group_loss
-            total_tokens += tokens
-            if after_group is not None:
-                after_group(group_loss, tokens, len(group))
-    return total_loss, total_tokens
-
-
-# %%
-import time
 from collections.abc import Iterable
-from contextlib import AbstractContextManager, nullcontext
-from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The model itself, also when DistributedDataParallel wraps it."""
-    return model.module if isinstance(model, DistributedDataParallel) else model
-
-
-def autocast_dtype_for(device: torch.device) -> torch.dtype | None:
-    """bfloat16 on GPUs that compute in it natively (compute capability 8.0 on); else None."""
-    if device.type != "cuda":
-        return None
-    return torch.bfloat16 if torch.cuda.get_device_capability(device) >= (8, 0) else None
 
 
 class LossAndNLL(SimpleLossCompute):
@@ -1327,85 +1248,6 @@ class LossAndNLL(SimpleLossCompute):
         gold = logp.detach().gather(1, y.unsqueeze(1)).squeeze(1)  # log p(label), (rows,)
         self.nll -= float(gold.masked_fill(y == self.pad_id, 0.0).sum())
         return float(loss_sum.detach()), loss_sum / norm
-
-
-def global_norm(tokens: int, device: torch.device) -> float:
-    """T / R for the tokens T of all R ranks: DDP's mean of gradients then divides by T."""
-    total = torch.tensor([float(tokens)], dtype=torch.float64, device=device)
-    dist.all_reduce(total)  # one number per optimizer step
-    return max(float(total), 1.0) / dist.get_world_size()
-
-
-def train_epoch(
-    model: nn.Module,
-    batches: Iterable[Batch],
-    criterion: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    *,
-    device: torch.device,
-    accum_iter: int = 1,
-    train_state: TrainState,
-    autocast_dtype: torch.dtype | None = None,
-    bar: Any = None,
-) -> tuple[float, int, float]:
-    """One training pass over this rank's batches: summed loss, target tokens, summed NLL.
-
-    Under DistributedDataParallel the loss is normalized by the tokens of the whole global
-    batch (all ranks, all micro-batches of the step), as one process would normalize it.
-    """
-    model.train()
-    loss_compute = LossAndNLL(unwrap(model).generator, criterion, PAD_ID)
-    ddp = isinstance(model, DistributedDataParallel)
-
-    def sync_context(is_last: bool) -> AbstractContextManager:
-        # DDP averages gradients across ranks during backward; skip that until the last
-        # micro-batch of the group, whose backward carries the accumulated sum.
-        return model.no_sync() if ddp and not is_last else nullcontext()
-
-    def forward_context() -> AbstractContextManager:
-        return torch.autocast(device.type, dtype=autocast_dtype,
-                              enabled=autocast_dtype is not None)
-
-    totals = {"loss": 0.0, "tokens": 0, "start": time.perf_counter()}
-
-    def after_group(loss_sum: float, tokens: int, n_batches: int) -> None:
-        totals["loss"] += loss_sum
-        totals["tokens"] += tokens
-        if bar is not None:
-            bar.update(n_batches)
-            speed = totals["tokens"] / max(time.perf_counter() - totals["start"], 1e-9)
-            bar.set_postfix(loss=f"{totals['loss'] / max(totals['tokens'], 1):.3f}",
-                            tokens_per_s=f"{speed:,.0f}",
-                            lr=f"{optimizer.param_groups[0]['lr']:.2e}")
-
-    loss, tokens = run_groups(
-        (batch.to(device) for batch in batches), model, loss_compute, optimizer, scheduler,
-        accum_iter=accum_iter, train_state=train_state,
-        group_norm=(lambda t: global_norm(t, device)) if ddp else None,
-        sync_context=sync_context, forward_context=forward_context, after_group=after_group,
-    )
-    return loss, tokens, loss_compute.nll
-
-
-def evaluate(
-    model: nn.Module,
-    batches: Iterable[Batch],
-    criterion: nn.Module,
-    *,
-    device: torch.device,
-    autocast_dtype: torch.dtype | None = None,
-) -> tuple[float, int, float]:
-    """Summed loss, target tokens and summed NLL over batches, without dropout or gradients."""
-    model = unwrap(model)  # no gradients, so nothing for DDP to synchronize
-    model.eval()
-    loss_compute = LossAndNLL(model.generator, criterion, PAD_ID)
-    loss, tokens = run_groups(
-        (batch.to(device) for batch in batches), model, loss_compute,
-        forward_context=lambda: torch.autocast(device.type, dtype=autocast_dtype,
-                                               enabled=autocast_dtype is not None),
-    )
-    return loss, tokens, loss_compute.nll
 
 
 # %%
@@ -3512,6 +3354,169 @@ class FusedLabelSmoothing(LabelSmoothing):
 
 # %% [markdown]
 # ## From book/22_training_on_many_devices.ipynb
+
+
+# %%
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model itself, also when DistributedDataParallel wraps it."""
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def autocast_dtype_for(device: torch.device) -> torch.dtype | None:
+    """bfloat16 on GPUs that compute in it natively (compute capability 8.0 on); else None."""
+    if device.type != "cuda":
+        return None
+    return torch.bfloat16 if torch.cuda.get_device_capability(device) >= (8, 0) else None
+
+
+def global_norm(tokens: int, device: torch.device) -> float:
+    """T / R for the tokens T of all R ranks: DDP's mean of gradients then divides by T."""
+    total = torch.tensor([float(tokens)], dtype=torch.float64, device=device)
+    dist.all_reduce(total)  # one number per optimizer step
+    return max(float(total), 1.0) / dist.get_world_size()
+
+
+# %%
+import time
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+
+def run_groups(
+    batches: Iterable,
+    model: nn.Module,
+    loss_compute,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler=None,
+    *,
+    accum_iter: int = 1,
+    train_state: TrainState | None = None,
+    group_norm: Callable[[int], float] | None = None,
+    sync_context: Callable[[bool], AbstractContextManager] | None = None,
+    forward_context: Callable[[], AbstractContextManager] | None = None,
+    after_group: Callable[[float, int, int], None] | None = None,
+) -> tuple[float, int]:
+    """Chapter 8's accumulation core, grown by four hooks for many devices and autocast.
+
+    group_norm(T) replaces the divisor T (DDP divides by the tokens of all ranks);
+    sync_context(is_last) wraps a micro-batch's forward and backward (DDP's no_sync),
+    forward_context() its forward (autocast); after_group(loss, tokens, batches) reports.
+    """
+    train = optimizer is not None
+    total_loss, total_tokens = 0.0, 0
+    with torch.set_grad_enabled(train):
+        for group in accumulation_groups(batches, accum_iter):
+            tokens = sum(batch.ntokens for batch in group)  # T = T_1 + ... + T_k
+            norm = group_norm(tokens) if group_norm is not None else max(tokens, 1)
+            group_loss = 0.0
+            for i, batch in enumerate(group):
+                is_last = i == len(group) - 1
+                with sync_context(is_last) if sync_context is not None else nullcontext():
+                    with forward_context() if forward_context is not None else nullcontext():
+                        out = model(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask)
+                        loss_sum, loss = loss_compute(out, batch.tgt_y, norm)  # S_i, S_i / T
+                    if train:
+                        loss.backward()  # .grad accumulates the sum over the group
+                group_loss += loss_sum
+                if train and train_state is not None:
+                    train_state.step += 1
+                    train_state.samples += batch.src.size(0)
+                    train_state.tokens += batch.ntokens
+            if train:
+                optimizer.step()  # once per group of accum_iter micro-batches
+                optimizer.zero_grad(set_to_none=True)
+                if train_state is not None:
+                    train_state.accum_step += 1
+                if scheduler is not None:
+                    scheduler.step()  # the schedule counts optimizer steps
+            total_loss += group_loss
+            total_tokens += tokens
+            if after_group is not None:
+                after_group(group_loss, tokens, len(group))
+    return total_loss, total_tokens
+
+
+def train_epoch(
+    model: nn.Module,
+    batches: Iterable[Batch],
+    criterion: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    *,
+    device: torch.device,
+    accum_iter: int = 1,
+    train_state: TrainState,
+    autocast_dtype: torch.dtype | None = None,
+    bar: Any = None,
+) -> tuple[float, int, float]:
+    """One training pass over this rank's batches: summed loss, target tokens, summed NLL.
+
+    Under DistributedDataParallel the loss is normalized by the tokens of the whole global
+    batch (all ranks, all micro-batches of the step), as one process would normalize it.
+    """
+    model.train()
+    loss_compute = LossAndNLL(unwrap(model).generator, criterion, PAD_ID)
+    ddp = isinstance(model, DistributedDataParallel)
+
+    def sync_context(is_last: bool) -> AbstractContextManager:
+        # DDP averages gradients across ranks during backward; skip that until the last
+        # micro-batch of the group, whose backward carries the accumulated sum.
+        return model.no_sync() if ddp and not is_last else nullcontext()
+
+    def forward_context() -> AbstractContextManager:
+        return torch.autocast(device.type, dtype=autocast_dtype,
+                              enabled=autocast_dtype is not None)
+
+    totals = {"loss": 0.0, "tokens": 0, "start": time.perf_counter()}
+
+    def after_group(loss_sum: float, tokens: int, n_batches: int) -> None:
+        totals["loss"] += loss_sum
+        totals["tokens"] += tokens
+        if bar is not None:
+            bar.update(n_batches)
+            speed = totals["tokens"] / max(time.perf_counter() - totals["start"], 1e-9)
+            bar.set_postfix(loss=f"{totals['loss'] / max(totals['tokens'], 1):.3f}",
+                            tokens_per_s=f"{speed:,.0f}",
+                            lr=f"{optimizer.param_groups[0]['lr']:.2e}")
+
+    loss, tokens = run_groups(
+        (batch.to(device) for batch in batches), model, loss_compute, optimizer, scheduler,
+        accum_iter=accum_iter, train_state=train_state,
+        group_norm=(lambda t: global_norm(t, device)) if ddp else None,
+        sync_context=sync_context, forward_context=forward_context, after_group=after_group,
+    )
+    return loss, tokens, loss_compute.nll
+
+
+def evaluate(
+    model: nn.Module,
+    batches: Iterable[Batch],
+    criterion: nn.Module,
+    *,
+    device: torch.device,
+    autocast_dtype: torch.dtype | None = None,
+) -> tuple[float, int, float]:
+    """Summed loss, target tokens and summed NLL over batches, without dropout or gradients."""
+    model = unwrap(model)  # no gradients, so nothing for DDP to synchronize
+    model.eval()
+    loss_compute = LossAndNLL(model.generator, criterion, PAD_ID)
+    loss, tokens = run_groups(
+        (batch.to(device) for batch in batches), model, loss_compute,
+        forward_context=lambda: torch.autocast(device.type, dtype=autocast_dtype,
+                                               enabled=autocast_dtype is not None),
+    )
+    return loss, tokens, loss_compute.nll
 
 
 # %%

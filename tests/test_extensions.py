@@ -57,8 +57,8 @@ def tiny_model(seed: int = 0) -> nn.Module:
 def test_every_grown_definition_has_a_behaviour_test_here():
     assert grown_names() == {
         "beam_search", "decode_text", "encode_examples", "encode_text", "greedy_decode",
-        "multi30k_vocabularies", "read_vocabularies", "run_groups", "training_config",
-        "TrainConfig",
+        "evaluate", "multi30k_vocabularies", "read_vocabularies", "run_groups", "train_epoch",
+        "training_config", "TrainConfig",
     }
 
 
@@ -130,6 +130,28 @@ def test_grown_run_groups_trains_as_chapter_8s_with_its_defaults(accum_iter):
         results.append((loss, tokens, copy.deepcopy(vars(state)), model.state_dict()))
     (loss_a, tokens_a, state_a, weights_a), (loss_b, tokens_b, state_b, weights_b) = results
     assert (loss_a, tokens_a, state_a) == (loss_b, tokens_b, state_b)
+    assert all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
+
+
+@pytest.mark.parametrize("accum_iter", [1, 2])
+def test_grown_train_epoch_and_evaluate_give_chapter_14s_sums_with_their_defaults(accum_iter):
+    plain_train, plain_evaluate = first_definition("train_epoch"), first_definition("evaluate")
+    assert plain_train is not tat.train_epoch and plain_evaluate is not tat.evaluate
+    cpu = torch.device("cpu")
+    results = []
+    for train, evaluate in ((plain_train, plain_evaluate), (tat.train_epoch, tat.evaluate)):
+        model = tiny_model(0)
+        criterion = tat.LabelSmoothing(V, padding_idx=PAD, smoothing=0.1)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+        state = tat.TrainState()
+        trained = train(model, random_batches(5), criterion, optimizer, scheduler, device=cpu,
+                        accum_iter=accum_iter, train_state=state)
+        evaluated = evaluate(model, random_batches(2, seed=1), criterion, device=cpu)
+        results.append((trained, evaluated, copy.deepcopy(vars(state)), model.state_dict()))
+    (train_a, eval_a, state_a, weights_a), (train_b, eval_b, state_b, weights_b) = results
+    assert state_a["accum_step"] == (5 + accum_iter - 1) // accum_iter
+    assert (train_a, eval_a, state_a) == (train_b, eval_b, state_b)
     assert all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
 
 

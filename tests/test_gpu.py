@@ -1,4 +1,4 @@
-"""Chapter 14's GPU paths: bf16 autocast on CUDA, NCCL with DDP, the per-epoch GPU report.
+"""Chapter 22's GPU paths: bf16 autocast on CUDA, NCCL with DDP, the per-epoch GPU report.
 
 Skipped on machines without CUDA (like the book's CI); run them on a GPU machine with
 `python -m pytest tests/test_gpu.py`.

@@ -738,19 +738,19 @@ for eps in (0.0, 0.1, 0.3):
 #
 # ## bfloat16 on a CPU
 #
-# Chapter 14 trains under bfloat16 autocast on GPUs that compute in it natively, and leaves it
-# off on CPUs, whose float32 numbers are the book's reference. But some CPUs have bfloat16
-# matrix units as well: Intel's AVX-512 BF16 instructions and its AMX tile units (Xeon from
-# the Sapphire Rapids generation on), which PyTorch's oneDNN kernels use for matrix products
-# under `torch.autocast("cpu", dtype=torch.bfloat16)`. Nothing in the model changes: autocast
-# runs each matrix product on bfloat16 copies of its inputs, and keeps the weights, the
+# Chapter 22's trainer runs under bfloat16 autocast on GPUs that compute in it natively, and
+# leaves it off on CPUs, whose float32 numbers are the book's reference. But some CPUs have
+# bfloat16 matrix units as well: Intel's AVX-512 BF16 instructions and its AMX tile units (Xeon
+# from the Sapphire Rapids generation on), which PyTorch's oneDNN kernels use for matrix
+# products under `torch.autocast("cpu", dtype=torch.bfloat16)`. Nothing in the model changes:
+# autocast runs each matrix product on bfloat16 copies of its inputs, and keeps the weights, the
 # optimizer state, and reductions such as softmax and layer norm in float32. `make bench`
 # measures the bfloat16 matmul peak beside the float32 one and runs the fast path under
 # autocast, for training (with the loss computed in float32 from the logits) and for cached
 # greedy decoding. Rounding to 8 mantissa bits changes some logits enough to change an argmax,
 # so bfloat16 decoding is not token for token the float32 decoding; the bench counts how many
-# sentences come out the same. On a CPU without such units bfloat16 is emulated, and may well
-# be slower than float32; this book has not measured one.
+# sentences come out the same. On a CPU without such units bfloat16 is emulated, and may well be
+# slower than float32; this book has not measured one.
 #
 # Whether bfloat16 would train as well is a question for a training run, which this book has
 # not made. A check that costs seconds is a step of one: the shipped model's label-smoothed

@@ -25,17 +25,18 @@ if "google.colab" in sys.modules:
 
 from the_annotated_transformer import (
     PAD_ID,
+    Batch,
     FusedLabelSmoothing,
     LabelSmoothing,
+    LossAndNLL,
     TrainConfig,
     TrainState,
     Vocab,
-    autocast_dtype_for,
+    accumulation_groups,
     bleu,
     book_data,
     enable_book_charts,
     encode_examples,
-    evaluate,
     export_for_shipping,
     line_chart,
     linear_rate,
@@ -49,15 +50,223 @@ from the_annotated_transformer import (
     rate,
     read_vocabularies,
     save_checkpoint,
-    train_epoch,
     training_config,
     translate,
     translation_table,
-    unwrap,
     use_fast_path,
 )
 
 enable_book_charts()
+
+# %% [markdown]
+# ## One epoch on many devices
+#
+# Chapter 14's `train_epoch` and `evaluate` run chapter 8's `run_groups` in one process. Many
+# processes, and bfloat16 on GPUs, need three hooks in that loop, and the progress bar a
+# fourth. This chapter grows `run_groups` with them, as keyword arguments whose defaults give
+# chapter 8's loop, and grows `train_epoch` and `evaluate` to use them (the cells below; the
+# appendix describes how the book grows a definition).
+#
+# **Gradient averaging.** With $R$ processes, `DistributedDataParallel` (DDP) keeps a full copy
+# of the model in each {cite}`li2020pytorch`. Every rank computes gradients on its own batch;
+# during `backward` DDP adds them up across ranks with an *all-reduce* and divides by $R$, in
+# buckets, overlapping the communication with the rest of the backward pass. Every rank then
+# holds the same averaged gradient, takes the same optimizer step, and the copies stay
+# identical without ever sending weights. What should the average be? One process on the
+# whole global batch would follow its loss per token, $\sum_r S_r / \sum_r T_r$, where $S_r$
+# is rank $r$'s summed loss and $T_r$ its token count. If each rank divided by its own $T_r$,
+# DDP's average would give $\frac{1}{R}\sum_r S_r / T_r$ instead, a mean of per-rank means that
+# weighs a rank holding short sentences as much as one holding long ones. So before the first
+# backward pass of an optimizer step the ranks add up their token counts $T_r$ with one small
+# all-reduce (a single number), and each divides by $T / R$ with $T = \sum_r T_r$: after DDP's
+# division by $R$ the gradient is exactly that of $\sum_r S_r / T$. This is chapter 8's rule
+# for accumulation, extended across devices: `run_groups`'s new `group_norm`.
+#
+# With gradient accumulation, the micro-batches before the last of a group run inside
+# `model.no_sync()` (the new `sync_context`): their gradients only accumulate locally, and the
+# all-reduce happens once, in the backward pass of the group's last micro-batch, on the sum.
+#
+# **bfloat16 autocast.** On GPUs that support it, the forward pass runs under
+# `torch.autocast(dtype=torch.bfloat16)` (the new `forward_context`): matrix multiplications take
+# 16-bit inputs, which moves half the bytes and runs on the tensor cores at several times the
+# float32 speed, while reductions such as softmax and the loss stay in float32 and the weights
+# and optimizer state remain float32 {cite}`micikevicius2018mixed`. bfloat16 keeps float32's 8
+# exponent bits and gives up mantissa bits instead, so unlike float16 it cannot overflow where
+# float32 would not, and no loss scaling is needed {cite}`kalamkar2019study`. "Supports" means in
+# hardware: GPUs from compute capability 8.0 (Ampere) on. `torch.cuda.is_bf16_supported()` also
+# says yes on older GPUs such as the V100 or T4, where bfloat16 is emulated and slower than
+# float32, so `autocast_dtype_for` asks for the compute capability instead. On a CPU autocast is
+# off: the float32 numbers there are the reference the tests compare against.
+#
+# **Progress.** With `bar` (a tqdm bar; rank 0 passes one), `after_group` moves the bar once
+# per optimizer step and shows the running loss per token, the tokens per second and the
+# learning rate.
+#
+# (The test suite checks that two processes take the same steps as one process on the same
+# global batches.)
+
+# %% tags=["export"]
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model itself, also when DistributedDataParallel wraps it."""
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def autocast_dtype_for(device: torch.device) -> torch.dtype | None:
+    """bfloat16 on GPUs that compute in it natively (compute capability 8.0 on); else None."""
+    if device.type != "cuda":
+        return None
+    return torch.bfloat16 if torch.cuda.get_device_capability(device) >= (8, 0) else None
+
+
+def global_norm(tokens: int, device: torch.device) -> float:
+    """T / R for the tokens T of all R ranks: DDP's mean of gradients then divides by T."""
+    total = torch.tensor([float(tokens)], dtype=torch.float64, device=device)
+    dist.all_reduce(total)  # one number per optimizer step
+    return max(float(total), 1.0) / dist.get_world_size()
+
+
+# %% tags=["export", "extends"]
+import time
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+
+def run_groups(
+    batches: Iterable,
+    model: nn.Module,
+    loss_compute,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler=None,
+    *,
+    accum_iter: int = 1,
+    train_state: TrainState | None = None,
+    group_norm: Callable[[int], float] | None = None,
+    sync_context: Callable[[bool], AbstractContextManager] | None = None,
+    forward_context: Callable[[], AbstractContextManager] | None = None,
+    after_group: Callable[[float, int, int], None] | None = None,
+) -> tuple[float, int]:
+    """Chapter 8's accumulation core, grown by four hooks for many devices and autocast.
+
+    group_norm(T) replaces the divisor T (DDP divides by the tokens of all ranks);
+    sync_context(is_last) wraps a micro-batch's forward and backward (DDP's no_sync),
+    forward_context() its forward (autocast); after_group(loss, tokens, batches) reports.
+    """
+    train = optimizer is not None
+    total_loss, total_tokens = 0.0, 0
+    with torch.set_grad_enabled(train):
+        for group in accumulation_groups(batches, accum_iter):
+            tokens = sum(batch.ntokens for batch in group)  # T = T_1 + ... + T_k
+            norm = group_norm(tokens) if group_norm is not None else max(tokens, 1)
+            group_loss = 0.0
+            for i, batch in enumerate(group):
+                is_last = i == len(group) - 1
+                with sync_context(is_last) if sync_context is not None else nullcontext():
+                    with forward_context() if forward_context is not None else nullcontext():
+                        out = model(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask)
+                        loss_sum, loss = loss_compute(out, batch.tgt_y, norm)  # S_i, S_i / T
+                    if train:
+                        loss.backward()  # .grad accumulates the sum over the group
+                group_loss += loss_sum
+                if train and train_state is not None:
+                    train_state.step += 1
+                    train_state.samples += batch.src.size(0)
+                    train_state.tokens += batch.ntokens
+            if train:
+                optimizer.step()  # once per group of accum_iter micro-batches
+                optimizer.zero_grad(set_to_none=True)
+                if train_state is not None:
+                    train_state.accum_step += 1
+                if scheduler is not None:
+                    scheduler.step()  # the schedule counts optimizer steps
+            total_loss += group_loss
+            total_tokens += tokens
+            if after_group is not None:
+                after_group(group_loss, tokens, len(group))
+    return total_loss, total_tokens
+
+
+def train_epoch(
+    model: nn.Module,
+    batches: Iterable[Batch],
+    criterion: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    *,
+    device: torch.device,
+    accum_iter: int = 1,
+    train_state: TrainState,
+    autocast_dtype: torch.dtype | None = None,
+    bar: Any = None,
+) -> tuple[float, int, float]:
+    """One training pass over this rank's batches: summed loss, target tokens, summed NLL.
+
+    Under DistributedDataParallel the loss is normalized by the tokens of the whole global
+    batch (all ranks, all micro-batches of the step), as one process would normalize it.
+    """
+    model.train()
+    loss_compute = LossAndNLL(unwrap(model).generator, criterion, PAD_ID)
+    ddp = isinstance(model, DistributedDataParallel)
+
+    def sync_context(is_last: bool) -> AbstractContextManager:
+        # DDP averages gradients across ranks during backward; skip that until the last
+        # micro-batch of the group, whose backward carries the accumulated sum.
+        return model.no_sync() if ddp and not is_last else nullcontext()
+
+    def forward_context() -> AbstractContextManager:
+        return torch.autocast(device.type, dtype=autocast_dtype,
+                              enabled=autocast_dtype is not None)
+
+    totals = {"loss": 0.0, "tokens": 0, "start": time.perf_counter()}
+
+    def after_group(loss_sum: float, tokens: int, n_batches: int) -> None:
+        totals["loss"] += loss_sum
+        totals["tokens"] += tokens
+        if bar is not None:
+            bar.update(n_batches)
+            speed = totals["tokens"] / max(time.perf_counter() - totals["start"], 1e-9)
+            bar.set_postfix(loss=f"{totals['loss'] / max(totals['tokens'], 1):.3f}",
+                            tokens_per_s=f"{speed:,.0f}",
+                            lr=f"{optimizer.param_groups[0]['lr']:.2e}")
+
+    loss, tokens = run_groups(
+        (batch.to(device) for batch in batches), model, loss_compute, optimizer, scheduler,
+        accum_iter=accum_iter, train_state=train_state,
+        group_norm=(lambda t: global_norm(t, device)) if ddp else None,
+        sync_context=sync_context, forward_context=forward_context, after_group=after_group,
+    )
+    return loss, tokens, loss_compute.nll
+
+
+def evaluate(
+    model: nn.Module,
+    batches: Iterable[Batch],
+    criterion: nn.Module,
+    *,
+    device: torch.device,
+    autocast_dtype: torch.dtype | None = None,
+) -> tuple[float, int, float]:
+    """Summed loss, target tokens and summed NLL over batches, without dropout or gradients."""
+    model = unwrap(model)  # no gradients, so nothing for DDP to synchronize
+    model.eval()
+    loss_compute = LossAndNLL(model.generator, criterion, PAD_ID)
+    loss, tokens = run_groups(
+        (batch.to(device) for batch in batches), model, loss_compute,
+        forward_context=lambda: torch.autocast(device.type, dtype=autocast_dtype,
+                                               enabled=autocast_dtype is not None),
+    )
+    return loss, tokens, loss_compute.nll
+
 
 # %% [markdown]
 # ## The worker

@@ -26,11 +26,13 @@ from the_annotated_transformer import (
     BOOK_REPOSITORY_REF,
     TrainConfig,
     beam_search,
+    evaluate,
     greedy_decode,
     make_model,
     read_vocabularies,
     run_groups,
     subsequent_mask,
+    train_epoch,
 )
 
 # %% [markdown]
@@ -48,11 +50,12 @@ from the_annotated_transformer import (
 # Chapter 5's `greedy_decode` is the plain decoding loop; chapter 14 adds `banned`, the ids a
 # translation must never contain, and chapter 21 adds `use_cache`, which reuses the keys and
 # values of earlier steps; chapter 15's `beam_search` grows the same `use_cache` there. Chapter
-# 8's `run_groups` accumulates gradients over a group of
-# batches; chapter 14 adds the hooks that DistributedDataParallel and autocast need. Chapter 14's
-# `TrainConfig`, its presets and its data functions know two word vocabularies; chapter 17 grows
-# them for one joint subword vocabulary: two fields and the `cpu_subword` preset, a `subwords`
-# option of `read_vocabularies`, and a sentencepiece branch inside `multi30k_vocabularies`,
+# 8's `run_groups` accumulates gradients over a group of batches, and chapter 14's `train_epoch`
+# and `evaluate` run it on one device; chapter 22 grows all three with the hooks that
+# DistributedDataParallel and autocast need. Chapter 14's `TrainConfig`, its presets and its
+# data functions know two word vocabularies; chapter 17 grows them for one joint subword
+# vocabulary: two fields and the `cpu_subword` preset, a `subwords` option of
+# `read_vocabularies`, and a sentencepiece branch inside `multi30k_vocabularies`,
 # `encode_examples`, `encode_text` and `decode_text`, whose signatures do not change; chapter 21
 # grows `TrainConfig` and the presets again, by `fast`, `decay` and the `cpu_fast` preset. The
 # module's signatures, each parameter (or field) with the chapter that brought it:
@@ -60,16 +63,19 @@ from the_annotated_transformer import (
 # %%
 import inspect
 
-first_in = {"greedy_decode": 5, "run_groups": 8, "beam_search": 15, "TrainConfig": 14,
-            "read_vocabularies": 14}
+first_in = {"greedy_decode": 5, "run_groups": 8, "train_epoch": 14, "evaluate": 14,
+            "beam_search": 15, "TrainConfig": 14, "read_vocabularies": 14}
 grown_in = {  # the parameters a later chapter added, with that chapter
     "greedy_decode": {"banned": 14, "use_cache": 21},
-    "run_groups": {"group_norm": 14, "sync_context": 14, "forward_context": 14, "after_group": 14},
+    "run_groups": {"group_norm": 22, "sync_context": 22, "forward_context": 22, "after_group": 22},
+    "train_epoch": {"autocast_dtype": 22, "bar": 22},
+    "evaluate": {"autocast_dtype": 22},
     "beam_search": {"use_cache": 21},
     "TrainConfig": {"subwords": 17, "share_embeddings": 17, "fast": 21, "decay": 21},
     "read_vocabularies": {"subwords": 17},
 }
-for function in [greedy_decode, run_groups, beam_search, TrainConfig, read_vocabularies]:
+for function in [greedy_decode, run_groups, train_epoch, evaluate, beam_search, TrainConfig,
+                 read_vocabularies]:
     name, names = function.__name__, list(inspect.signature(function).parameters)
     chapter_of = {p: grown_in[name].get(p, first_in[name]) for p in names}
     first = [p for p in names if p not in grown_in[name]]
