@@ -57,8 +57,8 @@ def tiny_model(seed: int = 0) -> nn.Module:
 def test_every_grown_definition_has_a_behaviour_test_here():
     assert grown_names() == {
         "beam_search", "decode_text", "encode_examples", "encode_text", "greedy_decode",
-        "evaluate", "multi30k_vocabularies", "read_vocabularies", "run_groups", "train_epoch",
-        "training_config", "TrainConfig",
+        "evaluate", "multi30k_loader", "multi30k_vocabularies", "read_vocabularies",
+        "run_groups", "TokenBudgetSampler", "train_epoch", "training_config", "TrainConfig",
     }
 
 
@@ -153,6 +153,45 @@ def test_grown_train_epoch_and_evaluate_give_chapter_14s_sums_with_their_default
     assert state_a["accum_step"] == (5 + accum_iter - 1) // accum_iter
     assert (train_a, eval_a, state_a) == (train_b, eval_b, state_b)
     assert all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
+
+
+def random_lengths(n: int, seed: int) -> tuple[list[int], list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randint(1, 30, (n,), generator=g).tolist(),
+            torch.randint(1, 30, (n,), generator=g).tolist())
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_grown_sampler_and_loader_give_chapter_9s_and_14s_batches_with_their_defaults(
+    seed, shuffle
+):
+    plain_sampler = first_definition("TokenBudgetSampler")
+    assert plain_sampler is not tat.TokenBudgetSampler
+    src, tgt = random_lengths(300, seed)
+    options = {"max_tokens": 120, "pool_size": 100, "shuffle": shuffle, "seed": seed}
+    plain, grown = plain_sampler(src, tgt, **options), tat.TokenBudgetSampler(src, tgt, **options)
+    for epoch in (0, 3):
+        plain.set_epoch(epoch)
+        grown.set_epoch(epoch)
+        assert list(grown) == list(plain) and len(grown) == len(plain)
+    examples = [([5] * a, [6] * b) for a, b in zip(src, tgt, strict=True)]
+    plain_loader = first_definition("multi30k_loader")
+    assert plain_loader is not tat.multi30k_loader
+    batches = [[(b.src.tolist(), b.tgt.tolist()) for b in load(examples, max_tokens=120,
+                                                               shuffle=shuffle, seed=seed)]
+               for load in (plain_loader, tat.multi30k_loader)]
+    assert batches[0] == batches[1]
+
+
+def test_grown_sampler_deals_each_rank_an_equal_disjoint_share():
+    src, tgt = random_lengths(301, 5)
+    whole = tat.TokenBudgetSampler(src, tgt, max_tokens=120, seed=5)
+    shares = [list(tat.TokenBudgetSampler(src, tgt, max_tokens=120, seed=5, num_replicas=3,
+                                          rank=r)) for r in range(3)]
+    assert len({len(share) for share in shares}) == 1
+    dealt = sorted(i for share in shares for batch in share for i in batch)
+    assert dealt == sorted(i for batch in whole for i in batch) == list(range(301))
 
 
 def test_grown_train_config_keeps_chapter_14s_fields_presets_and_errors():

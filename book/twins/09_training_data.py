@@ -37,7 +37,6 @@ from the_annotated_transformer import (
     enable_book_charts,
     length_histogram,
     load_multi30k,
-    split_batches_for_ranks,
 )
 
 enable_book_charts()
@@ -332,9 +331,9 @@ print(" ".join(vocab_tgt.lookup_tokens(tgt[1])))
 # 3. closes a batch when the next sentence would push it over budget,
 # 4. shuffles the batches, so that training does not see short sentences first and long last.
 #
-# A pair that alone exceeds the budget is an error. `num_replicas` and `rank` deal the batches
-# out to the processes of a data-parallel run; that, and the checks of the arguments, are in
-# the appendix {doc}`appendix_data`.
+# A pair that alone exceeds the budget is an error; the checks of the arguments are in the
+# appendix {doc}`appendix_data`. Chapter 22, which trains on several devices at once, grows the
+# sampler so that each process takes its own share of the batches.
 
 # %% tags=["export"]
 from collections.abc import Iterable, Iterator, Sequence
@@ -347,21 +346,19 @@ class TokenBudgetSampler(Sampler[list[int]]):
     """Batches of similar-length examples whose padded src and tgt each fit max_tokens."""
 
     def __init__(self, src_lengths: Sequence[int], tgt_lengths: Sequence[int], *, max_tokens: int,
-                 pool_size: int | None = None, shuffle: bool = True, seed: int = 0,
-                 num_replicas: int = 1, rank: int = 0) -> None:
+                 pool_size: int | None = None, shuffle: bool = True, seed: int = 0) -> None:
         super().__init__()
         self.src_lengths = [int(n) for n in src_lengths]
         self.tgt_lengths = [int(n) for n in tgt_lengths]
         check_token_budget(self.src_lengths, self.tgt_lengths, max_tokens=max_tokens,
-                           pool_size=pool_size, num_replicas=num_replicas, rank=rank)
+                           pool_size=pool_size)
         self.max_tokens = max_tokens
         self.pool_size = pool_size or len(self.src_lengths)
         self.shuffle, self.seed, self.epoch = shuffle, seed, 0
-        self.num_replicas, self.rank = num_replicas, rank
         self._cache: tuple[int, list[list[int]]] | None = None  # (epoch, its batches)
 
     def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch and with it the order; call it with the same epoch on every rank."""
+        """Choose the epoch, and with it the order of the examples and of the batches."""
         self.epoch = epoch
 
     def _length_key(self, i: int) -> tuple[int, int, int]:
@@ -383,7 +380,7 @@ class TokenBudgetSampler(Sampler[list[int]]):
         return batches
 
     def batches(self) -> list[list[int]]:
-        """All ranks' batches of this epoch, in order (rank r takes every num_replicas-th)."""
+        """The batches of this epoch, in order (built once per epoch)."""
         if self._cache is not None and self._cache[0] == self.epoch:
             return self._cache[1]
         n = len(self.src_lengths)
@@ -394,17 +391,16 @@ class TokenBudgetSampler(Sampler[list[int]]):
             # 1) shuffled pool, 2) sorted by length (stable: ties stay shuffled), 3) cut
             pool = sorted(order[start : start + self.pool_size], key=self._length_key)
             batches += self._fill(pool)
-        batches = split_batches_for_ranks(batches, self.num_replicas)  # the same count per rank
         if self.shuffle:  # 4) shuffle the batches themselves
             batches = [batches[j] for j in torch.randperm(len(batches), generator=generator)]
         self._cache = (self.epoch, batches)
         return batches
 
     def __iter__(self) -> Iterator[list[int]]:
-        yield from self.batches()[self.rank :: self.num_replicas]
+        yield from self.batches()
 
     def __len__(self) -> int:
-        return len(self.batches()) // self.num_replicas
+        return len(self.batches())
 
 
 def padding_fraction(batches: Iterable[Sequence[int]], src_lengths: Sequence[int],

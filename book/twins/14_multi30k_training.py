@@ -327,23 +327,14 @@ with tempfile.TemporaryDirectory() as folder:
 #
 # The data pipeline is chapter 9's: spaCy's tokenizers, vocabularies of the words seen at least
 # twice, pairs longer than `max_len` dropped, and `TokenBudgetSampler` filling batches up to a
-# budget of padded tokens. Three things are new.
+# budget of padded tokens. Two things are new.
 #
 # The vocabularies are built from the training split only (the validation and test sentences
-# must stay unseen), once, by rank 0, and written as JSON into the checkpoint folder. The other
-# processes of the run receive them from rank 0 (chapter 22), not from the folder, which on another
-# machine may not exist, and a resumed run and later the translation script read them from the
-# folder, so that word $i$ means the same word everywhere. JSON rather than a pickle, for the
-# same reason as `weights_only` above.
-#
-# Each process (each *rank*) trains on its own share of the batches: the sampler builds the
-# same list of batches on every rank (same seed, same epoch) and rank $r$ of $R$ takes batches
-# $r, r + R, r + 2R, \dots$, like PyTorch's `DistributedSampler` does with single examples.
-# The shares are disjoint and together cover the data once per epoch. They must also be of
-# *equal length*: in distributed training every rank takes part in every gradient exchange,
-# and a rank with one batch more would wait forever for partners that have finished their
-# epoch. `split_batches_for_ranks` (appendix {doc}`appendix_data`) splits the largest batches
-# until their number is a multiple of $R$.
+# must stay unseen), once, by the first process of a run (its *rank* 0; chapter 22 runs
+# several), and written as JSON into the checkpoint folder. The other processes receive them
+# from it, not from the folder, which on another machine may not exist, and a resumed run and
+# later the translation script read them from the folder, so that word $i$ means the same word
+# everywhere. JSON rather than a pickle, for the same reason as `weights_only` above.
 #
 # Finally, a `DataLoader` turns index lists into `Batch` objects (chapter 7) with their masks.
 
@@ -440,14 +431,11 @@ def multi30k_loader(
     max_tokens: int,
     shuffle: bool,
     seed: int = 0,
-    num_replicas: int = 1,
-    rank: int = 0,
 ) -> DataLoader:
-    """Token-budget batches of this rank's share of examples, as Batch objects."""
+    """Token-budget batches of examples, as Batch objects."""
     src_lengths, tgt_lengths = example_lengths(examples)
     sampler = TokenBudgetSampler(
-        src_lengths, tgt_lengths, max_tokens=max_tokens, shuffle=shuffle, seed=seed,
-        num_replicas=num_replicas, rank=rank,
+        src_lengths, tgt_lengths, max_tokens=max_tokens, shuffle=shuffle, seed=seed
     )
     return DataLoader(examples, batch_sampler=sampler, collate_fn=collate_to_batch)
 
@@ -457,18 +445,12 @@ first_pairs = load_multi30k("train")[:400]  # a small vocabulary, quick to build
 vocab_src, vocab_tgt = multi30k_vocabularies(TrainConfig(), tokenizers, pairs=first_pairs,
                                              save=False)
 examples = multi30k_examples("train", vocab_src, vocab_tgt, tokenizers, max_len=72, limit=400)
-shares = [
-    multi30k_loader(examples, max_tokens=300, shuffle=True, num_replicas=2, rank=rank)
-    for rank in range(2)
-]
-for share in shares:
-    share.batch_sampler.set_epoch(0)
-indices = [[i for batch in share.batch_sampler for i in batch] for share in shares]
-print("batches per rank:", [len(share) for share in shares])
-print("examples per rank:", [len(ix) for ix in indices], "of", len(examples))
-assert len(shares[0]) == len(shares[1])
-assert not set(indices[0]) & set(indices[1]) and len(set(indices[0] + indices[1])) == len(examples)
-print(next(iter(shares[0])))
+loader = multi30k_loader(examples, max_tokens=300, shuffle=True)
+loader.batch_sampler.set_epoch(0)
+indices = [i for batch in loader.batch_sampler for i in batch]
+print(f"{len(loader)} batches hold {len(indices)} of the {len(examples)} examples")
+assert sorted(indices) == list(range(len(examples)))  # each example once per epoch
+print(next(iter(loader)))
 
 # %% [markdown]
 # ## One epoch

@@ -24,11 +24,13 @@ if "google.colab" in sys.modules:
 from the_annotated_transformer import (
     BOOK_REPOSITORY,
     BOOK_REPOSITORY_REF,
+    TokenBudgetSampler,
     TrainConfig,
     beam_search,
     evaluate,
     greedy_decode,
     make_model,
+    multi30k_loader,
     read_vocabularies,
     run_groups,
     subsequent_mask,
@@ -52,7 +54,9 @@ from the_annotated_transformer import (
 # values of earlier steps; chapter 15's `beam_search` grows the same `use_cache` there. Chapter
 # 8's `run_groups` accumulates gradients over a group of batches, and chapter 14's `train_epoch`
 # and `evaluate` run it on one device; chapter 22 grows all three with the hooks that
-# DistributedDataParallel and autocast need. Chapter 14's `TrainConfig`, its presets and its
+# DistributedDataParallel and autocast need, and it grows chapter 9's `TokenBudgetSampler` and
+# chapter 14's `multi30k_loader`, which give one process all the batches, with `num_replicas`
+# and `rank`, which deal each process its share. Chapter 14's `TrainConfig`, its presets and its
 # data functions know two word vocabularies; chapter 17 grows them for one joint subword
 # vocabulary: two fields and the `cpu_subword` preset, a `subwords` option of
 # `read_vocabularies`, and a sentencepiece branch inside `multi30k_vocabularies`,
@@ -63,19 +67,22 @@ from the_annotated_transformer import (
 # %%
 import inspect
 
-first_in = {"greedy_decode": 5, "run_groups": 8, "train_epoch": 14, "evaluate": 14,
-            "beam_search": 15, "TrainConfig": 14, "read_vocabularies": 14}
+first_in = {"greedy_decode": 5, "run_groups": 8, "TokenBudgetSampler": 9, "train_epoch": 14,
+            "evaluate": 14, "multi30k_loader": 14, "beam_search": 15, "TrainConfig": 14,
+            "read_vocabularies": 14}
 grown_in = {  # the parameters a later chapter added, with that chapter
     "greedy_decode": {"banned": 14, "use_cache": 21},
     "run_groups": {"group_norm": 22, "sync_context": 22, "forward_context": 22, "after_group": 22},
     "train_epoch": {"autocast_dtype": 22, "bar": 22},
     "evaluate": {"autocast_dtype": 22},
+    "TokenBudgetSampler": {"num_replicas": 22, "rank": 22},
+    "multi30k_loader": {"num_replicas": 22, "rank": 22},
     "beam_search": {"use_cache": 21},
     "TrainConfig": {"subwords": 17, "share_embeddings": 17, "fast": 21, "decay": 21},
     "read_vocabularies": {"subwords": 17},
 }
-for function in [greedy_decode, run_groups, train_epoch, evaluate, beam_search, TrainConfig,
-                 read_vocabularies]:
+for function in [greedy_decode, run_groups, TokenBudgetSampler, train_epoch, evaluate,
+                 multi30k_loader, beam_search, TrainConfig, read_vocabularies]:
     name, names = function.__name__, list(inspect.signature(function).parameters)
     chapter_of = {p: grown_in[name].get(p, first_in[name]) for p in names}
     first = [p for p in names if p not in grown_in[name]]
