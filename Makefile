@@ -13,7 +13,7 @@
 #   make bench   training and decoding speed of the readable and fast paths (chapter 21),
 #                about 10 minutes on a CPU; writes book/data/bench_cpu.json (or _cuda)
 #   make bench-quick   the same rows at tiny sizes, in under a minute
-#   make seeds   the multi-seed sweeps that chapters 16, 19, 20, 23, 25 and 26 draw
+#   make seeds   the multi-seed sweeps that chapters 12, 13, 16, 19, 20, 23, 25 and 26 draw
 #                (tools/seeds.py), into book/data/seeds_*.json; tens of minutes per sweep on 2
 #                cores, and stored runs are kept, so a rerun trains only what is missing
 # Each target first sets up .venv (tools/setup_env.sh) with the layer it needs, so any of them
@@ -130,3 +130,5 @@ seeds: $(CLI_LAYER)
 	$(PY) tools/seeds.py checkpoint_averaging --seeds 0 1 2 3 4
 	$(PY) tools/seeds.py parse_data --seeds 0 1 2
 	$(PY) tools/seeds.py caption_lm --seeds 0 1 2
+	$(PY) tools/seeds.py copy_task --seeds 0 1 2 3 4
+	$(PY) tools/seeds.py sort_task --seeds 0 1 2 3 4

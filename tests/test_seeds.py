@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SWEEPS = sorted((ROOT / "book" / "data").glob("seeds_*.json"))
 METRIC = {"sparse_sort": "exact", "universal_sort": "token accuracy", "model_variations": "exact",
           "norm_warmup": "loss", "checkpoint_averaging": "exact", "parse_data": "F1",
-          "caption_lm": "perplexity"}
+          "caption_lm": "perplexity", "copy_task": "exact", "sort_task": "exact"}
 
 
 def summary(name: str, metric: str) -> dict[str, dict]:
@@ -254,3 +254,46 @@ def test_chapter_25_claims_hold_in_its_sweep():
         assert pair["sinusoidal, untied"] < pair["sinusoidal, tied"] - 2
         # and every run met the bounds that its nbval cell asserts for seed 0
         assert all(25 < ppl < 35 for ppl in pair.values())
+
+
+def test_chapter_12_bounds_hold_in_every_run_of_its_sweep():
+    """Chapter 12 asserts >= 98 of 100 validation and >= 95 test copies, and first-layer heads
+    that find the symbol; the stored run is one of the sweep's."""
+    runs = book_data("seeds_copy_task.json")["runs"]
+    assert min(r["exact"] for r in runs if r["variant"] == "best validation") >= 0.98
+    tests = [r for r in runs if r["variant"] == "test"]
+    assert min(r["exact"] for r in tests) >= 0.95
+    assert all(r["share_max"] > 0.9 and r["share_layer1"] > 0.5 for r in tests)
+    assert all(r["failed_asserts"] == [] for r in runs)
+    epochs = [r["epoch"] for r in tests]
+    assert max(epochs) >= 1.5 * min(epochs)  # "varied almost twofold"
+
+
+def test_chapter_13_bounds_hold_and_no_length_fails_more_in_every_run():
+    runs = book_data("seeds_sort_task.json")["runs"]
+    assert min(r["exact"] for r in runs) >= 0.9
+    tests = [r for r in runs if r["variant"] == "test"]
+    assert all(r["share_max"] > 0.5 and r["failed_asserts"] == [] for r in tests)
+
+    def mean_at(run: dict, lengths: range) -> float:
+        return sum(run["by_length"][str(n)] for n in lengths) / len(lengths)
+
+    short_worse = sum(mean_at(r, range(4, 7)) < mean_at(r, range(8, 11)) for r in tests)
+    assert 0 < short_worse < len(tests)
+
+
+def test_chapter_run_refuses_a_chapter_that_no_longer_seeds_as_expected(tmp_path, monkeypatch):
+    """tools/seeds.py runs a chapter's own cells with another seed; if the chapter changes how it
+    seeds, the sweep must stop with one line rather than rerun seed 0 five times."""
+    import nbformat
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    import seeds
+
+    book = tmp_path / "book"
+    book.mkdir()
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")])
+    nbformat.write(nb, book / "99_none.ipynb")
+    monkeypatch.setattr(seeds, "ROOT", tmp_path)
+    with pytest.raises(SystemExit, match="no longer seeds its model"):
+        seeds.chapter_run("99_none", 3, stop="x = 1")

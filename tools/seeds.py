@@ -7,6 +7,8 @@
     python tools/seeds.py checkpoint_averaging --seeds 0 1 2 3 4
     python tools/seeds.py parse_data --seeds 0 1 2
     python tools/seeds.py caption_lm --seeds 0 1 2
+    python tools/seeds.py copy_task --seeds 0 1 2 3 4
+    python tools/seeds.py sort_task --seeds 0 1 2 3 4
 
 A finding ("the window loses accuracy", "one shared layer sorts as well as two") compares
 training runs, and one run can turn over on another seed or another CPU. This script trains
@@ -140,13 +142,80 @@ def caption_lm(seed: int) -> list[dict]:
             for name, options in variants.items()]
 
 
+def chapter_run(chapter: str, seed: int, stop: str) -> dict:
+    """Run a chapter's code cells in order, up to and with the one that holds `stop`, with `seed`
+    for the model's initialization and for the order of its training batches (the held-out
+    sets stay the chapter's). The chapter's own code runs, not a copy of it; an assert that
+    fails is listed in the namespace's `failed_asserts` instead of ending the run."""
+    import nbformat
+
+    swaps = {"torch.manual_seed(0)\nmodel = make_model(":
+             f"torch.manual_seed({seed})\nmodel = make_model(",
+             "train_data = torch.Generator().manual_seed(0)":
+             f"train_data = torch.Generator().manual_seed({seed})"}
+    namespace: dict = {"__name__": "__main__", "failed_asserts": []}
+    swapped = 0
+    for cell in nbformat.read(ROOT / "book" / f"{chapter}.ipynb", as_version=4).cells:
+        if cell.cell_type != "code":
+            continue
+        source = cell.source
+        for old, new in swaps.items():
+            swapped += source.count(old)
+            source = source.replace(old, new)
+        try:
+            exec(compile(source, f"<{chapter}>", "exec"), namespace)  # noqa: S102
+        except AssertionError as err:
+            namespace["failed_asserts"].append(str(err) or "assert")
+        if stop in cell.source:
+            break
+    if swapped != len(swaps):
+        raise SystemExit(f"seeds.py: error: {chapter} no longer seeds its model and its training "
+                         f"batches as this tool expects ({swapped} of {len(swaps)} seeds found)")
+    return namespace
+
+
+def copy_task(seed: int) -> list[dict]:
+    """Chapter 12: the copy model's best validation count and its test count, in shares."""
+    run = chapter_run("12_copy_task", seed, stop="share = hits / queries")
+    share = run["share"]  # (N, h): how often each cross-attention head points at the symbol
+    common = {"epoch": run["best_epoch"], "steps": run["state"].accum_step,
+              "share_max": round(float(share.max()), 3),
+              "share_layer1": round(float(share[0].mean()), 3),
+              "failed_asserts": run["failed_asserts"]}
+    return [{"variant": "best validation", "exact": run["best_copies"] / len(run["valid_src"]),
+             **common},
+            {"variant": "test", "exact": run["test_copies"] / len(run["test_src"]), **common}]
+
+
+def sort_task(seed: int) -> list[dict]:
+    """Chapter 13: the sort model's best validation accuracy, its test accuracy, and the test
+    accuracy of each length of sequence."""
+    from the_annotated_transformer import PAD_ID
+
+    run = chapter_run("13_sort_task", seed, stop="share = hits / queries")
+    test_src, exact_matches = run["test_src"], run["exact_matches"]
+    lengths = (test_src != PAD_ID).sum(dim=1)
+    by_length = {}
+    for n in sorted(set(lengths.tolist())):
+        rows = test_src[lengths == n]
+        batch = run["seq2seq_batch"](rows, run["sorted_symbols"](rows))
+        by_length[str(n)] = round(exact_matches(run["model"], batch) / len(rows), 4)
+    common = {"epoch": run["best_epoch"], "steps": run["state"].accum_step,
+              "share_max": round(float(run["share"].max()), 3),
+              "failed_asserts": run["failed_asserts"]}
+    return [{"variant": "best validation", "exact": run["best_accuracy"], **common},
+            {"variant": "test", "exact": run["test_accuracy"], "by_length": by_length, **common}]
+
+
 EXPERIMENTS = {"sparse_sort": (sparse_sort, "23_transformer_as_a_graph"),
                "universal_sort": (universal_sort, "26_universal_transformer"),
                "model_variations": (model_variations, "19_model_variations"),
                "norm_warmup": (norm_warmup, "19_model_variations"),
                "checkpoint_averaging": (checkpoint_averaging, "16_checkpoint_averaging"),
                "parse_data": (parse_data, "20_constituency_parsing"),
-               "caption_lm": (caption_lm, "25_what_came_after")}
+               "caption_lm": (caption_lm, "25_what_came_after"),
+               "copy_task": (copy_task, "12_copy_task"),
+               "sort_task": (sort_task, "13_sort_task")}
 
 
 def one_run(experiment: str, seed: int) -> None:
