@@ -1089,8 +1089,9 @@ def load_checkpoint(
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     except (RuntimeError, EOFError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile) as err:
-        raise ValueError(
-            f"checkpoint {path} is truncated or corrupted and cannot be read ({err}); "
+        raise ValueError(  # torch's own text runs to several lines; its type says enough
+            f"checkpoint {path} is truncated or corrupted and cannot be read "
+            f"({type(err).__name__}); "
             "delete it to start again, or resume from an intact copy"
         ) from err
     if not isinstance(checkpoint, dict) or "model" not in checkpoint:

@@ -85,11 +85,13 @@ def test_truncated_checkpoint_raises_error_naming_the_file(tmp_path):
     path = tmp_path / "last.pt"
     save_checkpoint({"model": {"w": torch.randn(100)}, "epoch": 1}, path)
     path.write_bytes(path.read_bytes()[:300])
-    with pytest.raises(ValueError, match=r"checkpoint .*last\.pt is truncated or corrupted"):
+    with pytest.raises(ValueError, match=r"checkpoint .*last\.pt is truncated or corrupted") as err:
         load_checkpoint(path)
+    assert len(str(err.value).splitlines()) == 1  # one line, however long torch's own text
     path.write_bytes(b"not a checkpoint at all")
-    with pytest.raises(ValueError, match=str(path).replace(".", r"\.")):
+    with pytest.raises(ValueError, match=str(path).replace(".", r"\.")) as err:
         load_checkpoint(path)
+    assert len(str(err.value).splitlines()) == 1
 
 
 class _Arbitrary:

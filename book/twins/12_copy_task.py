@@ -378,7 +378,7 @@ attention_chart(copy_records, controls=("sequence", "kind", "layer", "head"),
 # %%
 # NBVAL_IGNORE_OUTPUT
 # (shares of trained weights; their last digit can vary with the CPU.)
-decoder_input = test_batch.tgt.masked_fill(test_batch.tgt == 1, 2)  # (100, n_tgt), no </s>
+decoder_input = test_batch.tgt.masked_fill(test_batch.tgt == EOS_ID, PAD_ID)  # no </s>
 test_maps = attention_maps(model, test_batch.src, decoder_input)
 hits = torch.zeros(2, 4)  # (N, h): queries whose strongest key is the symbol they copy
 queries = 0
