@@ -128,6 +128,7 @@ seeds: $(CLI_LAYER)
 	$(PY) tools/seeds.py model_variations --seeds 0 1 2 3 4
 	$(PY) tools/seeds.py norm_warmup --seeds 0 1 2 3 4
 	$(PY) tools/seeds.py checkpoint_averaging --seeds 0 1 2 3 4
+	$(PY) tools/seeds.py running_average --seeds 0 1 2 3 4
 	$(PY) tools/seeds.py parse_data --seeds 0 1 2
 	$(PY) tools/seeds.py caption_lm --seeds 0 1 2
 	$(PY) tools/seeds.py copy_task --seeds 0 1 2 3 4

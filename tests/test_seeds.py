@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SWEEPS = sorted((ROOT / "book" / "data").glob("seeds_*.json"))
 METRIC = {"sparse_sort": "exact", "universal_sort": "token accuracy", "model_variations": "exact",
           "norm_warmup": "loss", "checkpoint_averaging": "exact", "parse_data": "F1",
-          "caption_lm": "perplexity", "copy_task": "exact", "sort_task": "exact"}
+          "caption_lm": "perplexity", "copy_task": "exact", "sort_task": "exact",
+          "running_average": "share"}
 
 
 def summary(name: str, metric: str) -> dict[str, dict]:
@@ -297,3 +298,8 @@ def test_chapter_run_refuses_a_chapter_that_no_longer_seeds_as_expected(tmp_path
     monkeypatch.setattr(seeds, "ROOT", tmp_path)
     with pytest.raises(SystemExit, match="no longer seeds its model"):
         seeds.chapter_run("99_none", 3, stop="x = 1")
+
+
+def test_chapter_16_running_average_is_lower_at_every_late_checkpoint_of_every_run():
+    runs = book_data("seeds_running_average.json")["runs"]
+    assert all(r["share"] == 1.0 and r["min_ratio"] > 1 for r in runs)  # "in every run ... each"

@@ -7,6 +7,7 @@
     python tools/seeds.py checkpoint_averaging --seeds 0 1 2 3 4
     python tools/seeds.py parse_data --seeds 0 1 2
     python tools/seeds.py caption_lm --seeds 0 1 2
+    python tools/seeds.py running_average --seeds 0 1 2 3 4
     python tools/seeds.py copy_task --seeds 0 1 2 3 4
     python tools/seeds.py sort_task --seeds 0 1 2 3 4
 
@@ -96,6 +97,25 @@ def checkpoint_averaging(seed: int) -> list[dict]:
                      "loss": held_out_loss(model, averaged),
                      "exact": held_out_accuracy(model, averaged)})
     return rows
+
+
+def running_average(seed: int) -> list[dict]:
+    """Chapter 16: at each of a sort run's last ten checkpoints, is the average of it and the
+    four before it lower in held-out loss than the checkpoint alone? The share of the ten."""
+    from the_annotated_transformer import (
+        average_checkpoints,
+        held_out_loss,
+        sort_model_with_checkpoints,
+    )
+
+    model, checkpoints = sort_model_with_checkpoints(seed)
+    weights = [w for _, w in checkpoints]
+    ratios = [held_out_loss(model, weights[i])
+              / held_out_loss(model, average_checkpoints(weights[i - 4 : i + 1]))
+              for i in range(len(weights) - 10, len(weights))]  # single / average of 5
+    return [{"variant": "average of 5 lower than the checkpoint",
+             "share": sum(r > 1 for r in ratios) / len(ratios),
+             "min_ratio": round(min(ratios), 3), "max_ratio": round(max(ratios), 3)}]
 
 
 def parse_data(seed: int) -> list[dict]:
@@ -212,6 +232,7 @@ EXPERIMENTS = {"sparse_sort": (sparse_sort, "23_transformer_as_a_graph"),
                "model_variations": (model_variations, "19_model_variations"),
                "norm_warmup": (norm_warmup, "19_model_variations"),
                "checkpoint_averaging": (checkpoint_averaging, "16_checkpoint_averaging"),
+               "running_average": (running_average, "16_checkpoint_averaging"),
                "parse_data": (parse_data, "20_constituency_parsing"),
                "caption_lm": (caption_lm, "25_what_came_after"),
                "copy_task": (copy_task, "12_copy_task"),
