@@ -63,6 +63,14 @@ def assert_same_weights(a: dict, b: dict) -> None:
         assert torch.allclose(tensor, b[name], rtol=0, atol=1e-6), name
 
 
+def assert_same_schedule(a: dict, b: dict) -> None:
+    """The learning-rate schedule counted the same optimizer steps and stands at the same rate:
+    two ranks step the schedule once per global batch, as one process does."""
+    assert a["scheduler"]["last_epoch"] == b["scheduler"]["last_epoch"] > 0
+    assert a["scheduler"]["_last_lr"] == pytest.approx(b["scheduler"]["_last_lr"], rel=1e-12)
+    assert a["optimizer"]["param_groups"][0]["lr"] == b["optimizer"]["param_groups"][0]["lr"]
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> dict[int, dict]:
     """One process on the same global batches: accum_iter=2 takes what two ranks take."""
@@ -88,6 +96,7 @@ def test_two_torchrun_nodes_train_like_one_process_and_resume_from_rank_0_only(
     state = load_checkpoint(written[0] / "last.pt")
     assert state["epoch"] == 2 and len(state["rng"]) == 2
     assert state["train_state"]["accum_step"] == reference[2]["train_state"]["accum_step"]
+    assert_same_schedule(state, reference[2])
     assert_same_weights(state["model"], reference[2]["model"])
 
     # Resume with the checkpoint on one node only (the other has an empty folder).
@@ -100,6 +109,7 @@ def test_two_torchrun_nodes_train_like_one_process_and_resume_from_rank_0_only(
     if codes == [0, 0]:  # the node with the checkpoint was rank 0: both resumed its state
         resumed = load_checkpoint(written[0] / "last.pt")
         assert resumed["epoch"] == 3
+        assert_same_schedule(resumed, reference[3])
         assert_same_weights(resumed["model"], reference[3]["model"])
         assert "resumed from" in "".join(out for _, out in results)
     else:  # rank 0 had no checkpoint: both ranks stop with its error, and nothing trained
@@ -137,4 +147,5 @@ def test_a_worker_killed_mid_epoch_is_restarted_by_torchrun_and_ends_like_no_kil
     state = load_checkpoint(folder / "last.pt")
     assert state["epoch"] == 3
     assert state["train_state"]["accum_step"] == reference[3]["train_state"]["accum_step"]
+    assert_same_schedule(state, reference[3])
     assert_same_weights(state["model"], reference[3]["model"])
