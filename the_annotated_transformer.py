@@ -3276,6 +3276,101 @@ class FusedLabelSmoothing(LabelSmoothing):
 
 
 # %%
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch.utils.data import Sampler
+
+
+class TokenBudgetSampler(Sampler[list[int]]):
+    """Chapter 9's sampler, dealing every num_replicas-th batch to process `rank`."""
+
+    def __init__(self, src_lengths: Sequence[int], tgt_lengths: Sequence[int], *, max_tokens: int,
+                 pool_size: int | None = None, shuffle: bool = True, seed: int = 0,
+                 num_replicas: int = 1, rank: int = 0) -> None:
+        super().__init__()
+        self.src_lengths = [int(n) for n in src_lengths]
+        self.tgt_lengths = [int(n) for n in tgt_lengths]
+        check_token_budget(self.src_lengths, self.tgt_lengths, max_tokens=max_tokens,
+                           pool_size=pool_size, num_replicas=num_replicas, rank=rank)
+        self.max_tokens = max_tokens
+        self.pool_size = pool_size or len(self.src_lengths)
+        self.shuffle, self.seed, self.epoch = shuffle, seed, 0
+        self.num_replicas, self.rank = num_replicas, rank
+        self._cache: tuple[int, list[list[int]]] | None = None  # (epoch, its batches)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch and with it the order; call it with the same epoch on every rank."""
+        self.epoch = epoch
+
+    def _length_key(self, i: int) -> tuple[int, int, int]:
+        """Sort by the longer side first: it is the one the budget binds on."""
+        src, tgt = self.src_lengths[i], self.tgt_lengths[i]
+        return max(src, tgt), src, tgt
+
+    def _fill(self, pool: list[int]) -> list[list[int]]:
+        """Cut a length-sorted pool into batches, closing one when the next example won't fit."""
+        batches, batch, max_src, max_tgt = [], [], 0, 0
+        for i in pool:
+            src, tgt = max(max_src, self.src_lengths[i]), max(max_tgt, self.tgt_lengths[i])
+            if (len(batch) + 1) * max(src, tgt) > self.max_tokens:  # padded size over budget
+                batches.append(batch)
+                batch, src, tgt = [], self.src_lengths[i], self.tgt_lengths[i]
+            batch.append(i)
+            max_src, max_tgt = src, tgt
+        batches.append(batch)
+        return batches
+
+    def batches(self) -> list[list[int]]:
+        """All ranks' batches of this epoch, in order (rank r takes every num_replicas-th)."""
+        if self._cache is not None and self._cache[0] == self.epoch:
+            return self._cache[1]
+        n = len(self.src_lengths)
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(n, generator=generator).tolist() if self.shuffle else list(range(n))
+        batches = []
+        for start in range(0, n, self.pool_size):
+            # 1) shuffled pool, 2) sorted by length (stable: ties stay shuffled), 3) cut
+            pool = sorted(order[start : start + self.pool_size], key=self._length_key)
+            batches += self._fill(pool)
+        batches = split_batches_for_ranks(batches, self.num_replicas)  # the same count per rank
+        if self.shuffle:  # 4) shuffle the batches themselves
+            batches = [batches[j] for j in torch.randperm(len(batches), generator=generator)]
+        self._cache = (self.epoch, batches)
+        return batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        yield from self.batches()[self.rank :: self.num_replicas]
+
+    def __len__(self) -> int:
+        return len(self.batches()) // self.num_replicas
+
+
+# %%
+from collections.abc import Sequence
+
+from torch.utils.data import DataLoader
+
+
+def multi30k_loader(
+    examples: Sequence[tuple[Sequence[int], Sequence[int]]],
+    *,
+    max_tokens: int,
+    shuffle: bool,
+    seed: int = 0,
+    num_replicas: int = 1,
+    rank: int = 0,
+) -> DataLoader:
+    """Token-budget batches of this rank's share of examples, as Batch objects."""
+    src_lengths, tgt_lengths = example_lengths(examples)
+    sampler = TokenBudgetSampler(
+        src_lengths, tgt_lengths, max_tokens=max_tokens, shuffle=shuffle, seed=seed,
+        num_replicas=num_replicas, rank=rank,
+    )
+    return DataLoader(examples, batch_sampler=sampler, collate_fn=collate_to_batch)
+
+
+# %%
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -3436,101 +3531,6 @@ def evaluate(
                                                enabled=autocast_dtype is not None),
     )
     return loss, tokens, loss_compute.nll
-
-
-# %%
-from collections.abc import Iterator, Sequence
-
-import torch
-from torch.utils.data import Sampler
-
-
-class TokenBudgetSampler(Sampler[list[int]]):
-    """Chapter 9's sampler, dealing every num_replicas-th batch to process `rank`."""
-
-    def __init__(self, src_lengths: Sequence[int], tgt_lengths: Sequence[int], *, max_tokens: int,
-                 pool_size: int | None = None, shuffle: bool = True, seed: int = 0,
-                 num_replicas: int = 1, rank: int = 0) -> None:
-        super().__init__()
-        self.src_lengths = [int(n) for n in src_lengths]
-        self.tgt_lengths = [int(n) for n in tgt_lengths]
-        check_token_budget(self.src_lengths, self.tgt_lengths, max_tokens=max_tokens,
-                           pool_size=pool_size, num_replicas=num_replicas, rank=rank)
-        self.max_tokens = max_tokens
-        self.pool_size = pool_size or len(self.src_lengths)
-        self.shuffle, self.seed, self.epoch = shuffle, seed, 0
-        self.num_replicas, self.rank = num_replicas, rank
-        self._cache: tuple[int, list[list[int]]] | None = None  # (epoch, its batches)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch and with it the order; call it with the same epoch on every rank."""
-        self.epoch = epoch
-
-    def _length_key(self, i: int) -> tuple[int, int, int]:
-        """Sort by the longer side first: it is the one the budget binds on."""
-        src, tgt = self.src_lengths[i], self.tgt_lengths[i]
-        return max(src, tgt), src, tgt
-
-    def _fill(self, pool: list[int]) -> list[list[int]]:
-        """Cut a length-sorted pool into batches, closing one when the next example won't fit."""
-        batches, batch, max_src, max_tgt = [], [], 0, 0
-        for i in pool:
-            src, tgt = max(max_src, self.src_lengths[i]), max(max_tgt, self.tgt_lengths[i])
-            if (len(batch) + 1) * max(src, tgt) > self.max_tokens:  # padded size over budget
-                batches.append(batch)
-                batch, src, tgt = [], self.src_lengths[i], self.tgt_lengths[i]
-            batch.append(i)
-            max_src, max_tgt = src, tgt
-        batches.append(batch)
-        return batches
-
-    def batches(self) -> list[list[int]]:
-        """All ranks' batches of this epoch, in order (rank r takes every num_replicas-th)."""
-        if self._cache is not None and self._cache[0] == self.epoch:
-            return self._cache[1]
-        n = len(self.src_lengths)
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        order = torch.randperm(n, generator=generator).tolist() if self.shuffle else list(range(n))
-        batches = []
-        for start in range(0, n, self.pool_size):
-            # 1) shuffled pool, 2) sorted by length (stable: ties stay shuffled), 3) cut
-            pool = sorted(order[start : start + self.pool_size], key=self._length_key)
-            batches += self._fill(pool)
-        batches = split_batches_for_ranks(batches, self.num_replicas)  # the same count per rank
-        if self.shuffle:  # 4) shuffle the batches themselves
-            batches = [batches[j] for j in torch.randperm(len(batches), generator=generator)]
-        self._cache = (self.epoch, batches)
-        return batches
-
-    def __iter__(self) -> Iterator[list[int]]:
-        yield from self.batches()[self.rank :: self.num_replicas]
-
-    def __len__(self) -> int:
-        return len(self.batches()) // self.num_replicas
-
-
-# %%
-from collections.abc import Sequence
-
-from torch.utils.data import DataLoader
-
-
-def multi30k_loader(
-    examples: Sequence[tuple[Sequence[int], Sequence[int]]],
-    *,
-    max_tokens: int,
-    shuffle: bool,
-    seed: int = 0,
-    num_replicas: int = 1,
-    rank: int = 0,
-) -> DataLoader:
-    """Token-budget batches of this rank's share of examples, as Batch objects."""
-    src_lengths, tgt_lengths = example_lengths(examples)
-    sampler = TokenBudgetSampler(
-        src_lengths, tgt_lengths, max_tokens=max_tokens, shuffle=shuffle, seed=seed,
-        num_replicas=num_replicas, rank=rank,
-    )
-    return DataLoader(examples, batch_sampler=sampler, collate_fn=collate_to_batch)
 
 
 # %%

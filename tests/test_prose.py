@@ -105,7 +105,8 @@ def test_the_allow_list_names_only_numbers_that_the_prose_states():
 
 HISTORY = re.compile(
     r"first version of this book|this book's first version|earlier version of this|"
-    r"the issue that|an issue asked|\bnot met\b|goals? (?:was|were|is|are) met",
+    r"\bthe issue\b|an issue asked|\bissue #?\d+|\bnot met\b|goals? (?:was|were|is|are) met|"
+    r"\bonce (?:said|reported|claimed)\b",
     re.IGNORECASE)
 
 

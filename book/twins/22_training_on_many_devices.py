@@ -62,6 +62,138 @@ from the_annotated_transformer import (
 enable_book_charts()
 
 # %% [markdown]
+# ## Each rank its share of the batches
+#
+# Each process (each *rank*) trains on its own share of the batches: the sampler builds the
+# same list of batches on every rank (same seed, same epoch) and rank $r$ of $R$ takes batches
+# $r, r + R, r + 2R, \dots$, like PyTorch's `DistributedSampler` does with single examples.
+# The shares are disjoint and together cover the data once per epoch. They must also be of
+# *equal length*: in distributed training every rank takes part in every gradient exchange,
+# and a rank with one batch more would wait forever for partners that have finished their
+# epoch. `split_batches_for_ranks` (appendix {doc}`appendix_data`) splits the largest batches
+# until their number is a multiple of $R$.
+#
+# So chapter 9's `TokenBudgetSampler` and chapter 14's `multi30k_loader` grow two keywords,
+# `num_replicas` ($R$) and `rank` ($r$), whose defaults give one process all the batches.
+
+# %% tags=["export", "extends"]
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch.utils.data import Sampler
+
+
+class TokenBudgetSampler(Sampler[list[int]]):
+    """Chapter 9's sampler, dealing every num_replicas-th batch to process `rank`."""
+
+    def __init__(self, src_lengths: Sequence[int], tgt_lengths: Sequence[int], *, max_tokens: int,
+                 pool_size: int | None = None, shuffle: bool = True, seed: int = 0,
+                 num_replicas: int = 1, rank: int = 0) -> None:
+        super().__init__()
+        self.src_lengths = [int(n) for n in src_lengths]
+        self.tgt_lengths = [int(n) for n in tgt_lengths]
+        check_token_budget(self.src_lengths, self.tgt_lengths, max_tokens=max_tokens,
+                           pool_size=pool_size, num_replicas=num_replicas, rank=rank)
+        self.max_tokens = max_tokens
+        self.pool_size = pool_size or len(self.src_lengths)
+        self.shuffle, self.seed, self.epoch = shuffle, seed, 0
+        self.num_replicas, self.rank = num_replicas, rank
+        self._cache: tuple[int, list[list[int]]] | None = None  # (epoch, its batches)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch and with it the order; call it with the same epoch on every rank."""
+        self.epoch = epoch
+
+    def _length_key(self, i: int) -> tuple[int, int, int]:
+        """Sort by the longer side first: it is the one the budget binds on."""
+        src, tgt = self.src_lengths[i], self.tgt_lengths[i]
+        return max(src, tgt), src, tgt
+
+    def _fill(self, pool: list[int]) -> list[list[int]]:
+        """Cut a length-sorted pool into batches, closing one when the next example won't fit."""
+        batches, batch, max_src, max_tgt = [], [], 0, 0
+        for i in pool:
+            src, tgt = max(max_src, self.src_lengths[i]), max(max_tgt, self.tgt_lengths[i])
+            if (len(batch) + 1) * max(src, tgt) > self.max_tokens:  # padded size over budget
+                batches.append(batch)
+                batch, src, tgt = [], self.src_lengths[i], self.tgt_lengths[i]
+            batch.append(i)
+            max_src, max_tgt = src, tgt
+        batches.append(batch)
+        return batches
+
+    def batches(self) -> list[list[int]]:
+        """All ranks' batches of this epoch, in order (rank r takes every num_replicas-th)."""
+        if self._cache is not None and self._cache[0] == self.epoch:
+            return self._cache[1]
+        n = len(self.src_lengths)
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(n, generator=generator).tolist() if self.shuffle else list(range(n))
+        batches = []
+        for start in range(0, n, self.pool_size):
+            # 1) shuffled pool, 2) sorted by length (stable: ties stay shuffled), 3) cut
+            pool = sorted(order[start : start + self.pool_size], key=self._length_key)
+            batches += self._fill(pool)
+        batches = split_batches_for_ranks(batches, self.num_replicas)  # the same count per rank
+        if self.shuffle:  # 4) shuffle the batches themselves
+            batches = [batches[j] for j in torch.randperm(len(batches), generator=generator)]
+        self._cache = (self.epoch, batches)
+        return batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        yield from self.batches()[self.rank :: self.num_replicas]
+
+    def __len__(self) -> int:
+        return len(self.batches()) // self.num_replicas
+
+
+# %% tags=["export", "extends"]
+from collections.abc import Sequence
+
+from torch.utils.data import DataLoader
+
+
+def multi30k_loader(
+    examples: Sequence[tuple[Sequence[int], Sequence[int]]],
+    *,
+    max_tokens: int,
+    shuffle: bool,
+    seed: int = 0,
+    num_replicas: int = 1,
+    rank: int = 0,
+) -> DataLoader:
+    """Token-budget batches of this rank's share of examples, as Batch objects."""
+    src_lengths, tgt_lengths = example_lengths(examples)
+    sampler = TokenBudgetSampler(
+        src_lengths, tgt_lengths, max_tokens=max_tokens, shuffle=shuffle, seed=seed,
+        num_replicas=num_replicas, rank=rank,
+    )
+    return DataLoader(examples, batch_sampler=sampler, collate_fn=collate_to_batch)
+
+
+# %% [markdown]
+# Two ranks on the first 400 training pairs: equal numbers of batches, no example in both
+# shares, every example in one of them.
+
+# %%
+tokenizers = load_tokenizers()
+first_pairs = load_multi30k("train")[:400]  # a small vocabulary, quick to build
+first_src, first_tgt = multi30k_vocabularies(TrainConfig(), tokenizers, pairs=first_pairs,
+                                             save=False)
+examples = encode_examples(first_pairs, first_src, first_tgt, tokenizers, max_len=72)
+shares = [
+    multi30k_loader(examples, max_tokens=300, shuffle=True, num_replicas=2, rank=rank)
+    for rank in range(2)
+]
+for share in shares:
+    share.batch_sampler.set_epoch(0)
+indices = [[i for batch in share.batch_sampler for i in batch] for share in shares]
+print("batches per rank:", [len(share) for share in shares])
+print("examples per rank:", [len(ix) for ix in indices], "of", len(examples))
+assert len(shares[0]) == len(shares[1])
+assert not set(indices[0]) & set(indices[1]) and len(set(indices[0] + indices[1])) == len(examples)
+
+# %% [markdown]
 # ## One epoch on many devices
 #
 # Chapter 14's `train_epoch` and `evaluate` run chapter 8's `run_groups` in one process. Many
@@ -270,138 +402,6 @@ def evaluate(
     )
     return loss, tokens, loss_compute.nll
 
-
-# %% [markdown]
-# ## Each rank its share of the batches
-#
-# Each process (each *rank*) trains on its own share of the batches: the sampler builds the
-# same list of batches on every rank (same seed, same epoch) and rank $r$ of $R$ takes batches
-# $r, r + R, r + 2R, \dots$, like PyTorch's `DistributedSampler` does with single examples.
-# The shares are disjoint and together cover the data once per epoch. They must also be of
-# *equal length*: in distributed training every rank takes part in every gradient exchange,
-# and a rank with one batch more would wait forever for partners that have finished their
-# epoch. `split_batches_for_ranks` (appendix {doc}`appendix_data`) splits the largest batches
-# until their number is a multiple of $R$.
-#
-# So chapter 9's `TokenBudgetSampler` and chapter 14's `multi30k_loader` grow two keywords,
-# `num_replicas` ($R$) and `rank` ($r$), whose defaults give one process all the batches.
-
-# %% tags=["export", "extends"]
-from collections.abc import Iterator, Sequence
-
-import torch
-from torch.utils.data import Sampler
-
-
-class TokenBudgetSampler(Sampler[list[int]]):
-    """Chapter 9's sampler, dealing every num_replicas-th batch to process `rank`."""
-
-    def __init__(self, src_lengths: Sequence[int], tgt_lengths: Sequence[int], *, max_tokens: int,
-                 pool_size: int | None = None, shuffle: bool = True, seed: int = 0,
-                 num_replicas: int = 1, rank: int = 0) -> None:
-        super().__init__()
-        self.src_lengths = [int(n) for n in src_lengths]
-        self.tgt_lengths = [int(n) for n in tgt_lengths]
-        check_token_budget(self.src_lengths, self.tgt_lengths, max_tokens=max_tokens,
-                           pool_size=pool_size, num_replicas=num_replicas, rank=rank)
-        self.max_tokens = max_tokens
-        self.pool_size = pool_size or len(self.src_lengths)
-        self.shuffle, self.seed, self.epoch = shuffle, seed, 0
-        self.num_replicas, self.rank = num_replicas, rank
-        self._cache: tuple[int, list[list[int]]] | None = None  # (epoch, its batches)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch and with it the order; call it with the same epoch on every rank."""
-        self.epoch = epoch
-
-    def _length_key(self, i: int) -> tuple[int, int, int]:
-        """Sort by the longer side first: it is the one the budget binds on."""
-        src, tgt = self.src_lengths[i], self.tgt_lengths[i]
-        return max(src, tgt), src, tgt
-
-    def _fill(self, pool: list[int]) -> list[list[int]]:
-        """Cut a length-sorted pool into batches, closing one when the next example won't fit."""
-        batches, batch, max_src, max_tgt = [], [], 0, 0
-        for i in pool:
-            src, tgt = max(max_src, self.src_lengths[i]), max(max_tgt, self.tgt_lengths[i])
-            if (len(batch) + 1) * max(src, tgt) > self.max_tokens:  # padded size over budget
-                batches.append(batch)
-                batch, src, tgt = [], self.src_lengths[i], self.tgt_lengths[i]
-            batch.append(i)
-            max_src, max_tgt = src, tgt
-        batches.append(batch)
-        return batches
-
-    def batches(self) -> list[list[int]]:
-        """All ranks' batches of this epoch, in order (rank r takes every num_replicas-th)."""
-        if self._cache is not None and self._cache[0] == self.epoch:
-            return self._cache[1]
-        n = len(self.src_lengths)
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        order = torch.randperm(n, generator=generator).tolist() if self.shuffle else list(range(n))
-        batches = []
-        for start in range(0, n, self.pool_size):
-            # 1) shuffled pool, 2) sorted by length (stable: ties stay shuffled), 3) cut
-            pool = sorted(order[start : start + self.pool_size], key=self._length_key)
-            batches += self._fill(pool)
-        batches = split_batches_for_ranks(batches, self.num_replicas)  # the same count per rank
-        if self.shuffle:  # 4) shuffle the batches themselves
-            batches = [batches[j] for j in torch.randperm(len(batches), generator=generator)]
-        self._cache = (self.epoch, batches)
-        return batches
-
-    def __iter__(self) -> Iterator[list[int]]:
-        yield from self.batches()[self.rank :: self.num_replicas]
-
-    def __len__(self) -> int:
-        return len(self.batches()) // self.num_replicas
-
-
-# %% tags=["export", "extends"]
-from collections.abc import Sequence
-
-from torch.utils.data import DataLoader
-
-
-def multi30k_loader(
-    examples: Sequence[tuple[Sequence[int], Sequence[int]]],
-    *,
-    max_tokens: int,
-    shuffle: bool,
-    seed: int = 0,
-    num_replicas: int = 1,
-    rank: int = 0,
-) -> DataLoader:
-    """Token-budget batches of this rank's share of examples, as Batch objects."""
-    src_lengths, tgt_lengths = example_lengths(examples)
-    sampler = TokenBudgetSampler(
-        src_lengths, tgt_lengths, max_tokens=max_tokens, shuffle=shuffle, seed=seed,
-        num_replicas=num_replicas, rank=rank,
-    )
-    return DataLoader(examples, batch_sampler=sampler, collate_fn=collate_to_batch)
-
-
-# %% [markdown]
-# Two ranks on the first 400 training pairs: equal numbers of batches, no example in both
-# shares, every example in one of them.
-
-# %%
-tokenizers = load_tokenizers()
-first_pairs = load_multi30k("train")[:400]  # a small vocabulary, quick to build
-first_src, first_tgt = multi30k_vocabularies(TrainConfig(), tokenizers, pairs=first_pairs,
-                                             save=False)
-examples = encode_examples(first_pairs, first_src, first_tgt, tokenizers, max_len=72)
-shares = [
-    multi30k_loader(examples, max_tokens=300, shuffle=True, num_replicas=2, rank=rank)
-    for rank in range(2)
-]
-for share in shares:
-    share.batch_sampler.set_epoch(0)
-indices = [[i for batch in share.batch_sampler for i in batch] for share in shares]
-print("batches per rank:", [len(share) for share in shares])
-print("examples per rank:", [len(ix) for ix in indices], "of", len(examples))
-assert len(shares[0]) == len(shares[1])
-assert not set(indices[0]) & set(indices[1]) and len(set(indices[0] + indices[1])) == len(examples)
 
 # %% [markdown]
 # ## The worker
