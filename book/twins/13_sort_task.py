@@ -213,9 +213,9 @@ assert share.max() > 0.5
 #
 # As for the copy task, `make seeds` (`tools/seeds.py sort_task`) ran this chapter's cells from
 # the training to the shares above from five seeds (the initial weights and the order of the
-# training batches), each with the CPU's own kernels and with the set one level below: ten
-# runs in `book/data/seeds_sort_task.json`. For the test set it also kept the accuracy at each
-# length, so that the question of the last section can be asked of all ten runs.
+# training batches), each with the CPU's own kernels and with the set one level below: ten runs
+# in `book/data/seeds_sort_task.json`. For the test set it also kept the accuracy at each
+# length, so that the question of "Where it errs" above can be asked of all ten runs.
 
 # %%
 sweep = book_data("seeds_sort_task.json")

@@ -324,7 +324,7 @@ with tempfile.TemporaryDirectory() as folder:
         print(str(err).replace(folder, "<folder>"))
 
 # %% [markdown]
-# ## Data for each device
+# ## The data
 #
 # The data pipeline is chapter 9's: spaCy's tokenizers, vocabularies of the words seen at least
 # twice, pairs longer than `max_len` dropped, and `TokenBudgetSampler` filling batches up to a
