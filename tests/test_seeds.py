@@ -303,3 +303,14 @@ def test_chapter_run_refuses_a_chapter_that_no_longer_seeds_as_expected(tmp_path
 def test_chapter_16_running_average_is_lower_at_every_late_checkpoint_of_every_run():
     runs = book_data("seeds_running_average.json")["runs"]
     assert all(r["share"] == 1.0 and r["min_ratio"] > 1 for r in runs)  # "in every run ... each"
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe", b"", b"[1, 2]", b'{"runs": 3}'])
+def test_seeds_tool_refuses_an_unreadable_stored_sweep_in_one_line(tmp_path, content):
+    out = tmp_path / "sweep.json"
+    out.write_bytes(content)
+    done = subprocess.run([sys.executable, "tools/seeds.py", "copy_task", "--seeds", "0",
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "is not a sweep this tool wrote" in done.stderr.strip().splitlines()[-1]
+    assert out.read_bytes() == content  # nothing overwritten

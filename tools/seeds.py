@@ -297,7 +297,15 @@ def main() -> int:
     out = args.out or DATA / f"seeds_{args.experiment}.json"
     if out.is_dir():
         parser.error(f"--out {out} is a folder; give a file name")
-    stored = json.loads(out.read_text()) if out.is_file() else {"runs": []}
+    stored = {"runs": []}
+    if out.is_file():
+        try:
+            stored = json.loads(out.read_text())
+            if not isinstance(stored, dict) or not isinstance(stored.get("runs"), list):
+                raise ValueError("no list of runs")
+        except (UnicodeDecodeError, ValueError) as err:
+            parser.error(f"--out {out} is not a sweep this tool wrote ({type(err).__name__}); "
+                         "move it away to start a new sweep")
     made_on = machine()
     own = made_on["own_kernels"]
     other = other_capability()
