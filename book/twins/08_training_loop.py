@@ -75,7 +75,8 @@ class SimpleLossCompute:
 # %% [markdown]
 # ## Gradient accumulation, done exactly
 #
-# The paper's batches held about 25,000 source and 25,000 target tokens
+# The paper's batches held about 25,000 source tokens and as many target
+# tokens
 # {cite}`vaswani2017attention`. When such a batch does not fit in memory, we split it into $k$
 # *micro-batches*, let their gradients add up in `.grad`, and take one optimizer step at the end.
 # The large batch's loss is its summed token loss over its token count $T = T_1 + \dots + T_k$,

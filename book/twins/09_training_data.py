@@ -6,7 +6,7 @@
 # English-German sentence pairs of WMT 2014, split into byte-pair pieces
 # {cite}`sennrich2016neural` from a vocabulary of about 37,000 shared by both languages. The
 # second is what a batch is: not a fixed number of sentences but sentences of *similar length*,
-# gathered until a batch held roughly 25,000 source and 25,000 target tokens.
+# gathered until a batch held roughly 25,000 source tokens and as many target tokens.
 #
 # This chapter builds the same pipeline at laptop scale, on Multi30k {cite}`elliott2016multi30k`:
 # about 31,000 short English descriptions of photographs, each with a German translation. We cut

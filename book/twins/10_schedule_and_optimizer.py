@@ -27,9 +27,10 @@ enable_book_charts()
 #
 # The paper trained on 8 NVIDIA P100 GPUs: the base model for 100,000 steps of about 0.4 seconds
 # (12 hours), the big model for 300,000 steps of 1.0 second (3.5 days), on batches of about
-# 25,000 source and 25,000 target tokens. NVIDIA's datasheet gives a P100 (PCIe) a peak of about
-# 9.3 TFLOP/s in 32-bit and 18.7 TFLOP/s in 16-bit floating point (our assumptions). The paper's
-# Table 2 multiplies GPU count, time and a "sustained" 9.5 TFLOP/s into a training cost of
+# 25,000 source tokens and as many target tokens. NVIDIA's datasheet gives a P100 (PCIe) a peak
+# of about 9.3 TFLOP/s in 32-bit and 18.7 TFLOP/s in 16-bit floating point (our assumptions).
+# The paper's Table 2 multiplies GPU count, time and a "sustained" 9.5 TFLOP/s into a training
+# cost of
 # $3.3 \cdot 10^{18}$ FLOPs (base) and $2.3 \cdot 10^{19}$ (big): a *budget*, not what was used.
 
 # %%

@@ -744,8 +744,8 @@ for row in budget_rows:  # the cpu preset's warmup is counted in optimizer steps
 # %% [markdown]
 # ## Growing chapter 14's run for subwords
 #
-# We stop before training a model on subwords. Chapter 14's `cpu` preset took 67 minutes on
-# one core of this machine; a subword run, with more tokens and more steps per epoch, would not
+# We stop before training a model on subwords. Chapter 14's `cpu` preset trained for over an
+# hour on one thread; a subword run, with more tokens and more steps per epoch, would not
 # be shorter, and a chapter of this book runs in a minute or two. Chapter 18 reports that run, so
 # this chapter gives no BLEU score for subwords. It does write what the run needs. Chapter 14
 # wrote its configuration and its data functions for two word vocabularies, because that is what
