@@ -62,6 +62,8 @@ enable_book_charts()
 import torch
 from torch import nn
 
+FIRST_SYMBOL = max(BOS_ID, EOS_ID, PAD_ID) + 1  # the ids below it are <s>, </s> and <blank>
+
 
 def random_sequences(
     n: int,
@@ -71,7 +73,7 @@ def random_sequences(
     max_len: int = 10,
     generator: torch.Generator | None = None,
     pad: int = PAD_ID,
-    first: int = 3,
+    first: int = FIRST_SYMBOL,
 ) -> torch.Tensor:
     """`n` random rows of tokens first..V-1 of random lengths, padded with `pad` at the end."""
     if not 1 <= min_len <= max_len:
