@@ -22,11 +22,11 @@ APPROXIMATE = re.compile(
     r"at least|at most|more than|less than|fewer than|some)\s*$", re.IGNORECASE)
 REFERENCE = re.compile(r"(section|sections|§|table|equation|eq\.|chapter|chapters|figure|"
                        r"version|v|python|torch|pytorch|sacrebleu)\s*$", re.IGNORECASE)
-# A whole number with a unit after it (305 steps, 67 minutes) is a measurement, which a year,
-# an ordinal or a bare count is not; below 10 it is too often a small input (3 seeds, 2 cores).
 PERCENTAGE = re.compile(r"(?<![\d.])(\d+\.\d+)\s?%")
 # The second number of a range ("roughly 800 to 1,450") is as approximate as the first.
 RANGE = re.compile(r"\d[\d,.]*\s?%?\s*(?:to|and|or|-|–)\s*$")
+# A whole number with a unit after it (305 steps, 67 minutes) is a measurement, which a year,
+# an ordinal or a bare count is not; below 10 it is too often a small input (3 seeds, 2 cores).
 UNIT = re.compile(r"\s(?:optimizer |training |target |source )?(?:seconds?|minutes?|hours?|"
                   r"steps|epochs|tokens|sentences|pairs|runs|parameters|batches|"
                   r"of (?:the |its |their )?[\d,]+\b)")
@@ -46,7 +46,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("17_subword_vocabularies", "10.8"): "the 10,757,166 parameters printed below, in millions",
     ("18_results", "12.5%"): "printed by chapter 17, which the sentence names",
     ("18_results", "4.5"): CITED + " (WMT 2014's 4.5 million pairs)",
-    ("19_model_variations", "100,000"): CITED + " (the paper's §6.2: each variant's steps)",
+    ("19_model_variations", "100,000"): CITED + " (the paper's §5.2, Table 3: base steps)",
     ("20_constituency_parsing", "40,000"): CITED + " (the paper's §6.3: the WSJ training set)",
     ("20_constituency_parsing", "91.3"): CITED + " (the paper's Table 4)",
     ("20_constituency_parsing", "92.7"): CITED + " (the paper's Table 4)",
