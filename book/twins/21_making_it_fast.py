@@ -1492,10 +1492,11 @@ curves
 #   the curves), and no run there reached 38 greedy after an epoch, which `cpu_subword` first did
 #   after epoch 9. On the Xeon the run with dropout reached 38 after epoch 8 and 40 after epoch
 #   11 (the last two columns), but its half hour ended after epoch 9: 40.07 with beam search,
-#   40.26 with epochs 8 and 9 averaged. Still untried: another model shape (a deeper encoder and a shallower decoder
-#   {cite}`kasai2021deep`, or a smaller model that sees more epochs), the linear decay from the
-#   preset's own 2,000-step warm-up, and bfloat16 on CPUs that compute it natively (the bench
-#   above measured about 1.5 times the float32 fast path at this size on the CPU it ran on).
+#   40.26 with epochs 8 and 9 averaged. Still untried: another model shape (a deeper encoder and
+#   a shallower decoder {cite}`kasai2021deep`, or a smaller model that sees more epochs), the
+#   linear decay from the preset's own 2,000-step warm-up, and bfloat16 on CPUs that compute it
+#   natively (the bench above measured about 1.5 times the float32 fast path at this size on the
+#   CPU it ran on).
 #
 # No model of these runs is shipped. The twelve-epoch run's averaged weights score 0.16 above
 # `cpu_subword` on validation, less than the preset's seeds move a score, from one run that took
