@@ -1229,6 +1229,7 @@ class TrainConfig:
     share_embeddings: bool = False  # one matrix for both embeddings and the generator (§3.4)
     fast: bool = False  # the fast path, the fused loss and Adam's fused step
     decay: str = "inverse_sqrt"  # after the warm-up: the paper's step^-0.5, or "linear" to 0
+    cpu_bf16: bool = False  # bfloat16 autocast on a CPU with AMX or AVX512-BF16 (chapter 22)
 
     def __post_init__(self) -> None:
         check_train_config(self)

@@ -252,8 +252,17 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, DistributedDataParallel) else model
 
 
-def autocast_dtype_for(device: torch.device) -> torch.dtype | None:
-    """bfloat16 on GPUs that compute in it natively (compute capability 8.0 on); else None."""
+def cpu_computes_bf16() -> bool:
+    """Whether this CPU has bfloat16 instructions (AVX512-BF16 or AMX), by torch's own probes."""
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
+
+
+def autocast_dtype_for(device: torch.device, cpu_bf16: bool = False) -> torch.dtype | None:
+    """bfloat16 where the hardware computes it natively: GPUs of compute capability 8.0 on, and
+    CPUs with bfloat16 instructions when the run asks for them (cpu_bf16); else None."""
+    if device.type == "cpu":
+        return torch.bfloat16 if cpu_bf16 and cpu_computes_bf16() else None
     if device.type != "cuda":
         return None
     return torch.bfloat16 if torch.cuda.get_device_capability(device) >= (8, 0) else None
@@ -976,7 +985,11 @@ def train_epochs(
     """6) The epochs: check the batches, train, validate, score, report, checkpoint (also
     every `save_every` optimizer steps inside an epoch, when it is not 0)."""
     train_loader, val_loader = data.train_loader, data.val_loader
-    device, autocast_dtype = process.device, autocast_dtype_for(process.device)
+    device = process.device
+    autocast_dtype = autocast_dtype_for(device, config.cpu_bf16)
+    if config.cpu_bf16 and device.type == "cpu" and autocast_dtype is None and process.rank == 0:
+        print("cpu_bf16: this CPU has no bfloat16 instructions (AMX or AVX512-BF16); "
+              "training in float32", file=sys.stderr)
     walls = []  # each epoch's wall-clock time, validation and checkpoint included
     for epoch in range(run.epoch, config.epochs):
         wall = time.perf_counter()
@@ -1030,6 +1043,8 @@ def train_epochs(
             "tokens_per_s": tokens / seconds,
             **device_report(device),
         }
+        if autocast_dtype is not None:
+            record["autocast"] = "bfloat16"
         if resumed_at:  # the training numbers cover the batches after the checkpoint only
             record["resumed_at_batch"] = resumed_at
         improved = False
