@@ -3223,6 +3223,7 @@ class TrainConfig:
     fast: bool = False  # the fast path, the fused loss and Adam's fused step
     decay: str = "inverse_sqrt"  # after the warm-up: the paper's step^-0.5, or "linear" to 0
     cpu_bf16: bool = False  # bfloat16 autocast on a CPU with AMX or AVX512-BF16 (chapter 22)
+    paper_dropout: bool = False  # dropout only where §5.4 puts it: none in attention or the FFN
 
     def __post_init__(self) -> None:
         check_train_config(self)
@@ -3272,6 +3273,21 @@ class FusedLabelSmoothing(LabelSmoothing):
         """Summed KL divergence for log-probabilities x (rows, size) and targets (rows,)."""
         return label_smoothing_loss(x, target, padding_idx=self.padding_idx,
                                     smoothing=self.smoothing)
+
+
+# %%
+from torch import nn
+
+
+def paper_dropout_only(model: nn.Module, enabled: bool = True) -> nn.Module:
+    """Dropout only where the paper's §5.4 applies it: on each sublayer's output and on the
+    embeddings plus positions. The attention weights and the feed-forward layer's hidden units,
+    which the classic also drops, keep every value. Returns the model, changed in place."""
+    if enabled:
+        for module in model.modules():
+            if isinstance(module, (MultiHeadedAttention, PositionwiseFeedForward)):
+                module.dropout.p = 0.0
+    return model
 
 
 # %% [markdown]
@@ -3827,13 +3843,14 @@ def build_training(
 ) -> Run:
     """4) Model (the same initial weights on every rank), optimizer, schedule and loss; warmup
     and total are the run's warm-up and length in its own optimizer steps (schedule_steps).
-    config.fast trains on chapter 21's fast path, with the fused loss and Adam."""
+    config.fast trains on chapter 21's fast path, with the fused loss and Adam, and
+    config.paper_dropout drops only where the paper does."""
     torch.manual_seed(config.seed)
     model = make_model(
         src_vocab, tgt_vocab, N=config.N, d_model=config.d_model, d_ff=config.d_ff,
         h=config.h, dropout=config.dropout, share_embeddings=config.share_embeddings,
     ).to(process.device)
-    use_fast_path(model, config.fast)
+    use_fast_path(paper_dropout_only(model, config.paper_dropout), config.fast)
     optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9,
                                  fused=config.fast or None)
     def lr_lambda(step: int) -> float:

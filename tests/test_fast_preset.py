@@ -17,9 +17,12 @@ from the_annotated_transformer import (
     linear_rate,
     load_checkpoint,
     load_trained_model,
+    make_model,
+    paper_dropout_only,
     rate,
     train_worker,
     training_config,
+    use_fast_path,
 )
 
 PAIRS = {"train": synthetic_sentence_pairs(240, 0), "val": synthetic_sentence_pairs(40, 1)}
@@ -110,3 +113,41 @@ def test_a_fast_run_trains_resumes_exactly_and_ships(tmp_path, monkeypatch):
     assert config.fast and config.decay == "linear"
     assert any(type(m) is MultiHeadedAttention for m in model.modules())  # loads readable
     assert not any(isinstance(m, FastMultiHeadedAttention) for m in model.modules())
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_cpu_bf16_trains_in_bfloat16_only_where_the_cpu_computes_it(
+        tmp_path, monkeypatch, capsys, native):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    config = replace(TINY, epochs=1, cpu_bf16=True, checkpoint_dir=str(tmp_path / "run"))
+    train_worker(0, 1, config, **RUN)
+    history = load_checkpoint(tmp_path / "run" / "last.pt")["history"]
+    assert ("autocast" in history[-1]) == native
+    assert history[-1].get("autocast", "bfloat16") == "bfloat16"
+    said = capsys.readouterr().err
+    assert ("this CPU has no bfloat16 instructions" in said) != native
+
+
+def test_paper_dropout_keeps_dropout_on_sublayer_outputs_and_embeddings_only():
+    def dropout_by_owner(model: torch.nn.Module) -> dict[str, set[float]]:
+        owners = {}
+        for module in model.modules():
+            for child in module.children():
+                if isinstance(child, torch.nn.Dropout):
+                    owners.setdefault(type(module).__name__, set()).add(child.p)
+        return owners
+
+    def model() -> torch.nn.Module:
+        return make_model(50, 50, N=2, d_model=32, d_ff=64, h=4, dropout=0.1)
+
+    assert set().union(*dropout_by_owner(model()).values()) == {0.1}
+    assert paper_dropout_only(model(), enabled=False).state_dict().keys() == (
+        model().state_dict().keys())
+    assert dropout_by_owner(paper_dropout_only(model(), enabled=False)) == dropout_by_owner(model())
+    owners = dropout_by_owner(use_fast_path(paper_dropout_only(model())))
+    assert owners == {"SublayerConnection": {0.1}, "PositionalEncoding": {0.1},
+                      "FastMultiHeadedAttention": {0.0}, "PositionwiseFeedForward": {0.0}}
+    attention = use_fast_path(paper_dropout_only(model())).encoder.layers[0].self_attn.train()
+    x = torch.randn(3, 7, 32)
+    assert torch.equal(attention(x, x, x), attention(x, x, x))  # nothing dropped in training

@@ -19,6 +19,7 @@ from the_annotated_transformer import (
     autocast_dtype_for,
     bleu,
     config_differences,
+    cpu_computes_bf16,
     detokenize,
     device_report,
     export_for_shipping,
@@ -315,6 +316,17 @@ def test_bf16_only_on_gpus_that_compute_in_it_natively(monkeypatch):
     capability["value"] = (8, 0)  # an A100
     assert autocast_dtype_for(torch.device("cuda", 0)) == torch.bfloat16
     assert autocast_dtype_for(torch.device("cpu")) is None
+
+
+@pytest.mark.parametrize("avx512_bf16, amx", [(False, False), (True, False), (False, True)])
+def test_bf16_on_cpus_only_when_asked_and_computed_natively(monkeypatch, avx512_bf16, amx):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    native = avx512_bf16 or amx
+    assert cpu_computes_bf16() == native
+    assert autocast_dtype_for(torch.device("cpu")) is None  # float32 unless the run asks
+    assert autocast_dtype_for(torch.device("cpu"), cpu_bf16=True) == (
+        torch.bfloat16 if native else None)
 
 
 def test_device_report_asks_for_the_process_own_gpu(monkeypatch):

@@ -33,6 +33,7 @@ from the_annotated_transformer import (
     LearnedPositionalEmbedding,
     MultiHeadedAttention,
     PositionalEncoding,
+    PositionwiseFeedForward,
     _beam_limits,
     attention,
     attention_maps,
@@ -1230,6 +1231,7 @@ class TrainConfig:
     fast: bool = False  # the fast path, the fused loss and Adam's fused step
     decay: str = "inverse_sqrt"  # after the warm-up: the paper's step^-0.5, or "linear" to 0
     cpu_bf16: bool = False  # bfloat16 autocast on a CPU with AMX or AVX512-BF16 (chapter 22)
+    paper_dropout: bool = False  # dropout only where §5.4 puts it: none in attention or the FFN
 
     def __post_init__(self) -> None:
         check_train_config(self)
@@ -1279,6 +1281,21 @@ class FusedLabelSmoothing(LabelSmoothing):
         """Summed KL divergence for log-probabilities x (rows, size) and targets (rows,)."""
         return label_smoothing_loss(x, target, padding_idx=self.padding_idx,
                                     smoothing=self.smoothing)
+
+
+# %% tags=["export"]
+from torch import nn
+
+
+def paper_dropout_only(model: nn.Module, enabled: bool = True) -> nn.Module:
+    """Dropout only where the paper's §5.4 applies it: on each sublayer's output and on the
+    embeddings plus positions. The attention weights and the feed-forward layer's hidden units,
+    which the classic also drops, keep every value. Returns the model, changed in place."""
+    if enabled:
+        for module in model.modules():
+            if isinstance(module, (MultiHeadedAttention, PositionwiseFeedForward)):
+                module.dropout.p = 0.0
+    return model
 
 
 # %%

@@ -49,6 +49,7 @@ from the_annotated_transformer import (
     load_trained_model,
     make_model,
     multi30k_vocabularies,
+    paper_dropout_only,
     rate,
     read_vocabularies,
     save_checkpoint,
@@ -231,7 +232,11 @@ assert not set(indices[0]) & set(indices[1]) and len(set(indices[0] + indices[1]
 # hardware: GPUs from compute capability 8.0 (Ampere) on. `torch.cuda.is_bf16_supported()` also
 # says yes on older GPUs such as the V100 or T4, where bfloat16 is emulated and slower than
 # float32, so `autocast_dtype_for` asks for the compute capability instead. On a CPU autocast is
-# off: the float32 numbers there are the reference the tests compare against.
+# off unless the run asks for it (`cpu_bf16=True`, a field of chapter 21's `TrainConfig`) and the
+# CPU has bfloat16 instructions: AVX512-BF16's dot products or AMX's matrix tiles, found on recent
+# Intel Xeons (AMX) and AMD's Zen 4 (AVX512-BF16). `cpu_computes_bf16` asks PyTorch's own probes; a run that asks on a CPU without
+# them says so on one line and trains in float32. Without the request the float32 numbers are the
+# reference the tests compare against.
 #
 # **Progress.** With `bar` (a tqdm bar; rank 0 passes one), `after_group` moves the bar once
 # per optimizer step and shows the running loss per token, the tokens per second and the
@@ -770,13 +775,14 @@ def build_training(
 ) -> Run:
     """4) Model (the same initial weights on every rank), optimizer, schedule and loss; warmup
     and total are the run's warm-up and length in its own optimizer steps (schedule_steps).
-    config.fast trains on chapter 21's fast path, with the fused loss and Adam."""
+    config.fast trains on chapter 21's fast path, with the fused loss and Adam, and
+    config.paper_dropout drops only where the paper does."""
     torch.manual_seed(config.seed)
     model = make_model(
         src_vocab, tgt_vocab, N=config.N, d_model=config.d_model, d_ff=config.d_ff,
         h=config.h, dropout=config.dropout, share_embeddings=config.share_embeddings,
     ).to(process.device)
-    use_fast_path(model, config.fast)
+    use_fast_path(paper_dropout_only(model, config.paper_dropout), config.fast)
     optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9,
                                  fused=config.fast or None)
     def lr_lambda(step: int) -> float:
