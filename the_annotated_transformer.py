@@ -3197,7 +3197,8 @@ from dataclasses import dataclass, replace
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Chapter 17's configuration, grown by the fast path and a schedule that ends at zero."""
+    """Chapter 17's configuration, grown by the fast path, a schedule that ends at zero, the
+    paper's dropout sites and bfloat16 on CPUs."""
 
     N: int = 6
     d_model: int = 512
@@ -3237,8 +3238,8 @@ class TrainConfig:
 
 
 def training_config(name: str, **overrides) -> TrainConfig:
-    """The preset `name` ("cpu", "base", "cpu_subword" or "cpu_fast") with some fields
-    replaced."""
+    """The preset `name` ("cpu", "base", "cpu_subword", "cpu_fast" or "cpu_fast_dropout") with
+    some fields replaced."""
     cpu = TrainConfig(
         N=3, d_model=256, d_ff=1024, h=8, dropout=0.1, max_tokens=1500, accum_iter=1,
         epochs=12, warmup=1000, lr_factor=0.5, checkpoint_dir="checkpoints/multi30k_cpu",
@@ -3252,6 +3253,9 @@ def training_config(name: str, **overrides) -> TrainConfig:
     presets["cpu_fast"] = replace(presets["cpu_subword"], fast=True, dropout=0.0, max_tokens=750,
                                   warmup=2000, epochs=6,
                                   checkpoint_dir="checkpoints/multi30k_cpu_fast")
+    presets["cpu_fast_dropout"] = replace(presets["cpu_fast"], dropout=0.1, paper_dropout=True,
+                                          epochs=11, keep_epochs=2,
+                                          checkpoint_dir="checkpoints/multi30k_cpu_fast_dropout")
     if name not in presets:
         raise ValueError(f"name must be one of {', '.join(presets)}, got {name!r}")
     return replace(presets[name], **overrides)
@@ -5911,8 +5915,8 @@ BOOK_REPOSITORY_REF = "v0.2.0"
 # Each shipped model's files and their SHA-256 checksums, verified after a download;
 # tests/test_shipped_model.py fails when they differ from the files in book/models/<name>.
 # multi30k_cpu is chapter 14's word-level model (averaging.json holds chapter 16's
-# measurements); multi30k_cpu_subword is chapter 18's subword model (results.json holds its
-# measurements), the best of the book.
+# measurements); multi30k_cpu_subword is chapter 18's subword model and multi30k_cpu_fast_dropout
+# chapter 21's half-hour one (results.json holds each one's measurements).
 SHIPPED_MODELS = {
     "multi30k_cpu": {
         "model.pt": "7f5e9f5e59a49d401656ed2332705f93d86d118921e8494f36532f743e696548",
@@ -5927,10 +5931,17 @@ SHIPPED_MODELS = {
         "info.json": "a0cc04b8e4dd180298fbdd87820d93e13f28ae0d7ada04d4096b1d863eb1e854",
         "results.json": "ba9d83b4e98361e717b0a45eacd7b0898267ef18060b83e4e69b4406bc146816",
     },
+    "multi30k_cpu_fast_dropout": {
+        "model.pt": "026186e0d9884d7d97c27ef5606507dcc2d6fe1d0a3604ae37a0f30f07d3c273",
+        "subwords.model": "d3f7fe14d9a0a191b496c0a68c212d32217ee3fd1b5c17dba74eb1cee93def72",
+        "info.json": "36764ca0b351550f05fb4956cd8c0dcef8b40dd122e00bfaa45b98cb0a56948a",
+        "results.json": "78eeeb118364a49d7357f936117ce956a5cb2551584a16acf6dc779464ed0c31",
+    },
 }
-SHIPPED_PRESETS = {"multi30k_cpu": "cpu", "multi30k_cpu_subword": "cpu_subword"}  # for training
-# The shipped model with the best validation BLEU: `make translate` uses it (chapter 18).
-BEST_SHIPPED_MODEL = "multi30k_cpu_subword"
+SHIPPED_PRESETS = {"multi30k_cpu": "cpu", "multi30k_cpu_subword": "cpu_subword",  # for training
+                   "multi30k_cpu_fast_dropout": "cpu_fast_dropout"}
+# The shipped model with the best validation BLEU: `make translate` uses it (chapters 18, 21).
+BEST_SHIPPED_MODEL = "multi30k_cpu_fast_dropout"
 
 
 def shipped_model_dir(name: str = "multi30k_cpu") -> Path:
@@ -6035,10 +6046,11 @@ def load_trained_model(
     """A trained model in float32 (eval mode) with its vocabularies and configuration.
 
     path: a folder from export_for_shipping, or a model.pt / last.pt file with the
-    vocabularies beside it; by default the book's shipped model `name` (chapter 14's, or
-    chapter 18's "multi30k_cpu_subword"), downloaded when it is missing (outside a copy of
-    the repository). Only with train_if_missing=True does a missing model that cannot be
-    downloaded get trained, with its preset (an hour or more on a CPU).
+    vocabularies beside it; by default the book's shipped model `name` (chapter 14's, chapter
+    18's "multi30k_cpu_subword" or chapter 21's "multi30k_cpu_fast_dropout"), downloaded when
+    it is missing (outside a copy of the repository). Only with train_if_missing=True does a
+    missing model that cannot be downloaded get trained, with its preset (half an hour or more
+    on a CPU).
     """
     if path is None:
         path = shipped_model_dir(name)

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ from the_annotated_transformer import (
     load_trained_model,
     sha256_of,
     shipped_model_dir,
+    training_config,
     translate,
 )
 
@@ -210,3 +212,25 @@ def test_make_translate_on_the_test_set_writes_no_special_token_and_keeps_38_ble
     score, signature = bleu(lines[:200], [en for _, en in pairs[:200]])
     print(f"BLEU {score:.2f} on test_2016_flickr[:200] ({signature})")
     assert score >= 38, f"BLEU {score:.2f} on test_2016_flickr[:200] is below 38"
+
+
+def test_the_half_hour_model_records_its_run_and_keeps_40_bleu_on_200_test_sentences():
+    """Chapter 21's cpu_fast_dropout model: under 30 training minutes by its own record."""
+    folder = shipped_model_dir("multi30k_cpu_fast_dropout")
+    info = json.loads((folder / "info.json").read_text())
+    assert info["training_seconds"] <= 30 * 60 and info["epochs"] == len(info["history"]) == 11
+    assert info["training_seconds"] == pytest.approx(sum(r["seconds"] for r in info["history"]),
+                                                     abs=0.1)
+    assert info["averaged_from"] == ["epoch_010.pt", "epoch_011.pt"]  # the last two epochs
+    model, vocab_src, vocab_tgt, config = load_trained_model(name="multi30k_cpu_fast_dropout")
+    preset = training_config("cpu_fast_dropout")
+    assert replace(config, epochs=11, keep_epochs=2, checkpoint_dir=preset.checkpoint_dir) == preset
+    scored = json.loads((folder / "results.json").read_text())["results"]
+    beam = {row["split"]: row["bleu"] for row in scored if row["decoding"] == "beam4"}
+    assert beam["val"] >= 41 and beam["test_2016_flickr"] >= 40  # the goal it was trained for
+    pairs = load_multi30k("test_2016_flickr")[:200]
+    hypotheses = translate(model, [de for de, _ in pairs], vocab_src, vocab_tgt,
+                           load_tokenizers()[0])
+    score, signature = bleu(hypotheses, [en for _, en in pairs])
+    print(f"BLEU {score:.2f} greedy on test_2016_flickr[:200] ({signature})")
+    assert score >= 40, f"BLEU {score:.2f} on test_2016_flickr[:200] is below 40"

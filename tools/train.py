@@ -55,12 +55,13 @@ def finished_run(config: TrainConfig) -> str | None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line; --help explains every option."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", choices=["cpu", "cpu_subword", "cpu_fast", "base"],
+    parser.add_argument("--config",
+                        choices=["cpu", "cpu_subword", "cpu_fast", "cpu_fast_dropout", "base"],
                         default="cpu",
                         help="preset: a small model for a CPU (with word vocabularies, or one "
                              "joint subword vocabulary and tied embeddings, or that on the fast "
-                             "path without dropout, at half the batch, for 6 epochs), or the "
-                             "paper's base model")
+                             "path without dropout, at half the batch, for 6 epochs, or for 11 "
+                             "with dropout where the paper puts it), or the paper's base model")
     parser.add_argument("--devices", type=int, default=1,
                         help="processes on this machine: GPUs if there are any, else CPU processes")
     parser.add_argument("--epochs", type=int, help="train until this many epochs are done")

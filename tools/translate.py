@@ -9,8 +9,8 @@ empty); messages go to stderr. Input is read as bytes: a byte-order mark is drop
 endings are accepted, and a line that is not valid UTF-8 is reported by its number and gives an
 empty output line (--stop-on-bad-input stops instead, with nothing written). A line longer than
 the model translates at once is split into pieces, translated piece by piece, and reported.
-By default the book's best shipped model (BEST_SHIPPED_MODEL: chapter 18's subword model in
-book/models/multi30k_cpu_subword) translates; --checkpoint takes a folder from
+By default the book's best shipped model (BEST_SHIPPED_MODEL: chapter 21's half-hour subword
+model in book/models/multi30k_cpu_fast_dropout) translates; --checkpoint takes a folder from
 export_for_shipping or a model.pt / last.pt file with its vocabularies beside it (vocab_de.json
 and vocab_en.json, or subwords.model). Decoding is the paper's beam search (beam 4, length
 penalty alpha 0.6; chapter 15) with chapter 21's key/value cache; --beam 1 gives greedy

@@ -358,7 +358,8 @@ def length_histogram(pairs: Sequence[tuple[Sequence[str], Sequence[str]]], *, ti
 # ## The trained models
 #
 # The book ships its trained models in `book/models/<name>/`: chapter 14's word-level model
-# (`multi30k_cpu`) and chapter 18's subword model (`multi30k_cpu_subword`). `export_for_shipping`
+# (`multi30k_cpu`), chapter 18's subword model (`multi30k_cpu_subword`) and chapter 21's
+# half-hour subword model (`multi30k_cpu_fast_dropout`). `export_for_shipping`
 # makes such a folder from a training checkpoint. It keeps the weights in half precision, which
 # halves the file and changes few if any translations (chapter 22 measures it on a small model),
 # stores tied weights once, and writes an `info.json` with the configuration, the variant
@@ -391,8 +392,8 @@ BOOK_REPOSITORY_REF = "v0.2.0"
 # Each shipped model's files and their SHA-256 checksums, verified after a download;
 # tests/test_shipped_model.py fails when they differ from the files in book/models/<name>.
 # multi30k_cpu is chapter 14's word-level model (averaging.json holds chapter 16's
-# measurements); multi30k_cpu_subword is chapter 18's subword model (results.json holds its
-# measurements), the best of the book.
+# measurements); multi30k_cpu_subword is chapter 18's subword model and multi30k_cpu_fast_dropout
+# chapter 21's half-hour one (results.json holds each one's measurements).
 SHIPPED_MODELS = {
     "multi30k_cpu": {
         "model.pt": "7f5e9f5e59a49d401656ed2332705f93d86d118921e8494f36532f743e696548",
@@ -407,10 +408,17 @@ SHIPPED_MODELS = {
         "info.json": "a0cc04b8e4dd180298fbdd87820d93e13f28ae0d7ada04d4096b1d863eb1e854",
         "results.json": "ba9d83b4e98361e717b0a45eacd7b0898267ef18060b83e4e69b4406bc146816",
     },
+    "multi30k_cpu_fast_dropout": {
+        "model.pt": "026186e0d9884d7d97c27ef5606507dcc2d6fe1d0a3604ae37a0f30f07d3c273",
+        "subwords.model": "d3f7fe14d9a0a191b496c0a68c212d32217ee3fd1b5c17dba74eb1cee93def72",
+        "info.json": "36764ca0b351550f05fb4956cd8c0dcef8b40dd122e00bfaa45b98cb0a56948a",
+        "results.json": "78eeeb118364a49d7357f936117ce956a5cb2551584a16acf6dc779464ed0c31",
+    },
 }
-SHIPPED_PRESETS = {"multi30k_cpu": "cpu", "multi30k_cpu_subword": "cpu_subword"}  # for training
-# The shipped model with the best validation BLEU: `make translate` uses it (chapter 18).
-BEST_SHIPPED_MODEL = "multi30k_cpu_subword"
+SHIPPED_PRESETS = {"multi30k_cpu": "cpu", "multi30k_cpu_subword": "cpu_subword",  # for training
+                   "multi30k_cpu_fast_dropout": "cpu_fast_dropout"}
+# The shipped model with the best validation BLEU: `make translate` uses it (chapters 18, 21).
+BEST_SHIPPED_MODEL = "multi30k_cpu_fast_dropout"
 
 
 def shipped_model_dir(name: str = "multi30k_cpu") -> Path:
@@ -515,10 +523,11 @@ def load_trained_model(
     """A trained model in float32 (eval mode) with its vocabularies and configuration.
 
     path: a folder from export_for_shipping, or a model.pt / last.pt file with the
-    vocabularies beside it; by default the book's shipped model `name` (chapter 14's, or
-    chapter 18's "multi30k_cpu_subword"), downloaded when it is missing (outside a copy of
-    the repository). Only with train_if_missing=True does a missing model that cannot be
-    downloaded get trained, with its preset (an hour or more on a CPU).
+    vocabularies beside it; by default the book's shipped model `name` (chapter 14's, chapter
+    18's "multi30k_cpu_subword" or chapter 21's "multi30k_cpu_fast_dropout"), downloaded when
+    it is missing (outside a copy of the repository). Only with train_if_missing=True does a
+    missing model that cannot be downloaded get trained, with its preset (half an hour or more
+    on a CPU).
     """
     if path is None:
         path = shipped_model_dir(name)
