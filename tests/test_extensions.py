@@ -201,7 +201,8 @@ def test_grown_train_config_keeps_chapter_14s_fields_presets_and_errors():
     grown = [(f.name, f.default) for f in dataclasses.fields(tat.TrainConfig)]
     assert grown[:len(first)] == first
     assert grown[len(first):] == [("subwords", 0), ("share_embeddings", False), ("fast", False),
-                                  ("decay", "inverse_sqrt")]
+                                  ("decay", "inverse_sqrt"), ("cpu_bf16", False),
+                                  ("paper_dropout", False)]
     presets = first_definition("training_config")
     for name in ("cpu", "base"):
         assert dataclasses.asdict(presets(name)) == {
