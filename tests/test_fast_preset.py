@@ -151,3 +151,45 @@ def test_paper_dropout_keeps_dropout_on_sublayer_outputs_and_embeddings_only():
     attention = use_fast_path(paper_dropout_only(model())).encoder.layers[0].self_attn.train()
     x = torch.randn(3, 7, 32)
     assert torch.equal(attention(x, x, x), attention(x, x, x))  # nothing dropped in training
+
+
+def test_cpu_fast_dropout_is_cpu_fast_with_the_papers_dropout_for_eleven_epochs():
+    fast, half_hour = training_config("cpu_fast"), training_config("cpu_fast_dropout")
+    assert replace(fast, dropout=0.1, paper_dropout=True, epochs=11, keep_epochs=2,
+                   checkpoint_dir=half_hour.checkpoint_dir) == half_hour
+
+
+def test_a_paper_dropout_run_resumes_exactly_and_ships_its_last_two_epochs_averaged(
+        tmp_path, monkeypatch):
+    from average_checkpoints import write_average  # tests/conftest.py puts tools/ on the path
+
+    import the_annotated_transformer as tat
+
+    config = replace(TINY, decay="inverse_sqrt", paper_dropout=True, keep_epochs=2)
+    whole = replace(config, checkpoint_dir=str(tmp_path / "whole"))
+    history = train_worker(0, 1, whole, **RUN)
+    assert history[-1]["val_loss"] < history[0]["val_loss"]  # it learns
+    epoch_core, calls = tat.train_epoch, []
+
+    def dies_in_epoch_3(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise Interrupted
+        return epoch_core(*args, **kwargs)
+
+    monkeypatch.setattr(tat, "train_epoch", dies_in_epoch_3)
+    parts = replace(config, checkpoint_dir=str(tmp_path / "parts"))
+    with pytest.raises(Interrupted):
+        train_worker(0, 1, parts, **RUN)
+    monkeypatch.undo()
+    train_worker(0, 1, parts, resume=True, **RUN)
+    a, b = (load_checkpoint(tmp_path / run / "last.pt")["model"] for run in ("whole", "parts"))
+    for name, tensor in a.items():
+        assert torch.allclose(tensor, b[name], rtol=0, atol=1e-6), name
+    kept = sorted(p.name for p in (tmp_path / "whole").glob("epoch_*.pt"))
+    assert kept == ["epoch_002.pt", "epoch_003.pt"]  # the last two, to average
+    write_average([tmp_path / "whole" / name for name in kept], tmp_path / "whole" / "avg.pt")
+    export_for_shipping(tmp_path / "whole" / "avg.pt", tmp_path / "ship",
+                        run=tmp_path / "whole" / "last.pt")
+    model, _, _, shipped = load_trained_model(tmp_path / "ship")
+    assert shipped.paper_dropout and not model.training
