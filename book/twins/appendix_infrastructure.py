@@ -61,7 +61,8 @@ from the_annotated_transformer import (
 # vocabulary: two fields and the `cpu_subword` preset, a `subwords` option of
 # `read_vocabularies`, and a sentencepiece branch inside `multi30k_vocabularies`,
 # `encode_examples`, `encode_text` and `decode_text`, whose signatures do not change; chapter 21
-# grows `TrainConfig` and the presets again, by `fast`, `decay` and the `cpu_fast` preset. The
+# grows `TrainConfig` and the presets again, by `fast`, `decay`, `cpu_bf16`, `paper_dropout`
+# and the `cpu_fast` and `cpu_fast_dropout` presets. The
 # module's signatures, each parameter (or field) with the chapter that brought it:
 
 # %%
@@ -78,7 +79,8 @@ grown_in = {  # the parameters a later chapter added, with that chapter
     "TokenBudgetSampler": {"num_replicas": 22, "rank": 22},
     "multi30k_loader": {"num_replicas": 22, "rank": 22},
     "beam_search": {"use_cache": 21},
-    "TrainConfig": {"subwords": 17, "share_embeddings": 17, "fast": 21, "decay": 21},
+    "TrainConfig": {"subwords": 17, "share_embeddings": 17, "fast": 21, "decay": 21,
+                    "cpu_bf16": 21, "paper_dropout": 21},
     "read_vocabularies": {"subwords": 17},
 }
 for function in [greedy_decode, run_groups, TokenBudgetSampler, train_epoch, evaluate,
