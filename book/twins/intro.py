@@ -59,8 +59,10 @@ enable_book_charts()
 #   baselines; and
 #   how to make the model fast, measured: a key/value cache for decoding, fused attention and
 #   layer norm, packed projections, bfloat16 on CPUs that have it, a benchmark run on a CPU
-#   and on one GPU, a roofline that bounds what float32 decoding can gain on a CPU, then what half an hour of training on two CPU cores reaches (measured, and
-#   short of the shipped model); and the training program itself, on one process or many devices (the gradients averaged
+#   and on one GPU, a roofline that bounds what float32 decoding can gain on a CPU, then what
+#   half an hour of training on two CPU cores reaches (on the faster of two CPUs, the level of
+#   the 80-minute model, over two seeds; one of them is what `make translate` uses); and the
+#   training program itself, on one process or many devices (the gradients averaged
 #   over all devices' tokens, each process its own share of the batches), with
 #   checkpoints inside an epoch and what to do when a machine dies.
 # * **Part IV, beyond the paper**: the Transformer seen as a graph, run whole on packed
