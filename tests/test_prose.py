@@ -25,11 +25,12 @@ REFERENCE = re.compile(r"(section|sections|§|table|equation|eq\.|chapter|chapte
 PERCENTAGE = re.compile(r"(?<![\d.])(\d+\.\d+)\s?%")
 # The second number of a range ("roughly 800 to 1,450") is as approximate as the first.
 RANGE = re.compile(r"\d[\d,.]*\s?%?\s*(?:to|and|or|-|–)\s*$")
-# A whole number with a unit after it (305 steps, 67 minutes) is a measurement, which a year,
-# an ordinal or a bare count is not; below 10 it is too often a small input (3 seeds, 2 cores).
-UNIT = re.compile(r"\s(?:optimizer |training |target |source )?(?:seconds?|minutes?|hours?|"
+# A whole number with a unit after it (305 steps, 5 minutes, 8 of 10) is a measurement at any
+# size; without one, a number from 10 up is checked too (a count, a size), but not a year or a
+# small number without a unit, which is too often an input (3 seeds, 2 cores) or an ordinal.
+UNIT = re.compile(r"\s+(?:(?:optimizer|training|target|source)\s+)?(?:seconds?|minutes?|hours?|"
                   r"steps|epochs|tokens|sentences|pairs|runs|parameters|batches|"
-                  r"of (?:the |its |their )?[\d,]+\b)")
+                  r"of\s+(?:(?:the|its|their)\s+)?[\d,]+\b)")
 
 # Numbers that the prose states without a cell printing them, each with its reason.
 CITED = "a published figure, cited in the sentence"
@@ -38,7 +39,30 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("10_schedule_and_optimizer", "250"): "chapter 19's training length, which the sentence names",
     ("11_regularization", "25.3"): CITED + " (the paper's Table 3)",
     ("12_copy_task", "0.0125"): "the schedule's peak, worked out in the sentence",
+    ("10_schedule_and_optimizer", "65"): CITED + " (the paper's Table 3: base parameters)",
+    ("10_schedule_and_optimizer", "213"): CITED + " (the paper's Table 3: big parameters)",
+    ("12_copy_task", "20,000"): "the exercise's input (its answer draws 20_000 sequences)",
+    ("14_multi30k_training", "29,000"): "Multi30k's training pairs, printed by chapter 9",
+    ("12_copy_task", "65"): CITED + " (the paper's Table 3: base parameters)",
     ("14_multi30k_training", "24,576"): "6 x 4,096 tokens, the accumulation the sentence gives",
+    ("14_multi30k_training", "32,768"): "8 x 4,096 tokens, the processes the sentence gives",
+    ("14_multi30k_training", "125"): "1,000 warm-up steps over 8 processes, as the sentence says",
+    ("14_multi30k_training", "25,000"): CITED + " (the paper's §5.1: tokens per batch)",
+    ("14_multi30k_training", "4,000"): CITED + " (the paper's §5.3: warm-up steps)",
+    ("15_beam_search", "6,190"): "the English vocabulary's size, printed by chapter 9",
+    ("17_subword_vocabularies", "32,000"): CITED + " (the paper's §5.1: English-French pieces)",
+    ("17_subword_vocabularies", "37,000"): CITED + " (the paper's §5.1: English-German pieces)",
+    ("17_subword_vocabularies", "29,000"): "Multi30k's training pairs, printed by chapter 9",
+    ("17_subword_vocabularies", "120"): "quoted from a caption (\"120 cm\")",
+    ("18_results", "29,000"): "Multi30k's training pairs, printed by chapter 9",
+    ("18_results", "65"): CITED + " (the paper's Table 3: base parameters)",
+    ("18_results", "213"): CITED + " (the paper's Table 3: big parameters)",
+    ("20_constituency_parsing", "21"): CITED + " (the paper's §6.3: beam size 21)",
+    ("23_transformer_as_a_graph", "21"): "5 + 9 + 7 nodes, the sum the sentence works out",
+    ("25_what_came_after", "213"): CITED + " (the paper's Table 3: big parameters)",
+    ("25_what_came_after", "175"): CITED + " (GPT-3's 175 billion parameters)",
+    ("27_conclusion", "29,000"): "Multi30k's training pairs, printed by chapter 9",
+    ("27_conclusion", "27"): CITED + " (the paper's Table 2: 27.3, rounded)",
     ("14_multi30k_training", "3,000"): "a candidate's batch size, an input of the comparison",
     ("14_multi30k_training", "305"): "len(multi30k_loader(...)) over the 29,000 training pairs "
                                      "at 1,500 tokens, the cpu preset's batches per epoch",
@@ -60,9 +84,26 @@ ALLOWED: dict[tuple[str, str], str] = {
 }
 
 
+def without_code_blocks(text: str) -> str:
+    """The text without its fenced code blocks (commands), keeping the text inside directives
+    (```{note}, ```{figure}), which is prose."""
+    kept, fences = [], []  # fences: for each open block, whether it is code
+    for line in text.splitlines():
+        fence = re.match(r"\s*(`{3,})(\S*)", line)
+        if fence and fences and not fence.group(2):
+            fences.pop()  # a closing fence
+        elif fence:
+            fences.append(not fence.group(2).startswith("{"))
+        elif not any(fences):
+            kept.append(line)
+    return "\n".join(kept)
+
+
 def markdown_text(nb) -> str:
-    """The markdown cells, without math, inline code, links and citations."""
+    """The markdown cells, without math, code, links, citations and directive options."""
     text = "\n".join(cell.source for cell in nb.cells if cell.cell_type == "markdown")
+    text = without_code_blocks(text)
+    text = re.sub(r"^:[\w-]+:.*$", " ", text, flags=re.MULTILINE)  # a figure's :width: option
     for pattern in (r"\$\$.*?\$\$", r"\$[^$\n]*\$", r"`[^`\n]*`", r"\]\([^)]*\)"):
         text = re.sub(pattern, " ", text, flags=re.DOTALL)
     return text
@@ -90,8 +131,9 @@ def stated_numbers(text: str) -> list[str]:
     found = []
     for match in NUMBER.finditer(text):
         number, percent = match.groups()
-        if not percent and "." not in number and (
-                int(number.replace(",", "")) < 10 or not UNIT.match(text, match.end(1))):
+        value = int(number.replace(",", "")) if not percent and "." not in number else None
+        if value is not None and not UNIT.match(text, match.end(1)) and (
+                value < 10 or 1900 <= value <= 2099):
             continue  # a year, an ordinal or a small count
         before = text[max(0, match.start() - 24):match.start()]
         if RANGE.search(before):
@@ -134,8 +176,17 @@ def test_every_number_in_the_prose_is_printed_or_marked(path):
 
 def test_the_number_check_finds_measurements_and_skips_marked_numbers():
     text = ("In 2017 the run took 305 steps and about 40 minutes, roughly 800 to 1,450 tokens/s; "
-            "it copied 33 of the 100 sequences (section 5.4, 3 seeds) at 12.5% or 0.98 loss.")
-    assert stated_numbers(text) == ["305", "33", "12.5%", "0.98"]
+            "it copied 33 of the 100 sequences (section 5.4, 3 seeds) at 12.5% or 0.98 loss; "
+            "5 of 8 runs, a vocabulary of 8,012 words, batches of 1,500\ntokens, in 2 cores.")
+    assert stated_numbers(text) == [
+        "305", "33", "100", "12.5%", "0.98", "5", "8", "8,012", "1,500"]
+
+
+def test_the_prose_leaves_out_commands_and_figure_options():
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(
+        "Run it:\n\n```bash\npython train.py --batch-tokens 25000\n```\n\n"
+        "```{figure} a.svg\n:width: 340px\n\nA caption of 21 nodes.\n```")])
+    assert stated_numbers(markdown_text(nb)) == ["21"]
     printed = "steps: 305\nshare 0.305, 21.3% of references, run 13050"
     assert is_printed("305", printed) and is_printed("21%", printed)
     assert not is_printed("30", printed) and not is_printed("130", printed)

@@ -179,10 +179,10 @@ def training_config(name: str, **overrides) -> TrainConfig:
 
 # %% [markdown]
 # How large can the CPU model be? We timed candidates on the real data: the full training set
-# with its vocabularies (8,012 German and 6,190 English words), a few warm-up steps, then 12 to
+# with its word vocabularies (chapter 9), a few warm-up steps, then 12 to
 # 30 timed optimizer steps of `train_epoch` (defined below), on this book's 2-core build
-# machine while other jobs shared it. An epoch of Multi30k's training set is 409,188 target
-# tokens, so each speed implies an epoch time. The candidates were A: $N=3$,
+# machine while other jobs shared it. Dividing an epoch's target tokens by a speed gives an
+# epoch time. The candidates were A: $N=3$,
 # $d_{\text{model}}=256$, $d_{\text{ff}}=1024$, batches of 1,500 tokens, on one thread and on
 # two; B: A with $N=4$; C: A with batches of 3,000 tokens; and D: A with $N=2$. Those timings
 # are not stored with the book, so we give them here in round numbers only.

@@ -9,8 +9,8 @@
 # \log P(Y \mid X) = \sum_{t=1}^{n} \log p(y_t \mid y_{<t}, X).$$
 #
 # A translation is then a search: find an output with a high probability. The exact answer,
-# $\arg\max_Y P(Y \mid X)$, is out of reach, because with a vocabulary of 6,190 English words
-# there are $6190^{n}$ outputs of length $n$. Chapter 14 used the simplest search, greedy
+# $\arg\max_Y P(Y \mid X)$, is out of reach, because with chapter 9's English vocabulary of 6,190
+# entries there are $6190^{n}$ outputs of length $n$. Chapter 14 used the simplest search, greedy
 # decoding: take the most probable word at each step and never look back. The paper
 # {cite}`vaswani2017attention` used beam search (§6.1), which keeps several partial outputs
 # alive at each step. This chapter shows why greedy decoding can miss the most probable
