@@ -1382,7 +1382,7 @@ assert all(r["val_ppl"] > 1 and 0 <= r["val_bleu"] <= 100 for r in history)
 assert history[-1]["val_loss"] < history[0]["val_loss"]
 assert state["epoch"] == 4 and [r["epoch"] for r in history] == [1, 2, 3, 4]
 
-# %%
+# %% tags=["chart-rows-vary"]
 losses = [
     {"epoch": r["epoch"], "loss": round(r[key], 4), "split": split}
     for r in history for key, split in [("train_loss", "train"), ("val_loss", "validation")]

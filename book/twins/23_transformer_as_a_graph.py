@@ -507,7 +507,7 @@ assert dense_ms[1]["ms"] / dense_ms[0]["ms"] > graph_ms[1]["ms"] / graph_ms[0]["
 # product wins at the shortest length, the graph at the longest
 assert timings[0]["ms"] < timings[1]["ms"] and timings[-2]["ms"] > timings[-1]["ms"]
 
-# %%
+# %% tags=["chart-rows-vary"]
 line_chart(timings, x="n:Q", y="ms:Q", color="attention:N", x_scale={"type": "log", "base": 2},
            y_scale={"type": "log"}, formats={"ms": ".2f"}, x_title="sequence length n",
            y_title="milliseconds (fastest of 5)", color_title="", width=420, height=240,

@@ -490,7 +490,7 @@ steps_chart(cells)
 # And how the mean number of steps moved during training, in the encoder and the decoder, on
 # 200 test sequences read with teacher forcing:
 
-# %%
+# %% tags=["chart-rows-vary"]
 rows = [dict(r, run=name) for name, run in runs.items() for r in run["history"]]
 line_chart(rows, x="epoch:Q", y="mean steps:Q", color="run:N", column="stack:N",
            title="Mean ACT steps per position during training", width=260, height=200)
