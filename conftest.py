@@ -6,7 +6,7 @@ is a dict, so its data would be compared to the last digit, and a chart of a tra
 fail on any machine whose float kernels differ from the one that stored it. Here such JSON is
 compared as JSON text, so the same patterns (chart data, chart ids) apply to it too. The rows
 that those patterns blank out are then compared on their own, with a tolerance
-(tools/chart_rows.py), except in cells tagged as drawing a training run or a timing.
+(tools/chart_rows.py), except in cells tagged as drawing rows that differ between machines.
 """
 
 import json
@@ -40,9 +40,8 @@ def pytest_configure(config) -> None:
         problem = charts_difference(ref, test)
         if problem is not None:
             self.comparison_traceback.append(
-                f"the chart draws other rows than the stored one: {problem} (if its rows come "
-                f"from a training run or a timing, tag the cell {VARY_TAG!r} and bound them with "
-                "asserts)")
+                f"the chart draws other rows than the stored one: {problem} (if its rows differ "
+                f"between machines, tag the cell {VARY_TAG!r} and bound them with asserts)")
             return False
         return True
 

@@ -4,9 +4,9 @@ nbval compares a chart's spec with the data blanked out (tests/sanitize.cfg), be
 a training run or of a timing differs from machine to machine. The rows of every other chart are
 compared here, number by number with a tolerance far above float rounding (another CPU's kernels
 move a float32 result in its sixth or seventh digit), so a chart whose rows came from an older
-run, or from another computation than its cell's, fails. A cell whose chart draws a training
-run or a timing carries the cell tag VARY_TAG; the cell itself checks what the chart shows with
-bounds (asserts).
+run, or from another computation than its cell's, fails. A cell whose chart rows differ
+between machines (a training run, a timing, weights near a chart's cut-off) carries the cell
+tag VARY_TAG; the cell, or the one that computes the rows, bounds them with asserts.
 """
 
 import csv

@@ -190,7 +190,7 @@ for record in records[:3]:
 # Pick a sentence, a kind, a layer and a head. The chart opens on the first sentence's encoder
 # self-attention in layer 1, head 1; hover over a cell for its tokens and weight.
 
-# %%
+# %% tags=["chart-rows-vary"]
 attention_chart(records, controls=("sentence", "kind", "layer", "head"))
 
 # %% [markdown]
