@@ -1,6 +1,6 @@
-"""Chapter 18's extra rows (book/data/results_multi30k_more.json) and the stored test
-translations it bootstraps (book/data/test_outputs_multi30k.json): their shape, and the claims
-the chapter makes from them."""
+"""The extra rows of chapters 16 and 18 (book/data/results_multi30k_more.json) and the test
+translations chapter 18 bootstraps (book/data/test_outputs_multi30k.json): their shape, and
+the claims the chapters make from them."""
 
 import json
 from dataclasses import fields
@@ -47,7 +47,9 @@ def test_every_extra_row_is_scored_like_the_chapters_table():
         assert entry["signature"] == signature
         assert entry["sentences"] == {"val": 1014, TEST: 1000}[entry["split"]]
         seen.add((entry["model"], entry["decoding"], entry["split"]))
-    models = ("subwords-untied", "subwords-untied-average", "fast-last")
+    models = ("subwords-untied", "subwords-untied-average", "fast-last",  # chapter 18
+              *(f"untied-epoch-{n}" for n in range(8, 12)),  # chapter 16
+              "untied-average-11-12", "untied-average-10-12")
     assert seen == {(m, d, s) for m in models for d in ("greedy", "beam4") for s in ("val", TEST)}
 
 
@@ -68,3 +70,19 @@ def test_the_chapters_claims_hold_in_the_data(decoding):
     # averaging: chapter 21's average beats its last epoch; the untied run's does not
     assert bleu_of("fast-dropout", decoding) > bleu_of("fast-last", decoding)
     assert bleu_of("subwords-untied-average", decoding) < bleu_of("subwords-untied", decoding)
+
+
+def test_chapter_16s_claims_hold_for_the_untied_runs_epochs():
+    singles = ["untied-epoch-8", "untied-epoch-9", "untied-epoch-10", "untied-epoch-11",
+               "subwords-untied"]
+    averages = ["untied-average-11-12", "untied-average-10-12", "subwords-untied-average"]
+    for decoding in ("greedy", "beam4"):
+        for split in ("val", TEST):
+            single = [bleu_of(name, decoding, split) for name in singles]
+            averaged = [bleu_of(name, decoding, split) for name in averages]
+            assert max(averaged) - min(averaged) < max(single) - min(single)  # steadier
+            if split == "val":  # on validation every average beats every single epoch
+                assert min(averaged) > max(single)
+            else:  # on the test set only the average of two beats them all
+                assert bleu_of("untied-average-11-12", decoding, split) > max(single)
+                assert min(averaged) < max(single)
