@@ -8,7 +8,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from sync import chapters  # tests/conftest.py puts tools/ on the path
+from chart_rows import VEGA_LITE_MIME  # tests/conftest.py puts tools/ on the path
+from sync import chapters
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,51 +35,55 @@ UNIT = re.compile(r"\s+(?:(?:optimizer|training|target|source)\s+)?(?:seconds?|m
 
 # Numbers that the prose states without a cell printing them, each with its reason.
 CITED = "a published figure, cited in the sentence"
+# Reasons that several chapters share.
+PAIRS = "Multi30k's training pairs, printed by chapter 9"
+BASE_SIZE = CITED + " (the paper's Table 3: base parameters)"
+BIG_SIZE = CITED + " (the paper's Table 3: big parameters)"
 ALLOWED: dict[tuple[str, str], str] = {
     ("09_training_data", "4.5"): CITED + " (WMT 2014's 4.5 million pairs, the paper's §5.1)",
+    ("10_schedule_and_optimizer", "213"): BIG_SIZE,
     ("10_schedule_and_optimizer", "250"): "chapter 19's training length, which the sentence names",
+    ("10_schedule_and_optimizer", "65"): BASE_SIZE,
     ("11_regularization", "25.3"): CITED + " (the paper's Table 3)",
     ("12_copy_task", "0.0125"): "the schedule's peak, worked out in the sentence",
-    ("10_schedule_and_optimizer", "65"): CITED + " (the paper's Table 3: base parameters)",
-    ("10_schedule_and_optimizer", "213"): CITED + " (the paper's Table 3: big parameters)",
     ("12_copy_task", "20,000"): "the exercise's input (its answer draws 20_000 sequences)",
-    ("14_multi30k_training", "29,000"): "Multi30k's training pairs, printed by chapter 9",
-    ("12_copy_task", "65"): CITED + " (the paper's Table 3: base parameters)",
-    ("14_multi30k_training", "24,576"): "6 x 4,096 tokens, the accumulation the sentence gives",
-    ("14_multi30k_training", "32,768"): "8 x 4,096 tokens, the processes the sentence gives",
+    ("12_copy_task", "65"): BASE_SIZE,
     ("14_multi30k_training", "125"): "1,000 warm-up steps over 8 processes, as the sentence says",
+    ("14_multi30k_training", "24,576"): "6 x 4,096 tokens, the accumulation the sentence gives",
     ("14_multi30k_training", "25,000"): CITED + " (the paper's §5.1: tokens per batch)",
-    ("14_multi30k_training", "4,000"): CITED + " (the paper's §5.3: warm-up steps)",
-    ("15_beam_search", "6,190"): "the English vocabulary's size, printed by chapter 9",
-    ("17_subword_vocabularies", "32,000"): CITED + " (the paper's §5.1: English-French pieces)",
-    ("17_subword_vocabularies", "37,000"): CITED + " (the paper's §5.1: English-German pieces)",
-    ("17_subword_vocabularies", "29,000"): "Multi30k's training pairs, printed by chapter 9",
-    ("17_subword_vocabularies", "120"): "quoted from a caption (\"120 cm\")",
-    ("18_results", "29,000"): "Multi30k's training pairs, printed by chapter 9",
-    ("18_results", "65"): CITED + " (the paper's Table 3: base parameters)",
-    ("18_results", "213"): CITED + " (the paper's Table 3: big parameters)",
-    ("20_constituency_parsing", "21"): CITED + " (the paper's §6.3: beam size 21)",
-    ("23_transformer_as_a_graph", "21"): "5 + 9 + 7 nodes, the sum the sentence works out",
-    ("25_what_came_after", "213"): CITED + " (the paper's Table 3: big parameters)",
-    ("25_what_came_after", "175"): CITED + " (GPT-3's 175 billion parameters)",
-    ("27_conclusion", "29,000"): "Multi30k's training pairs, printed by chapter 9",
-    ("27_conclusion", "27"): CITED + " (the paper's Table 2: 27.3, rounded)",
+    ("14_multi30k_training", "29,000"): PAIRS,
     ("14_multi30k_training", "3,000"): "a candidate's batch size, an input of the comparison",
     ("14_multi30k_training", "305"): "len(multi30k_loader(...)) over the 29,000 training pairs "
                                      "at 1,500 tokens, the cpu preset's batches per epoch",
+    ("14_multi30k_training", "32,768"): "8 x 4,096 tokens, the processes the sentence gives",
+    ("14_multi30k_training", "4,000"): CITED + " (the paper's §5.3: warm-up steps)",
     ("15_beam_search", "2,014"): "1,014 validation and 1,000 test sentences, both printed",
+    ("15_beam_search", "6,190"): "the English vocabulary's size, printed by chapter 9",
     ("17_subword_vocabularies", "10.8"): "the 10,757,166 parameters printed below, in millions",
+    ("17_subword_vocabularies", "120"): 'quoted from a caption ("120 cm")',
+    ("17_subword_vocabularies", "29,000"): PAIRS,
+    ("17_subword_vocabularies", "32,000"): CITED + " (the paper's §5.1: English-French pieces)",
+    ("17_subword_vocabularies", "37,000"): CITED + " (the paper's §5.1: English-German pieces)",
     ("18_results", "12.5%"): "printed by chapter 17, which the sentence names",
+    ("18_results", "213"): BIG_SIZE,
+    ("18_results", "29,000"): PAIRS,
     ("18_results", "4.5"): CITED + " (WMT 2014's 4.5 million pairs)",
+    ("18_results", "65"): BASE_SIZE,
     ("19_model_variations", "100,000"): CITED + " (the paper's §5.2, Table 3: base steps)",
+    ("20_constituency_parsing", "21"): CITED + " (the paper's §6.3: beam size 21)",
     ("20_constituency_parsing", "40,000"): CITED + " (the paper's §6.3: the WSJ training set)",
-    ("20_constituency_parsing", "91.3"): CITED + " (the paper's Table 4)",
-    ("20_constituency_parsing", "92.7"): CITED + " (the paper's Table 4)",
     ("20_constituency_parsing", "88.3"): CITED + " (the paper's Table 4: Vinyals et al., WSJ only)",
     ("20_constituency_parsing", "90.4"): CITED + " (the paper's Table 4: the Berkeley parser)",
+    ("20_constituency_parsing", "91.3"): CITED + " (the paper's Table 4)",
     ("20_constituency_parsing", "91.7"): CITED + " (the paper's Table 4: RNNG, WSJ only)",
+    ("20_constituency_parsing", "92.7"): CITED + " (the paper's Table 4)",
     ("22_training_on_many_devices", "4,096"): "the base preset's max_tokens (chapter 14)",
+    ("23_transformer_as_a_graph", "21"): "5 + 9 + 7 nodes, the sum the sentence works out",
+    ("25_what_came_after", "175"): CITED + " (GPT-3's 175 billion parameters)",
+    ("25_what_came_after", "213"): BIG_SIZE,
     ("26_universal_transformer", "99.5%"): "the graph tutorial's figure, named in the sentence",
+    ("27_conclusion", "27"): CITED + " (the paper's Table 2: 27.3, rounded)",
+    ("27_conclusion", "29,000"): PAIRS,
     ("27_conclusion", "4.5"): CITED + " (WMT 2014's 4.5 million pairs)",
     ("27_conclusion", "92.7"): CITED + " (the paper's Table 4)",
 }
@@ -240,7 +245,7 @@ def typed_decimals(source: str) -> tuple[float, ...]:
 
 def chart_cells(nb) -> list:
     return [cell for cell in nb.cells if cell.cell_type == "code" and any(
-        "application/vnd.vegalite.v5+json" in output.get("data", {})
+        VEGA_LITE_MIME in output.get("data", {})
         for output in cell.get("outputs", []))]
 
 

@@ -15,7 +15,7 @@ import json
 import math
 from typing import Any
 
-VEGA_LITE_MIME = "application/vnd.vegalite.v5+json"
+VEGA_LITE_MIME = "application/vnd.vegalite.v5+json"  # the book's; not imported, to keep torch out
 VARY_TAG = "chart-rows-vary"
 REL_TOL, ABS_TOL = 1e-3, 1e-5  # float32 rounding is about 1e-7 relative
 
@@ -105,13 +105,17 @@ def rows_difference(stored: Any, fresh: Any) -> str | None:
     return None
 
 
+def chart_specs(outputs: list) -> list[dict]:
+    """The Vega-Lite specs among a cell's outputs (a stored one may be JSON text)."""
+    specs = [output["data"][VEGA_LITE_MIME] for output in outputs
+             if VEGA_LITE_MIME in output.get("data", {})]
+    return [json.loads(spec) if isinstance(spec, str) else spec for spec in specs]
+
+
 def charts_difference(stored_outputs: list, fresh_outputs: list) -> str | None:
     """The first difference between the rows of a cell's stored charts and its fresh ones."""
-    specs = [[json.loads(spec) if isinstance(spec := output["data"][VEGA_LITE_MIME], str) else spec
-              for output in outputs
-              if VEGA_LITE_MIME in output.get("data", {})]
-             for outputs in (stored_outputs, fresh_outputs)]
-    for old, new in zip(*specs, strict=False):  # how many charts: nbval's own comparison
+    stored, fresh = chart_specs(stored_outputs), chart_specs(fresh_outputs)
+    for old, new in zip(stored, fresh, strict=False):  # how many charts: nbval's own comparison
         problem = rows_difference(old, new)
         if problem is not None:
             return problem
