@@ -54,7 +54,7 @@ enable_book_charts()
 #   the paper did to get more out of a trained model: beam search with a length penalty,
 #   averaging the last checkpoints, and subword vocabularies; all of them together in the
 #   paper's own recipe, with a table of results (section 6.1) whose differences are tested for
-#   significance and whose failures are counted; a miniature of the paper's table of model
+#   significance, with tying and averaging measured apart, and whose failures are counted; a miniature of the paper's table of model
 #   variations; English constituency parsing with the same model (section 6.3), against two
 #   baselines; and
 #   how to make the model fast, measured: a key/value cache for decoding, fused attention and
