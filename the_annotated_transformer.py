@@ -203,10 +203,7 @@ class Decoder(nn.Module):
 # %%
 def subsequent_mask(size: int) -> torch.Tensor:
     """Causal mask (1, size, size): True where query position i may attend key j, i.e. j <= i."""
-    if isinstance(size, bool) or not hasattr(size, "__index__"):
-        raise TypeError(f"size must be an int (the target length), got {size!r}")
-    if size < 1:
-        raise ValueError(f"size must be at least 1 (the target length), got {size}")
+    check_positive_int(size, "size", "the target length")  # one-line errors (appendix)
     return torch.tril(torch.ones(1, size, size, dtype=torch.bool))
 
 
@@ -221,17 +218,6 @@ import torch
 from torch import nn
 
 
-def _check_mask(mask: torch.Tensor, scores: torch.Tensor) -> None:
-    """Raise ValueError unless `mask` broadcasts to the scores without enlarging them."""
-    try:
-        fits = torch.broadcast_shapes(mask.shape, scores.shape) == scores.shape
-    except RuntimeError:
-        fits = False
-    if not fits:
-        raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to the "
-                         f"attention scores of shape {tuple(scores.shape)} (batch, h, n_q, n_k)")
-
-
 def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
               mask: torch.Tensor | None = None,
               dropout: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -239,38 +225,13 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     d_k = query.size(-1)
     scores = query @ key.transpose(-2, -1) / math.sqrt(d_k)  # (batch, h, n_q, n_k)
     if mask is not None:
-        _check_mask(mask, scores)
+        _check_mask(mask, scores)  # a one-line error for a mask of the wrong shape (appendix)
         # True (or 1) = may attend; the rest get the lowest finite score, so softmax gives ~0.
         scores = scores.masked_fill(mask == 0, torch.finfo(scores.dtype).min)
     weights = scores.softmax(dim=-1)  # (batch, h, n_q, n_k), each row sums to 1
     if dropout is not None:
         weights = dropout(weights)
     return weights @ value, weights  # (batch, h, n_q, d_v)
-
-
-# %%
-from typing import Any
-
-
-def scaling_chart(scaling: Any, *, n_keys: int) -> Any:
-    """Spread of the scores, largest weight and entropy against d_k, scaled and unscaled."""
-    import altair as alt
-
-    log2 = alt.Scale(type="log", base=2)
-    common = alt.Chart(scaling).encode(
-        x=alt.X("d_k:Q", scale=log2, axis=alt.Axis(values=[1, 8, 64, 512])),
-        color=alt.Color("scores:N", title=None, legend=alt.Legend(orient="bottom")),
-        tooltip=["d_k", "scores", "std of scores", "mean max weight", "mean entropy (nats)"],
-    )
-    lines = common.mark_line(point=True).properties(width=150, height=160)
-    spread = lines.encode(y=alt.Y("std of scores:Q", scale=alt.Scale(type="log")))
-    peak = lines.encode(y=alt.Y("mean max weight:Q", scale=alt.Scale(domain=[0, 1])))
-    entropy = lines.encode(
-        y=alt.Y("mean entropy (nats):Q", scale=alt.Scale(domain=[0, math.log(n_keys)]))
-    )
-    return (spread.properties(title="spread of the scores")
-            | peak.properties(title="largest softmax weight")
-            | entropy.properties(title="entropy of the weights"))
 
 
 # %%
@@ -312,21 +273,6 @@ class MultiHeadedAttention(nn.Module):
         return x.transpose(1, 2).reshape(x.size(0), x.size(2), -1)
 
 
-# %%
-def weights_heatmap(weights: torch.Tensor, *, title: str) -> Any:
-    """One map of attention weights (n_q, n_k): a cell per query and key, darker for more."""
-    import altair as alt
-
-    if weights.dim() != 2:
-        raise ValueError(f"weights must be (n_q, n_k), got shape {tuple(weights.shape)}")
-    cells = [{"query": i, "key": j, "weight": round(w, 3)}
-             for i, row in enumerate(weights.tolist()) for j, w in enumerate(row)]
-    return alt.Chart(alt.Data(values=cells)).mark_rect().encode(
-        x="key:O", y="query:O", color=alt.Color("weight:Q", scale=alt.Scale(scheme="blues")),
-        tooltip=["query:O", "key:O", "weight:Q"],
-    ).properties(width=220, height=220, title=title)
-
-
 # %% [markdown]
 # ## From book/04_feed_forward_embeddings.ipynb
 
@@ -362,11 +308,7 @@ class Embeddings(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Token ids (batch, n) -> vectors (batch, n, d_model)."""
-        if x.is_floating_point() or x.is_complex():
-            raise TypeError(f"token ids must be an integer tensor, got dtype {x.dtype}")
-        if x.numel() and (x.min() < 0 or x.max() >= self.vocab):
-            bad = x[(x < 0) | (x >= self.vocab)][0].item()
-            raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.vocab})")
+        check_token_ids(x, self.vocab)  # one-line errors (appendix)
         return self.lut(x) * self.d_model**0.5  # (batch, n, d_model)
 
 
@@ -394,24 +336,6 @@ class PositionalEncoding(nn.Module):
                 f"sequence length {n} is longer than the positional table (max_len={self.max_len})"
             )
         return self.dropout(x + self.pe[:, :n])
-
-
-# %%
-from typing import Any
-
-
-def encoding_heatmap(pe: torch.Tensor, *, title: str) -> Any:
-    """A positional encoding table (positions, d_model) as a grid, red below 0, blue above."""
-    import altair as alt
-
-    cells = [{"position": pos, "dimension": dim, "value": round(value, 2)}
-             for pos, row in enumerate(pe.tolist()) for dim, value in enumerate(row)]
-    ticks = [alt.Axis(values=list(range(0, size, 8))) for size in pe.shape]  # every 8th label
-    return alt.Chart(alt.Data(values=cells)).mark_rect().encode(
-        x=alt.X("dimension:O", axis=ticks[1]), y=alt.Y("position:O", axis=ticks[0]),
-        color=alt.Color("value:Q", scale=alt.Scale(scheme="redblue", domain=[-1, 1])),
-        tooltip=["position:O", "dimension:O", "value:Q"],
-    ).properties(width=384, height=240, title=title)
 
 
 # %%
@@ -498,18 +422,10 @@ class Batch:
     """A batch of token sequences with its masks, and for training, decoder inputs and labels."""
 
     def __init__(self, src: torch.Tensor, tgt: torch.Tensor | None = None, pad: int = PAD_ID):
-        if not isinstance(src, torch.Tensor) or src.dim() != 2 or src.is_floating_point():
-            raise TypeError("src must be an integer tensor of shape (batch, n_src)")
+        check_batch(src, tgt)  # one-line errors for ids of the wrong type or shape (appendix)
         self.src = src  # (batch, n_src)
         self.src_mask = (src != pad).unsqueeze(-2)  # (batch, 1, n_src)
         if tgt is not None:
-            if not isinstance(tgt, torch.Tensor) or tgt.dim() != 2 or tgt.is_floating_point():
-                raise TypeError("tgt must be an integer tensor of shape (batch, n_tgt)")
-            if tgt.size(0) != src.size(0) or tgt.size(1) < 2:
-                raise ValueError(
-                    f"tgt must have shape ({src.size(0)}, n_tgt) with n_tgt >= 2, "
-                    f"got {tuple(tgt.shape)}"
-                )
             self.tgt = tgt[:, :-1]  # (batch, n_tgt): decoder input, y_0 .. y_{m-1}
             self.tgt_y = tgt[:, 1:]  # (batch, n_tgt): labels, y_1 .. y_m
             self.tgt_mask = self.make_std_mask(self.tgt, pad)  # (batch, n_tgt, n_tgt)
@@ -632,148 +548,6 @@ def run_epoch(data_iter: Iterable, model: nn.Module, loss_compute,
 
 
 # %%
-from collections.abc import Sequence
-from typing import Any
-
-
-def load_tokenizers() -> tuple[Any, Any]:
-    """spaCy's rule-based German and English tokenizers (blank pipelines: nothing to download)."""
-    import spacy
-
-    return spacy.blank("de"), spacy.blank("en")
-
-
-def tokenize(text: str, tokenizer: Any) -> list[str]:
-    """The tokens of one sentence, without the tokens spaCy makes of doubled spaces."""
-    split = getattr(tokenizer, "tokenizer", tokenizer)  # a spaCy pipeline, or its tokenizer
-    return [token.text for token in split(text) if not token.is_space]
-
-
-def tokenize_pairs(pairs: Sequence[tuple[str, str]], tokenizer_src: Any,
-                   tokenizer_tgt: Any) -> list[tuple[list[str], list[str]]]:
-    """Each sentence pair as two lists of tokens."""
-    return [(tokenize(src, tokenizer_src), tokenize(tgt, tokenizer_tgt)) for src, tgt in pairs]
-
-
-# %%
-import json
-import os
-from collections import Counter
-from collections.abc import Iterable, Sequence
-from pathlib import Path
-
-SPECIALS = ("<s>", "</s>", "<blank>", "<unk>")  # ids 0, 1, 2, 3; <blank> is the padding
-
-
-class Vocab:
-    """A table between tokens and ids; a token it does not hold maps to the id of `<unk>`."""
-
-    def __init__(self, itos: Sequence[str], *, unk: str = "<unk>") -> None:
-        self.itos = list(itos)  # id -> token
-        self.stoi = {token: i for i, token in enumerate(self.itos)}  # token -> id
-        self.unk = unk
-        if len(self.stoi) != len(self.itos) or unk not in self.stoi:
-            raise ValueError(f"itos must hold each token once, unk={unk!r} among them")
-
-    @classmethod
-    def build(cls, token_lists: Iterable[Sequence[str]], *, min_freq: int = 2,
-              specials: Sequence[str] = SPECIALS) -> "Vocab":
-        """Specials first, then each token seen at least min_freq times, most frequent first."""
-        counts = Counter()
-        for tokens in token_lists:
-            if isinstance(tokens, str):
-                raise TypeError("token_lists must hold lists of tokens, got a str: tokenize it")
-            counts.update(tokens)
-        kept = [token for token, c in counts.items() if c >= min_freq and token not in specials]
-        kept.sort(key=lambda token: (-counts[token], token))  # frequency desc, then alphabetical
-        return cls([*specials, *kept])
-
-    def __len__(self) -> int:
-        return len(self.itos)
-
-    def __getitem__(self, token: str) -> int:
-        return self.stoi.get(token, self.stoi[self.unk])
-
-    def __contains__(self, token: str) -> bool:
-        return token in self.stoi
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Vocab) and (self.itos, self.unk) == (other.itos, other.unk)
-
-    def __repr__(self) -> str:
-        return f"Vocab({len(self):,} tokens: {' '.join(self.itos[:8])} ...)"
-
-    def encode(self, tokens: Iterable[str]) -> list[int]:
-        """The ids of tokens (unknown ones become the id of `<unk>`)."""
-        return [self[token] for token in tokens]
-
-    def lookup_tokens(self, ids: Iterable[int]) -> list[str]:
-        """The tokens of ids (ints, or a 1-D tensor)."""
-        ids = [int(i) for i in ids]
-        for i in ids:
-            if not 0 <= i < len(self.itos):
-                raise ValueError(f"id {i} is out of range for a vocabulary of {len(self)} tokens")
-        return [self.itos[i] for i in ids]
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Write the vocabulary as JSON: readable, and safe to load (unlike a pickle)."""
-        data = {"format": "Vocab", "version": 1, "unk": self.unk, "itos": self.itos}
-        Path(path).write_text(json.dumps(data, ensure_ascii=False, indent=0) + "\n", "utf-8")
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> "Vocab":
-        """A vocabulary that `save` wrote."""
-        data = json.loads(Path(path).read_text("utf-8"))
-        if not isinstance(data, dict) or data.get("format") != "Vocab":
-            raise ValueError(f"{path} is not a vocabulary written by Vocab.save")
-        return cls(data["itos"], unk=data["unk"])
-
-
-# %%
-from collections.abc import Iterable, Sequence
-
-import torch
-
-
-def encode_pairs(token_pairs: Iterable[tuple[Sequence[str], Sequence[str]]], vocab_src: Vocab,
-                 vocab_tgt: Vocab) -> list[tuple[list[int], list[int]]]:
-    """Each token pair as two lists of ids (without `<s>` and `</s>`)."""
-    return [(vocab_src.encode(src), vocab_tgt.encode(tgt)) for src, tgt in token_pairs]
-
-
-def filter_by_length(examples: Sequence[tuple[Sequence[int], Sequence[int]]], *,
-                     max_len: int) -> tuple[list[tuple[Sequence[int], Sequence[int]]], int]:
-    """The pairs whose both sides fit max_len with `<s>` and `</s>`, and how many were dropped."""
-    if not isinstance(max_len, int) or max_len < 3:
-        raise ValueError(f"max_len must be an integer >= 3 (<s>, a token, </s>), got {max_len!r}")
-    kept = [(src, tgt) for src, tgt in examples if max(len(src), len(tgt)) + 2 <= max_len]
-    return kept, len(examples) - len(kept)
-
-
-def example_lengths(
-    examples: Sequence[tuple[Sequence[int], Sequence[int]]],
-) -> tuple[list[int], list[int]]:
-    """The source and target lengths as collate_batch makes them (with `<s>` and `</s>`)."""
-    return [len(src) + 2 for src, _ in examples], [len(tgt) + 2 for _, tgt in examples]
-
-
-def collate_batch(batch: Sequence[tuple[Sequence[int], Sequence[int]]], *, bos_id: int = BOS_ID,
-                  eos_id: int = EOS_ID, pad_id: int = PAD_ID) -> tuple[torch.Tensor, torch.Tensor]:
-    """Wrap each sentence in `<s>` ... `</s>` and pad to the longest in the batch (never cut)."""
-    if len(batch) == 0:
-        raise ValueError("batch is empty; collate_batch needs at least one (src, tgt) pair")
-
-    def pad(sequences: list[Sequence[int]]) -> torch.Tensor:
-        n = max(len(s) for s in sequences) + 2  # the longest, with <s> and </s>
-        out = torch.full((len(sequences), n), pad_id, dtype=torch.long)  # (batch, n)
-        for row, s in enumerate(sequences):
-            out[row, : len(s) + 2] = torch.tensor([bos_id, *s, eos_id], dtype=torch.long)
-        return out
-
-    return pad([src for src, _ in batch]), pad([tgt for _, tgt in batch])  # (batch, n_src/tgt)
-
-
-# %%
 from collections.abc import Iterable, Iterator, Sequence
 
 import torch
@@ -799,12 +573,7 @@ def padding_fraction(batches: Iterable[Sequence[int]], src_lengths: Sequence[int
 # %%
 def rate(step: int, model_size: int, factor: float, warmup: int) -> float:
     """Learning rate at `step`: linear warmup, then decay as step^-0.5 (paper, eq. 3)."""
-    if step < 0:
-        raise ValueError(f"step={step} must be >= 0")
-    if model_size <= 0:
-        raise ValueError(f"model_size={model_size} must be a positive d_model")
-    if warmup <= 0:
-        raise ValueError(f"warmup={warmup} must be a positive number of steps")
+    check_schedule(step, model_size, warmup)  # one-line errors for bad settings (appendix)
     step = max(step, 1)  # LambdaLR starts at step 0, where step^-0.5 would divide by zero
     return factor * model_size**-0.5 * min(step**-0.5, step * warmup**-1.5)
 
@@ -823,12 +592,7 @@ class LabelSmoothing(nn.Module):
 
     def __init__(self, size: int, padding_idx: int, smoothing: float = 0.0) -> None:
         super().__init__()
-        if size < 3:
-            raise ValueError(f"size={size} must be >= 3: the true token, padding and another")
-        if not 0 <= padding_idx < size:
-            raise ValueError(f"padding_idx={padding_idx} must be in [0, size={size})")
-        if not 0.0 <= smoothing < 1.0:
-            raise ValueError(f"smoothing={smoothing} must be in [0, 1)")
+        check_smoothing(size, padding_idx, smoothing)  # one-line errors (appendix)
         self.criterion = nn.KLDivLoss(reduction="sum")
         self.size = size
         self.padding_idx = padding_idx
@@ -849,11 +613,7 @@ class LabelSmoothing(nn.Module):
 
     def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Summed KL(true_dist || exp(x)) for log-probabilities x (rows, size), targets (rows,)."""
-        if x.dim() != 2 or x.size(1) != self.size:
-            raise ValueError(f"x must be log-probabilities of shape (rows, {self.size}), "
-                             f"got {tuple(x.shape)}")
-        if target.shape != x.shape[:1]:
-            raise ValueError(f"target must have shape ({x.size(0)},), got {tuple(target.shape)}")
+        check_log_probs(x, target, self.size)  # one-line errors for wrong shapes (appendix)
         true_dist = self.smoothed_targets(target, dtype=x.dtype)  # (rows, size)
         self.true_dist = true_dist
         # Where the target is 0 the term is 0; mask x there so that log 0 = -inf gives no nan.
@@ -1099,6 +859,148 @@ def load_checkpoint(
     if not isinstance(checkpoint, dict) or "model" not in checkpoint:
         raise ValueError(f"checkpoint {path} holds no model weights under the key 'model'")
     return checkpoint
+
+
+# %%
+from collections.abc import Sequence
+from typing import Any
+
+
+def load_tokenizers() -> tuple[Any, Any]:
+    """spaCy's rule-based German and English tokenizers (blank pipelines: nothing to download)."""
+    import spacy
+
+    return spacy.blank("de"), spacy.blank("en")
+
+
+def tokenize(text: str, tokenizer: Any) -> list[str]:
+    """The tokens of one sentence, without the tokens spaCy makes of doubled spaces."""
+    split = getattr(tokenizer, "tokenizer", tokenizer)  # a spaCy pipeline, or its tokenizer
+    return [token.text for token in split(text) if not token.is_space]
+
+
+def tokenize_pairs(pairs: Sequence[tuple[str, str]], tokenizer_src: Any,
+                   tokenizer_tgt: Any) -> list[tuple[list[str], list[str]]]:
+    """Each sentence pair as two lists of tokens."""
+    return [(tokenize(src, tokenizer_src), tokenize(tgt, tokenizer_tgt)) for src, tgt in pairs]
+
+
+# %%
+import json
+import os
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+SPECIALS = ("<s>", "</s>", "<blank>", "<unk>")  # ids 0, 1, 2, 3; <blank> is the padding
+
+
+class Vocab:
+    """A table between tokens and ids; a token it does not hold maps to the id of `<unk>`."""
+
+    def __init__(self, itos: Sequence[str], *, unk: str = "<unk>") -> None:
+        self.itos = list(itos)  # id -> token
+        self.stoi = {token: i for i, token in enumerate(self.itos)}  # token -> id
+        self.unk = unk
+        if len(self.stoi) != len(self.itos) or unk not in self.stoi:
+            raise ValueError(f"itos must hold each token once, unk={unk!r} among them")
+
+    @classmethod
+    def build(cls, token_lists: Iterable[Sequence[str]], *, min_freq: int = 2,
+              specials: Sequence[str] = SPECIALS) -> "Vocab":
+        """Specials first, then each token seen at least min_freq times, most frequent first."""
+        counts = Counter()
+        for tokens in token_lists:
+            if isinstance(tokens, str):
+                raise TypeError("token_lists must hold lists of tokens, got a str: tokenize it")
+            counts.update(tokens)
+        kept = [token for token, c in counts.items() if c >= min_freq and token not in specials]
+        kept.sort(key=lambda token: (-counts[token], token))  # frequency desc, then alphabetical
+        return cls([*specials, *kept])
+
+    def __len__(self) -> int:
+        return len(self.itos)
+
+    def __getitem__(self, token: str) -> int:
+        return self.stoi.get(token, self.stoi[self.unk])
+
+    def __contains__(self, token: str) -> bool:
+        return token in self.stoi
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Vocab) and (self.itos, self.unk) == (other.itos, other.unk)
+
+    def __repr__(self) -> str:
+        return f"Vocab({len(self):,} tokens: {' '.join(self.itos[:8])} ...)"
+
+    def encode(self, tokens: Iterable[str]) -> list[int]:
+        """The ids of tokens (unknown ones become the id of `<unk>`)."""
+        return [self[token] for token in tokens]
+
+    def lookup_tokens(self, ids: Iterable[int]) -> list[str]:
+        """The tokens of ids (ints, or a 1-D tensor)."""
+        ids = [int(i) for i in ids]
+        for i in ids:
+            if not 0 <= i < len(self.itos):
+                raise ValueError(f"id {i} is out of range for a vocabulary of {len(self)} tokens")
+        return [self.itos[i] for i in ids]
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the vocabulary as JSON: readable, and safe to load (unlike a pickle)."""
+        data = {"format": "Vocab", "version": 1, "unk": self.unk, "itos": self.itos}
+        Path(path).write_text(json.dumps(data, ensure_ascii=False, indent=0) + "\n", "utf-8")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Vocab":
+        """A vocabulary that `save` wrote."""
+        data = json.loads(Path(path).read_text("utf-8"))
+        if not isinstance(data, dict) or data.get("format") != "Vocab":
+            raise ValueError(f"{path} is not a vocabulary written by Vocab.save")
+        return cls(data["itos"], unk=data["unk"])
+
+
+# %%
+from collections.abc import Iterable, Sequence
+
+import torch
+
+
+def encode_pairs(token_pairs: Iterable[tuple[Sequence[str], Sequence[str]]], vocab_src: Vocab,
+                 vocab_tgt: Vocab) -> list[tuple[list[int], list[int]]]:
+    """Each token pair as two lists of ids (without `<s>` and `</s>`)."""
+    return [(vocab_src.encode(src), vocab_tgt.encode(tgt)) for src, tgt in token_pairs]
+
+
+def filter_by_length(examples: Sequence[tuple[Sequence[int], Sequence[int]]], *,
+                     max_len: int) -> tuple[list[tuple[Sequence[int], Sequence[int]]], int]:
+    """The pairs whose both sides fit max_len with `<s>` and `</s>`, and how many were dropped."""
+    if not isinstance(max_len, int) or max_len < 3:
+        raise ValueError(f"max_len must be an integer >= 3 (<s>, a token, </s>), got {max_len!r}")
+    kept = [(src, tgt) for src, tgt in examples if max(len(src), len(tgt)) + 2 <= max_len]
+    return kept, len(examples) - len(kept)
+
+
+def example_lengths(
+    examples: Sequence[tuple[Sequence[int], Sequence[int]]],
+) -> tuple[list[int], list[int]]:
+    """The source and target lengths as collate_batch makes them (with `<s>` and `</s>`)."""
+    return [len(src) + 2 for src, _ in examples], [len(tgt) + 2 for _, tgt in examples]
+
+
+def collate_batch(batch: Sequence[tuple[Sequence[int], Sequence[int]]], *, bos_id: int = BOS_ID,
+                  eos_id: int = EOS_ID, pad_id: int = PAD_ID) -> tuple[torch.Tensor, torch.Tensor]:
+    """Wrap each sentence in `<s>` ... `</s>` and pad to the longest in the batch (never cut)."""
+    if len(batch) == 0:
+        raise ValueError("batch is empty; collate_batch needs at least one (src, tgt) pair")
+
+    def pad(sequences: list[Sequence[int]]) -> torch.Tensor:
+        n = max(len(s) for s in sequences) + 2  # the longest, with <s> and </s>
+        out = torch.full((len(sequences), n), pad_id, dtype=torch.long)  # (batch, n)
+        for row, s in enumerate(sequences):
+            out[row, : len(s) + 2] = torch.tensor([bos_id, *s, eos_id], dtype=torch.long)
+        return out
+
+    return pad([src for src, _ in batch]), pad([tgt for _, tgt in batch])  # (batch, n_src/tgt)
 
 
 # %%
@@ -2212,7 +2114,7 @@ def train_variation(change: dict, seed: int) -> dict:
 
 def train_norm(norm_first: bool, warmup: bool, seed: int) -> float:
     """Held-out loss of the miniature without dropout or smoothing, post- or pre-norm, with or
-    without warm-up, at twice the variations' peak learning rate (factor 2)."""
+    without warm-up, at four times the variations' peak learning rate (factor 2, not 0.5)."""
     torch.manual_seed(seed)
     V = MINIATURE_VOCAB
     model = make_model(V, V, N=2, d_model=32, d_ff=64, h=4, dropout=0.0, norm_first=norm_first)
@@ -3072,214 +2974,6 @@ def use_fast_path(model: nn.Module, enabled: bool = True) -> nn.Module:
 
 
 # %%
-import math
-
-
-def label_smoothing_loss(
-    logits: torch.Tensor, target: torch.Tensor, *, padding_idx: int, smoothing: float
-) -> torch.Tensor:
-    """LabelSmoothing's summed KL divergence, from F.cross_entropy and two more columns.
-
-    logits (rows, V) are scores before the softmax (log-probabilities work too), target (rows,).
-    """
-    V = logits.size(-1)
-    fill = smoothing / (V - 2)  # LabelSmoothing's mass on each token but the target and pad
-    if fill * V > 1:
-        raise ValueError(f"smoothing={smoothing} is too large for a vocabulary of {V}: "
-                         f"F.cross_entropy's label_smoothing would be {fill * V:.3f} > 1")
-    keep = target != padding_idx  # (rows,) the rows that LabelSmoothing counts
-    # 1) cross-entropy with fill on every token, padding too, and 1 - fill * V more on the target
-    loss = F.cross_entropy(logits, target, ignore_index=padding_idx, label_smoothing=fill * V,
-                           reduction="sum")
-    # 2) take back the fill that padding got, and give it to the target
-    log_z = logits.logsumexp(dim=-1)  # (rows,)
-    log_p_target = logits.gather(1, target.unsqueeze(1)).squeeze(1) - log_z
-    log_p_pad = logits[:, padding_idx] - log_z
-    loss = loss + fill * torch.where(keep, log_p_pad - log_p_target, 0.0).sum()
-    # 3) the smoothed target's negative entropy, a constant: from cross-entropy to KL
-    confidence = 1.0 - smoothing
-    neg_entropy = sum(n * q * math.log(q) for q, n in ((confidence, 1), (fill, V - 2)) if q > 0)
-    return loss + neg_entropy * keep.sum()
-
-
-# %%
-from typing import Any
-
-
-def bench_results(name: str = "bench_cpu.json") -> dict[str, Any]:
-    """A `make bench` result file from book/data (the appendix's `book_data`)."""
-    return book_data(name)
-
-
-def same_tokens(row: dict[str, Any]) -> str | None:
-    """A decoding row's check: the tokens of the decoder without the cache, or the share of
-    sentences that float32 decodes the same (bfloat16 rows); None where nothing was compared."""
-    if row.get("same_as_float32") is not None:
-        return f"{100 * row['same_as_float32']:.0f}% as in float32"
-    return {None: None, True: "same", False: "DIFFERENT"}[row.get("same_as_recompute")]
-
-
-def bench_table(results: dict[str, Any]) -> Any:
-    """The rows as a pandas DataFrame: median, range, ratio to the first row of each group."""
-    import pandas as pd
-
-    rows = []
-    groups = [("training", "tokens_per_s", "target tokens/s", lambda r: (r["size"], r["model"])),
-              ("batching", "real_tokens_per_s", "real target tokens/s",
-               lambda r: (r["size"], r["batching"])),
-              ("decoding", "sentences_per_s", "sentences/s",
-               lambda r: (r["size"], r["decoder"]))]
-    for group, key, unit, name in groups:
-        first = {}
-        for row in results[group]:
-            size, label = name(row)
-            base = first.setdefault(size, row[key]["median"])
-            rows.append({"group": group, "size": size, "row": label, "unit": unit,
-                         "median": round(row[key]["median"], 1),
-                         "range": f"{row[key]['min']:.1f} to {row[key]['max']:.1f}",
-                         "ratio": round(row[key]["median"] / base, 2),
-                         "MFU %": round(100 * row["mfu"], 1) if "mfu" in row else None,
-                         "peak MB": round(row["peak_memory_mb"], 1)
-                         if "peak_memory_mb" in row else None,
-                         "tokens": same_tokens(row)})
-    return pd.DataFrame(rows)
-
-
-def decoding_roofline(results: dict[str, Any], size: str, steps: int) -> Any:
-    """Each float32 decoder at `size` against the fastest it could run on the run's machine:
-    its counted FLOPs at the measured matmul peak, or the weights that each of its `steps`
-    decoding steps reads whole, streamed at the measured memory read rate, whichever is
-    slower (a roofline, which ignores the caches' own reads and the encoder's weights)."""
-    import pandas as pd
-
-    peak, read = results["matmul_peak_gflops"] * 1e9, results["memory_read_gbs"] * 1e9
-    weights = results["decoder_weight_mb"][size] * 1e6
-    decoders = [row for row in results["decoding"]
-                if row["size"] == size and row["mfu_of"] == "float32"]
-    classic = decoders[0]["sentences_per_s"]["median"]
-    rows = []
-    for row in decoders:
-        flops = row["flops_per_sentence"]
-        streamed = weights * steps / row["batch"]  # one read per step serves the whole batch
-        bound = 1 / max(flops / peak, streamed / read)  # sentences/s
-        measured = row["sentences_per_s"]["median"]
-        rows.append({"decoder": row["decoder"], "GFLOP/sentence": round(flops / 1e9, 2),
-                     "weight MB/sentence": round(streamed / 1e6, 1),
-                     "FLOP/byte": round(flops / streamed, 1),
-                     "bound": "matmul" if flops / peak > streamed / read else "memory",
-                     "bound sentences/s": round(bound, 1), "measured": round(measured, 1),
-                     "% of bound": round(100 * measured / bound, 1),
-                     "bound / classic": round(bound / classic, 1)})
-    return pd.DataFrame(rows).set_index("decoder")
-
-
-def bench_chart(results: dict[str, Any]) -> Any:
-    """Speed-ups over the first row of each group, one bar per row, with the hardware named."""
-    import altair as alt
-
-    table = bench_table(results)
-    table["what"] = (table["group"] + " " + table["size"]).str.strip()
-    table = table[["what", "row", "median", "range", "unit", "ratio"]]  # no empty cells
-    hw = results["hardware"]
-    title = f"make bench: {hw['cpu']}, {hw['threads']} thread(s), torch {hw['torch']}"
-    return alt.Chart(alt.Data(values=table.to_dict("records"))).mark_bar().encode(
-        x=alt.X("ratio:Q", title="speed relative to the first row of its group"),
-        y=alt.Y("row:N", title=None, sort=None),
-        color=alt.Color("what:N", title=None, legend=alt.Legend(orient="bottom")),
-        row=alt.Row("what:N", title=None, sort=None),
-        tooltip=["what:N", "row:N", "median:Q", "range:N", "unit:N", "ratio:Q"],
-    ).resolve_scale(y="independent").properties(width=360, title=title)
-
-
-# %%
-from dataclasses import dataclass, replace
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Chapter 17's configuration, grown by the fast path, a schedule that ends at zero, the
-    paper's dropout sites and bfloat16 on CPUs."""
-
-    N: int = 6
-    d_model: int = 512
-    d_ff: int = 2048
-    h: int = 8
-    dropout: float = 0.1
-    max_tokens: int = 4096
-    accum_iter: int = 1
-    epochs: int = 30
-    warmup: int = 1000
-    lr_factor: float = 0.5
-    label_smoothing: float = 0.1
-    max_len: int = 72
-    min_freq: int = 2
-    seed: int = 0
-    checkpoint_dir: str = "checkpoints/multi30k_base"
-    train_limit: int | None = None
-    val_limit: int | None = None
-    keep_epochs: int = 0
-    bleu_every: int = 1
-    subwords: int = 0  # 0: two word vocabularies; else one joint sentencepiece vocabulary this big
-    share_embeddings: bool = False  # one matrix for both embeddings and the generator (§3.4)
-    fast: bool = False  # the fast path, the fused loss and Adam's fused step
-    decay: str = "inverse_sqrt"  # after the warm-up: the paper's step^-0.5, or "linear" to 0
-    cpu_bf16: bool = False  # bfloat16 autocast on a CPU with AMX or AVX512-BF16 (chapter 22)
-    paper_dropout: bool = False  # dropout only where §5.4 puts it: none in attention or the FFN
-
-    def __post_init__(self) -> None:
-        check_train_config(self)
-        if isinstance(self.subwords, bool) or not isinstance(self.subwords, int) or (
-                self.subwords < 0):
-            raise ValueError(f"subwords must be an integer >= 0, got {self.subwords!r}")
-        if self.share_embeddings and not self.subwords:
-            raise ValueError("share_embeddings=True needs one joint vocabulary: set subwords > 0")
-        if self.decay not in ("inverse_sqrt", "linear"):
-            raise ValueError(f"decay must be 'inverse_sqrt' or 'linear', got {self.decay!r}")
-
-
-def training_config(name: str, **overrides) -> TrainConfig:
-    """The preset `name` ("cpu", "base", "cpu_subword", "cpu_fast" or "cpu_fast_dropout") with
-    some fields replaced."""
-    cpu = TrainConfig(
-        N=3, d_model=256, d_ff=1024, h=8, dropout=0.1, max_tokens=1500, accum_iter=1,
-        epochs=12, warmup=1000, lr_factor=0.5, checkpoint_dir="checkpoints/multi30k_cpu",
-    )
-    presets = {
-        "cpu": cpu,
-        "base": TrainConfig(),
-        "cpu_subword": replace(cpu, subwords=8000, share_embeddings=True,
-                               checkpoint_dir="checkpoints/multi30k_cpu_subword"),
-    }
-    presets["cpu_fast"] = replace(presets["cpu_subword"], fast=True, dropout=0.0, max_tokens=750,
-                                  warmup=2000, epochs=6,
-                                  checkpoint_dir="checkpoints/multi30k_cpu_fast")
-    presets["cpu_fast_dropout"] = replace(presets["cpu_fast"], dropout=0.1, paper_dropout=True,
-                                          epochs=11, keep_epochs=2,
-                                          checkpoint_dir="checkpoints/multi30k_cpu_fast_dropout")
-    if name not in presets:
-        raise ValueError(f"name must be one of {', '.join(presets)}, got {name!r}")
-    return replace(presets[name], **overrides)
-
-
-# %%
-def linear_rate(step: int, model_size: int, factor: float, warmup: int, total: int) -> float:
-    """rate()'s warm-up to the same peak, then a straight line down to 0 at step `total`."""
-    peak = rate(warmup, model_size, factor, warmup)
-    if step <= warmup:
-        return rate(step, model_size, factor, warmup)
-    return peak * max(total - step, 0) / max(total - warmup, 1)
-
-
-class FusedLabelSmoothing(LabelSmoothing):
-    """LabelSmoothing through label_smoothing_loss: the same sum, without the (rows, V) target."""
-
-    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """Summed KL divergence for log-probabilities x (rows, size) and targets (rows,)."""
-        return label_smoothing_loss(x, target, padding_idx=self.padding_idx,
-                                    smoothing=self.smoothing)
-
-
-# %%
 from torch import nn
 
 
@@ -3566,257 +3260,7 @@ def evaluate(
 
 
 # %%
-import hashlib
-import inspect
 import math
-import os
-import platform
-import sys
-import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Any
-
-import torch
-import torch.distributed as dist
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader
-
-
-def rng_states(device: torch.device) -> dict[str, torch.Tensor | None]:
-    """This process's random number generator states, as tensors (safe for weights_only)."""
-    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    return {"torch": torch.get_rng_state(), "cuda": cuda}
-
-
-def set_rng_states(states: dict[str, torch.Tensor | None], device: torch.device) -> None:
-    """Restore what rng_states returned, so that dropout draws the same masks again."""
-    torch.set_rng_state(states["torch"])
-    if device.type == "cuda" and states.get("cuda") is not None:
-        torch.cuda.set_rng_state(states["cuda"], device)
-
-
-def device_report(device: torch.device) -> dict[str, float]:
-    """Peak GPU memory of this process and the GPU's utilization (nvidia-ml-py, if installed)."""
-    if device.type != "cuda":
-        return {}
-    report = {"max_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30}
-    try:  # torch asks NVML, translating the index through CUDA_VISIBLE_DEVICES
-        report["utilization_percent"] = float(torch.cuda.utilization(device))
-    except Exception:  # nvidia-ml-py missing or no driver access: memory alone is still useful
-        pass
-    return report
-
-
-def hardware_name(device: torch.device, world_size: int) -> str:
-    """The devices a run used, in words, for the checkpoint and the shipped model's notes."""
-    if device.type == "cuda":
-        return f"{world_size} x {torch.cuda.get_device_name(device)}"
-    cpu = platform.processor() or platform.machine()
-    try:  # Linux names the processor model here
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-        cpu = f"{names[0]}, {len(names)} cores" if names else cpu
-    except OSError:
-        pass
-    return f"{world_size} CPU process(es) x {torch.get_num_threads()} thread(s), {cpu}"
-
-
-RESUMABLE_CHANGES = ("epochs", "checkpoint_dir", "keep_epochs", "bleu_every", "accum_iter")
-RUN_FILES = ("last.pt", "best.pt", "epoch_*.pt")
-
-
-@dataclass
-class Process:
-    """Where this process stands in the run: its rank, how many there are, its device."""
-
-    rank: int
-    world_size: int
-    device: torch.device
-
-    @property
-    def distributed(self) -> bool:
-        return self.world_size > 1
-
-
-@dataclass
-class Run:
-    """What changes as a run trains, and what it trains with."""
-
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    criterion: nn.Module
-    train_state: TrainState
-    history: list[dict[str, float]]
-    epoch: int = 0  # epochs done
-    batch: int = 0  # micro-batches of the next epoch done (a checkpoint inside an epoch)
-    elapsed_s: float = 0.0  # seconds of training, over all sessions of the run
-    best_bleu: float | None = None
-
-
-def setup_process(rank: int, world_size: int, threads: int | None) -> Process:
-    """1) One device per process, never more CPU threads than cores, and the process group."""
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-        if threads is None and world_size > 1:
-            local_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-            threads = max(1, (cores or os.cpu_count() or 1) // local_size)
-    if threads is not None:
-        torch.set_num_threads(threads)
-    if world_size > 1:  # MASTER_ADDR and MASTER_PORT come from train_distributed or torchrun
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, rank=rank, world_size=world_size,
-                                store=attempt_store(rank, world_size))
-    return Process(rank, world_size, device)
-
-
-def attempt_store(rank: int, world_size: int) -> dist.Store | None:
-    """Under torchrun, the rendezvous store seen through this attempt's own key prefix.
-
-    After a restart the store still holds the addresses that the dead processes published;
-    read by the new ones, they lead nowhere. None outside torchrun (the default env:// store).
-    """
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    if attempt is None:
-        return None
-    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # else rank 0's
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
-                          is_master=not agent_store and rank == 0)
-    return dist.PrefixStore(f"annotated-transformer/attempt-{attempt}", store)
-
-
-def from_rank0(process: Process, compute: Callable[[], Any]) -> Any:
-    """compute() on rank 0 only, and its result sent to every rank; its error raised on all."""
-    result, error = None, None
-    if process.rank == 0:
-        try:
-            result = compute()
-        except Exception as err:  # the other ranks must hear of it, or they wait forever
-            error = err
-    if process.distributed:
-        box = [(result, error)]
-        dist.broadcast_object_list(box, src=0)
-        result, error = box[0]
-    if error is not None:
-        raise error
-    return result
-
-
-def fingerprint(value: Any) -> int:
-    """A 56-bit hash of repr(value): two ranks agree on it when they agree on the value."""
-    return int.from_bytes(hashlib.blake2b(repr(value).encode(), digest_size=7).digest(), "big")
-
-
-def weights_fingerprint(model: nn.Module) -> int:
-    """An exact integer summary of the weights' bits, independent of any float rounding."""
-    total = 0
-    for tensor in unwrap(model).state_dict().values():
-        values = tensor.detach().cpu().contiguous().reshape(-1)
-        if values.dtype == torch.float32:
-            values = values.view(torch.int32)  # the bits, so that the sum is exact
-        total = (total * 1_000_003 + int(values.long().sum())) % (1 << 55)
-    return total
-
-
-def check_same_on_all_ranks(process: Process, values: list[int], what: str) -> None:
-    """Stop every rank with one clear error when the ranks' values differ (one all-reduce)."""
-    if not process.distributed:
-        return
-    both = torch.tensor([*values, *(-v for v in values)], dtype=torch.int64,
-                        device=process.device)
-    dist.all_reduce(both, op=dist.ReduceOp.MAX)  # the largest value, and minus the smallest
-    high = both[: len(values)].tolist()
-    low = [-v for v in both[len(values) :].tolist()]
-    if high != low:
-        raise RuntimeError(
-            f"rank {process.rank} of {process.world_size}: the ranks disagree on {what} "
-            f"(this rank has {values}; across the ranks they range from {low} to {high})"
-        )
-
-
-def prepare_checkpoint_dir(
-    folder: str | os.PathLike, *, resume: bool, overwrite: bool, restarted: bool = False
-) -> bool:
-    """2) Whether to resume from folder/last.pt; never mix a fresh run with another's files."""
-    if resume and overwrite:
-        raise ValueError("resume and overwrite exclude each other: choose one")
-    folder = Path(folder)
-    if (folder / "last.pt").is_file() and (resume or restarted):
-        return True
-    if resume:
-        raise FileNotFoundError(
-            f"cannot resume: the checkpoint folder {folder} holds no last.pt; start without "
-            "resume, or point the checkpoint folder at the run to continue"
-        )
-    old = sorted(path for pattern in RUN_FILES for path in folder.glob(pattern))
-    if old and not (overwrite or restarted):
-        raise FileExistsError(
-            f"the checkpoint folder {folder} already holds another run's "
-            f"{', '.join(p.name for p in old)}: resume it, overwrite it (its checkpoints are "
-            "deleted), or choose another checkpoint folder"
-        )
-    for path in old:
-        path.unlink()
-    return False
-
-
-@dataclass
-class RunData:
-    """What a rank trains and validates on."""
-
-    vocab_src: Vocab
-    vocab_tgt: Vocab
-    train_loader: DataLoader
-    val_loader: DataLoader
-    val_pairs: list[tuple[str, str]]  # the validation sentences, for BLEU
-    tokenizers: tuple[Any, Any]
-
-
-def training_pairs(
-    config: TrainConfig, pairs: dict[str, Sequence[tuple[str, str]]] | None
-) -> dict[str, list[tuple[str, str]]]:
-    """The train and val sentence pairs, given or Multi30k's, cut to the config's limits."""
-    if pairs is None:
-        pairs = {split: load_multi30k(split) for split in ("train", "val")}
-    missing = sorted({"train", "val"} - set(pairs))
-    if missing:
-        raise ValueError(f"pairs must hold the splits 'train' and 'val'; missing {missing}")
-    return {"train": list(pairs["train"])[: config.train_limit],
-            "val": list(pairs["val"])[: config.val_limit]}
-
-
-def load_data(
-    process: Process, config: TrainConfig, pairs: dict[str, list[tuple[str, str]]],
-    *, resuming: bool,
-) -> RunData:
-    """3) Rank 0's vocabularies on every rank, and this rank's share of the batches."""
-    tokenizers = load_tokenizers()
-
-    def vocabularies() -> tuple[Vocab, Vocab]:
-        if resuming:  # the ids the checkpoint's embeddings were trained with
-            return read_vocabularies(config.checkpoint_dir, subwords=config.subwords > 0)
-        return multi30k_vocabularies(config, tokenizers, pairs=pairs["train"])
-
-    vocab_src, vocab_tgt = from_rank0(process, vocabularies)
-    train_data, val_data = (
-        encode_examples(pairs[split], vocab_src, vocab_tgt, tokenizers, max_len=config.max_len)
-        for split in ("train", "val")
-    )
-    shard = {"max_tokens": config.max_tokens, "num_replicas": process.world_size,
-             "rank": process.rank, "seed": config.seed}
-    train_loader = multi30k_loader(train_data, shuffle=True, **shard)
-    val_loader = multi30k_loader(val_data, shuffle=False, **shard)
-    return RunData(vocab_src, vocab_tgt, train_loader, val_loader, pairs["val"], tokenizers)
 
 
 def schedule_steps(config: TrainConfig, *, batches_per_epoch: int, world_size: int) -> dict:
@@ -3839,372 +3283,6 @@ def schedule_steps(config: TrainConfig, *, batches_per_epoch: int, world_size: i
             "would never peak: raise epochs or lower warmup"
         )
     return plan
-
-
-def build_training(
-    process: Process, config: TrainConfig, src_vocab: int, tgt_vocab: int, *, warmup: int,
-    total: int,
-) -> Run:
-    """4) Model (the same initial weights on every rank), optimizer, schedule and loss; warmup
-    and total are the run's warm-up and length in its own optimizer steps (schedule_steps).
-    config.fast trains on chapter 21's fast path, with the fused loss and Adam, and
-    config.paper_dropout drops only where the paper does."""
-    torch.manual_seed(config.seed)
-    model = make_model(
-        src_vocab, tgt_vocab, N=config.N, d_model=config.d_model, d_ff=config.d_ff,
-        h=config.h, dropout=config.dropout, share_embeddings=config.share_embeddings,
-    ).to(process.device)
-    use_fast_path(paper_dropout_only(model, config.paper_dropout), config.fast)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9,
-                                 fused=config.fast or None)
-    def lr_lambda(step: int) -> float:
-        if config.decay == "linear":
-            return linear_rate(step, config.d_model, config.lr_factor, warmup, total)
-        return rate(step, config.d_model, config.lr_factor, warmup)
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lr_lambda)
-    loss = FusedLabelSmoothing if config.fast else LabelSmoothing
-    criterion = loss(tgt_vocab, PAD_ID, smoothing=config.label_smoothing)
-    return Run(model, optimizer, scheduler, criterion, TrainState(), [])
-
-
-def config_differences(stored: dict[str, Any], config: TrainConfig, world_size: int,
-                       stored_world_size: int) -> list[str]:
-    """What a resumed run would change that it may not: every field but RESUMABLE_CHANGES."""
-    changes = [
-        f"{name}={stored[name]!r} in the checkpoint but {value!r} now"
-        for name, value in asdict(config).items()
-        if name in stored and name not in RESUMABLE_CHANGES and stored[name] != value
-    ]
-    before = stored_world_size * stored.get("accum_iter", config.accum_iter)
-    if before != world_size * config.accum_iter:
-        changes.append(
-            f"processes x accum_iter = {before} in the checkpoint but "
-            f"{world_size} x {config.accum_iter} now (another global batch)"
-        )
-    if config.decay == "linear" and stored.get("epochs", config.epochs) != config.epochs:
-        changes.append(  # resumed longer, the rate would jump back up from near zero
-            f"epochs={stored['epochs']} in the checkpoint but {config.epochs} now (a linear "
-            "decay ends at the run's last step; a longer run starts afresh)")
-    return changes
-
-
-def read_resume_checkpoint(path: Path, config: TrainConfig, world_size: int) -> dict[str, Any]:
-    """last.pt, checked against the configuration of the run that is to continue it."""
-    checkpoint = load_checkpoint(path)
-    changes = config_differences(checkpoint["config"], config, world_size,
-                                 len(checkpoint["rng"]))
-    if changes:
-        raise ValueError(f"cannot resume from {path}: " + "; ".join(changes))
-    writers = len(checkpoint["rng"])
-    if checkpoint.get("batch") and writers != world_size:  # the ranks' shares would differ
-        raise ValueError(
-            f"cannot resume from {path}: it was written {checkpoint['batch']} micro-batches "
-            f"into epoch {checkpoint['epoch'] + 1} by {writers} processes, and {world_size} "
-            f"would split that epoch differently; resume with {writers} processes"
-        )
-    return checkpoint
-
-
-def resume_run(process: Process, config: TrainConfig, run: Run, *, resuming: bool) -> None:
-    """5) Rank 0's checkpoint on every rank, before DDP wraps the model; ranks must agree."""
-    if not resuming:
-        torch.manual_seed(config.seed + process.rank)  # each rank its own dropout masks
-        return
-    path = Path(config.checkpoint_dir) / "last.pt"
-    checkpoint = from_rank0(process, lambda: read_resume_checkpoint(path, config,
-                                                                    process.world_size))
-    run.model.load_state_dict(checkpoint["model"])
-    run.optimizer.load_state_dict(checkpoint["optimizer"])
-    run.scheduler.load_state_dict(checkpoint["scheduler"])
-    run.train_state = TrainState(**checkpoint["train_state"])
-    run.epoch, run.history = checkpoint["epoch"], checkpoint["history"]
-    run.batch = checkpoint.get("batch", 0)
-    run.elapsed_s, run.best_bleu = checkpoint["elapsed_s"], checkpoint.get("best_bleu")
-    check_same_on_all_ranks(
-        process, [run.epoch, run.batch, run.train_state.accum_step,
-                  weights_fingerprint(run.model)],
-        f"the epoch, batch, step and weights resumed from rank 0's {path}",
-    )
-    if len(checkpoint["rng"]) == process.world_size:
-        set_rng_states(checkpoint["rng"][process.rank], process.device)
-    else:
-        if process.rank == 0:
-            print(f"{path} was written by {len(checkpoint['rng'])} processes, not "
-                  f"{process.world_size}: random states start afresh", file=sys.stderr)
-        torch.manual_seed(config.seed + 1_000 * run.epoch + process.rank)
-    if process.rank == 0:
-        inside = f", {run.batch} micro-batches into epoch {run.epoch + 1}" if run.batch else ""
-        print(f"resumed from {path} after epoch {run.epoch}{inside}", file=sys.stderr)
-
-
-def validation_bleu(process: Process, model: nn.Module, data: RunData, max_len: int) -> float:
-    """Greedy BLEU on the validation pairs; each rank translates its share of the sources."""
-    pairs = data.val_pairs
-    share = [de for de, _ in pairs[process.rank :: process.world_size]]
-    outputs = translate(unwrap(model), share, data.vocab_src, data.vocab_tgt, data.tokenizers[0],
-                        max_len=max_len)
-    shares = [outputs]
-    if process.distributed:
-        shares = [None] * process.world_size
-        dist.all_gather_object(shares, outputs)
-    hypotheses = [""] * len(pairs)
-    for rank, translated in enumerate(shares):  # back into the order of the pairs
-        hypotheses[rank :: process.world_size] = translated
-    return bleu(hypotheses, [en for _, en in pairs])[0]
-
-
-def all_ranks_sum(process: Process, values: list[float]) -> list[float]:
-    """The sums over all ranks of a few numbers (loss sums, token counts)."""
-    if not process.distributed:
-        return values
-    totals = torch.tensor(values, dtype=torch.float64, device=process.device)
-    dist.all_reduce(totals)
-    return totals.tolist()
-
-
-def save_epoch(
-    process: Process, config: TrainConfig, run: Run, improved: bool, *, elapsed_s: float = 0.0
-) -> None:
-    """7) Rank 0 writes last.pt (and best.pt, epoch_NNN.pt); every rank waits until it is done.
-
-    Inside an epoch (run.batch > 0) it writes last.pt only; elapsed_s is then the training time
-    of the epoch so far.
-    """
-    rng_all = [rng_states(process.device)]
-    if process.distributed:
-        rng_all = [None] * process.world_size
-        dist.all_gather_object(rng_all, rng_states(process.device))
-    folder = Path(config.checkpoint_dir)
-
-    def save() -> None:
-        weights = {"model": unwrap(run.model).state_dict(), "config": asdict(config),
-                   "epoch": run.epoch}
-        save_checkpoint(
-            {
-                **weights,
-                "batch": run.batch,
-                "optimizer": run.optimizer.state_dict(),
-                "scheduler": run.scheduler.state_dict(),
-                "train_state": asdict(run.train_state),
-                "rng": rng_all,
-                "history": run.history,
-                "best_bleu": run.best_bleu,
-                "elapsed_s": run.elapsed_s + elapsed_s,
-                "hardware": hardware_name(process.device, process.world_size),
-                "command": " ".join(["python", *sys.argv]),
-            },
-            folder / "last.pt",
-        )
-        if run.batch:
-            return
-        if improved:
-            save_checkpoint({**weights, "val_bleu": run.best_bleu}, folder / "best.pt")
-        if config.keep_epochs:  # weights only: what checkpoint averaging needs
-            save_checkpoint(weights, folder / f"epoch_{run.epoch:03d}.pt")
-            stale = run.epoch - config.keep_epochs
-            (folder / f"epoch_{stale:03d}.pt").unlink(missing_ok=True)
-
-    from_rank0(process, save)  # also the barrier: no rank runs ahead of a slow or failed save
-
-
-def duration(seconds: float) -> str:
-    """A time span as a person reads it: seconds, minutes or hours."""
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    return f"{seconds / 60:.1f} min" if seconds < 3600 else f"{seconds / 3600:.2f} h"
-
-
-def epoch_line(
-    record: dict[str, float], *, epochs: int, trained_s: float, left_s: float
-) -> str:
-    """One line per epoch: losses, perplexity, BLEU, speed, the training time so far and an
-    estimate of the time left, and on GPUs memory and load."""
-    line = (f"epoch {record['epoch']:2d}/{epochs} | train loss {record['train_loss']:.4f} | "
-            f"val loss {record['val_loss']:.4f} | val ppl {record['val_ppl']:.2f}")
-    if "val_bleu" in record:
-        line += f" | val BLEU {record['val_bleu']:.2f}"
-    line += (f" | {record['tokens_per_s']:,.0f} tokens/s | {record['seconds']:.1f} s | "
-             f"trained {duration(trained_s)}, about {duration(left_s)} left")
-    if "max_memory_gib" in record:
-        line += f" | {record['max_memory_gib']:.1f} GiB peak"
-    if "utilization_percent" in record:
-        line += f" | GPU {record['utilization_percent']:.0f}% busy"
-    return line
-
-
-def checkpointed_batches(
-    batches: Iterable, *, start: int, every: int, save: Callable[[int], None]
-) -> Iterator:
-    """The batches from number `start` on; before batch i, save(i) whenever i is a multiple of
-    `every` (0: never). run_groups asks for a group's first batch only after the step of the
-    group before, so at save(i) the weights hold every step of batches 0 .. i - 1."""
-    state = torch.get_rng_state()
-    iterator = iter(batches)  # a DataLoader draws a number from torch's generator here
-    if start:  # resumed inside the epoch: the checkpoint's random state follows that draw
-        torch.set_rng_state(state)
-    for i, batch in enumerate(iterator):
-        if i < start:
-            continue  # trained before the checkpoint this run resumed from
-        if every and i > start and i % every == 0:
-            save(i)
-        yield batch
-
-
-def train_epochs(
-    process: Process,
-    config: TrainConfig,
-    run: Run,
-    data: RunData,
-    *,
-    progress: bool,
-    save_every: int = 0,
-) -> list[dict[str, float]]:
-    """6) The epochs: check the batches, train, validate, score, report, checkpoint (also
-    every `save_every` optimizer steps inside an epoch, when it is not 0)."""
-    train_loader, val_loader = data.train_loader, data.val_loader
-    device = process.device
-    autocast_dtype = autocast_dtype_for(device, config.cpu_bf16)
-    if config.cpu_bf16 and device.type == "cpu" and autocast_dtype is None and process.rank == 0:
-        print("cpu_bf16: this CPU has no bfloat16 instructions (AMX or AVX512-BF16); "
-              "training in float32", file=sys.stderr)
-    walls = []  # each epoch's wall-clock time, validation and checkpoint included
-    for epoch in range(run.epoch, config.epochs):
-        wall = time.perf_counter()
-        sampler = train_loader.batch_sampler
-        sampler.set_epoch(epoch)  # a new order, the same on every rank
-        check_same_on_all_ranks(
-            process, [len(train_loader), fingerprint(sampler.batches())],
-            f"the number of training batches per rank and the batch list of epoch {epoch + 1} "
-            "(every rank must see the same sentence pairs, max_tokens and seed)",
-        )
-        bar = None
-        if progress and process.rank == 0:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=len(train_loader), initial=run.batch, unit="batch",
-                       desc=f"epoch {epoch + 1}/{config.epochs}", file=sys.stderr, leave=False)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        start, resumed_at = time.perf_counter(), run.batch
-
-        def save_inside(i: int, start: float = start) -> None:
-            run.batch = i
-            save_epoch(process, config, run, False, elapsed_s=time.perf_counter() - start)
-
-        batches = checkpointed_batches(train_loader, start=run.batch, save=save_inside,
-                                       every=save_every * config.accum_iter)
-        train_sums = train_epoch(
-            run.model, batches, run.criterion, run.optimizer, run.scheduler, device=device,
-            accum_iter=config.accum_iter, train_state=run.train_state,
-            autocast_dtype=autocast_dtype, bar=bar,
-        )
-        seconds = time.perf_counter() - start
-        if bar is not None:
-            bar.close()
-        check_same_on_all_ranks(process, [weights_fingerprint(run.model)],
-                                f"the weights after epoch {epoch + 1}")
-        val_sums = evaluate(run.model, val_loader, run.criterion, device=device,
-                            autocast_dtype=autocast_dtype)
-        loss, tokens, nll, val_loss, val_tokens, val_nll = all_ranks_sum(
-            process, [*train_sums, *val_sums]
-        )
-        run.epoch, run.batch, run.elapsed_s = epoch + 1, 0, run.elapsed_s + seconds
-        record = {
-            "epoch": run.epoch,
-            "train_loss": loss / max(tokens, 1),
-            "train_nll": nll / max(tokens, 1),
-            "val_loss": val_loss / max(val_tokens, 1),
-            "val_nll": val_nll / max(val_tokens, 1),
-            "val_ppl": math.exp(val_nll / max(val_tokens, 1)),
-            "seconds": seconds,
-            "tokens_per_s": tokens / seconds,
-            **device_report(device),
-        }
-        if autocast_dtype is not None:
-            record["autocast"] = "bfloat16"
-        if resumed_at:  # the training numbers cover the batches after the checkpoint only
-            record["resumed_at_batch"] = resumed_at
-        improved = False
-        if config.bleu_every and run.epoch % config.bleu_every == 0:
-            record["val_bleu"] = validation_bleu(process, run.model, data, config.max_len)
-            improved = run.best_bleu is None or record["val_bleu"] > run.best_bleu
-            run.best_bleu = record["val_bleu"] if improved else run.best_bleu
-        run.history.append(record)
-        save_epoch(process, config, run, improved)
-        walls.append(time.perf_counter() - wall)
-        if process.rank == 0:
-            left = sum(walls) / len(walls) * (config.epochs - run.epoch)
-            print(epoch_line(record, epochs=config.epochs, trained_s=run.elapsed_s, left_s=left),
-                  flush=True)
-    return run.history
-
-
-def wrap_ddp(model: nn.Module, device: torch.device) -> DistributedDataParallel:
-    """DDP that does not re-send the constant positional-encoding tables every forward pass."""
-    options = {"device_ids": [device.index] if device.type == "cuda" else None}
-    # torch 2.13 renamed broadcast_buffers (and deprecated the old name) to forward_sync_buffers
-    known = inspect.signature(DistributedDataParallel).parameters
-    options["forward_sync_buffers" if "forward_sync_buffers" in known else "broadcast_buffers"] = (
-        False
-    )
-    return DistributedDataParallel(model, **options)
-
-
-def train_worker(
-    rank: int | None = None,
-    world_size: int | None = None,
-    config: TrainConfig | None = None,
-    *,
-    resume: bool = False,
-    overwrite: bool = False,
-    progress: bool = True,
-    threads: int | None = None,
-    pairs: dict[str, Sequence[tuple[str, str]]] | None = None,
-    save_every: int = 0,
-) -> list[dict[str, float]]:
-    """Train (or resume) on one device as one of world_size processes; the per-epoch history.
-
-    Started by train_distributed, by torchrun (rank and world size then come from the
-    environment: RANK, WORLD_SIZE, LOCAL_RANK), or called directly for one process. pairs
-    replaces Multi30k: {"train": [(german, english), ...], "val": [...]}. save_every: also
-    write last.pt every that many optimizer steps inside an epoch (0: after each epoch only).
-    """
-    config = training_config("cpu") if config is None else config
-    rank = int(os.environ.get("RANK", 0)) if rank is None else rank
-    world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
-    if config.max_tokens < config.max_len:
-        raise ValueError(
-            f"max_tokens={config.max_tokens} per device is less than max_len={config.max_len}: "
-            "the longest sentences would not fit into a batch; raise max_tokens"
-        )
-    if not isinstance(save_every, int) or save_every < 0:
-        raise ValueError(f"save_every must be a whole number of steps >= 0, got {save_every!r}")
-    process = setup_process(rank, world_size, threads)
-    try:
-        restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-        resuming = from_rank0(process, lambda: prepare_checkpoint_dir(
-            config.checkpoint_dir, resume=resume, overwrite=overwrite, restarted=restarted))
-        split_pairs = training_pairs(config, pairs)
-        data = load_data(process, config, split_pairs, resuming=resuming)
-        plan = schedule_steps(config, batches_per_epoch=len(data.train_loader),
-                              world_size=process.world_size)
-        if progress and process.rank == 0:
-            print(f"schedule: {plan['total_steps']} optimizer steps ({config.epochs} epochs of "
-                  f"{plan['steps_per_epoch']}), warm-up {plan['warmup']} steps", flush=True)
-        run = build_training(process, config, len(data.vocab_src), len(data.vocab_tgt),
-                             warmup=plan["warmup"], total=plan["total_steps"])
-        resume_run(process, config, run, resuming=resuming)
-        if process.distributed:  # only now: every rank holds rank 0's state
-            run.model = wrap_ddp(run.model, process.device)
-        history = train_epochs(process, config, run, data, progress=progress,
-                               save_every=save_every)
-        if process.distributed:  # no rank tears down while another still talks to it
-            dist.barrier()
-        return history
-    finally:
-        if process.distributed:
-            dist.destroy_process_group()
 
 
 # %%
@@ -5394,6 +4472,143 @@ def mask_chart(
 
 
 # %%
+import math
+from typing import Any
+
+import torch
+
+
+def scaling_chart(scaling: Any, *, n_keys: int) -> Any:
+    """Spread of the scores, largest weight and entropy against d_k, scaled and unscaled."""
+    import altair as alt
+
+    log2 = alt.Scale(type="log", base=2)
+    common = alt.Chart(scaling).encode(
+        x=alt.X("d_k:Q", scale=log2, axis=alt.Axis(values=[1, 8, 64, 512])),
+        color=alt.Color("scores:N", title=None, legend=alt.Legend(orient="bottom")),
+        tooltip=["d_k", "scores", "std of scores", "mean max weight", "mean entropy (nats)"],
+    )
+    lines = common.mark_line(point=True).properties(width=150, height=160)
+    spread = lines.encode(y=alt.Y("std of scores:Q", scale=alt.Scale(type="log")))
+    peak = lines.encode(y=alt.Y("mean max weight:Q", scale=alt.Scale(domain=[0, 1])))
+    entropy = lines.encode(
+        y=alt.Y("mean entropy (nats):Q", scale=alt.Scale(domain=[0, math.log(n_keys)]))
+    )
+    return (spread.properties(title="spread of the scores")
+            | peak.properties(title="largest softmax weight")
+            | entropy.properties(title="entropy of the weights"))
+
+
+def weights_heatmap(weights: torch.Tensor, *, title: str) -> Any:
+    """One map of attention weights (n_q, n_k): a cell per query and key, darker for more."""
+    import altair as alt
+
+    if weights.dim() != 2:
+        raise ValueError(f"weights must be (n_q, n_k), got shape {tuple(weights.shape)}")
+    cells = [{"query": i, "key": j, "weight": round(w, 3)}
+             for i, row in enumerate(weights.tolist()) for j, w in enumerate(row)]
+    return alt.Chart(alt.Data(values=cells)).mark_rect().encode(
+        x="key:O", y="query:O", color=alt.Color("weight:Q", scale=alt.Scale(scheme="blues")),
+        tooltip=["query:O", "key:O", "weight:Q"],
+    ).properties(width=220, height=220, title=title)
+
+
+def encoding_heatmap(pe: torch.Tensor, *, title: str) -> Any:
+    """A positional encoding table (positions, d_model) as a grid, red below 0, blue above."""
+    import altair as alt
+
+    cells = [{"position": pos, "dimension": dim, "value": round(value, 2)}
+             for pos, row in enumerate(pe.tolist()) for dim, value in enumerate(row)]
+    ticks = [alt.Axis(values=list(range(0, size, 8))) for size in pe.shape]  # every 8th label
+    return alt.Chart(alt.Data(values=cells)).mark_rect().encode(
+        x=alt.X("dimension:O", axis=ticks[1]), y=alt.Y("position:O", axis=ticks[0]),
+        color=alt.Color("value:Q", scale=alt.Scale(scheme="redblue", domain=[-1, 1])),
+        tooltip=["position:O", "dimension:O", "value:Q"],
+    ).properties(width=384, height=240, title=title)
+
+
+# %%
+from typing import Any
+
+import torch
+
+
+def check_positive_int(value: int, name: str, meaning: str) -> None:
+    """Raise TypeError unless `value` is an int, ValueError unless it is at least 1."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{name} must be an int ({meaning}), got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1 ({meaning}), got {value}")
+
+
+def _check_mask(mask: torch.Tensor, scores: torch.Tensor) -> None:
+    """Raise ValueError unless `mask` broadcasts to the scores without enlarging them."""
+    try:
+        fits = torch.broadcast_shapes(mask.shape, scores.shape) == scores.shape
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to the "
+                         f"attention scores of shape {tuple(scores.shape)} (batch, h, n_q, n_k)")
+
+
+def check_token_ids(x: torch.Tensor, vocab: int) -> None:
+    """Raise TypeError for ids that are not integers, ValueError for one outside [0, vocab)."""
+    if x.is_floating_point() or x.is_complex():
+        raise TypeError(f"token ids must be an integer tensor, got dtype {x.dtype}")
+    if x.numel() and (x.min() < 0 or x.max() >= vocab):
+        bad = x[(x < 0) | (x >= vocab)][0].item()
+        raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab})")
+
+
+def is_id_matrix(x: Any) -> bool:
+    """Whether `x` is a (batch, n) tensor of integer token ids."""
+    return isinstance(x, torch.Tensor) and x.dim() == 2 and not x.is_floating_point()
+
+
+def check_batch(src: torch.Tensor, tgt: torch.Tensor | None) -> None:
+    """Raise unless src is (batch, n_src) ids and tgt, if given, (batch, n_tgt >= 2) ids."""
+    if not is_id_matrix(src):
+        raise TypeError("src must be an integer tensor of shape (batch, n_src)")
+    if tgt is None:
+        return
+    if not is_id_matrix(tgt):
+        raise TypeError("tgt must be an integer tensor of shape (batch, n_tgt)")
+    if tgt.size(0) != src.size(0) or tgt.size(1) < 2:
+        raise ValueError(f"tgt must have shape ({src.size(0)}, n_tgt) with n_tgt >= 2, "
+                         f"got {tuple(tgt.shape)}")
+
+
+def check_schedule(step: int, model_size: int, warmup: int) -> None:
+    """Raise ValueError for a negative step, or a model size or warm-up that is not positive."""
+    if step < 0:
+        raise ValueError(f"step={step} must be >= 0")
+    if model_size <= 0:
+        raise ValueError(f"model_size={model_size} must be a positive d_model")
+    if warmup <= 0:
+        raise ValueError(f"warmup={warmup} must be a positive number of steps")
+
+
+def check_smoothing(size: int, padding_idx: int, smoothing: float) -> None:
+    """Raise ValueError unless the vocabulary, padding id and smoothing make a target."""
+    if size < 3:
+        raise ValueError(f"size={size} must be >= 3: the true token, padding and another")
+    if not 0 <= padding_idx < size:
+        raise ValueError(f"padding_idx={padding_idx} must be in [0, size={size})")
+    if not 0.0 <= smoothing < 1.0:
+        raise ValueError(f"smoothing={smoothing} must be in [0, 1)")
+
+
+def check_log_probs(x: torch.Tensor, target: torch.Tensor, size: int) -> None:
+    """Raise ValueError unless x is (rows, size) and target (rows,)."""
+    if x.dim() != 2 or x.size(1) != size:
+        raise ValueError(f"x must be log-probabilities of shape (rows, {size}), "
+                         f"got {tuple(x.shape)}")
+    if target.shape != x.shape[:1]:
+        raise ValueError(f"target must have shape ({x.size(0)},), got {tuple(target.shape)}")
+
+
+# %%
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -5711,6 +4926,928 @@ def seeds_chart(
     tooltip = ["variant:N", alt.Tooltip("mean:Q", format=".4")]
     ticks = ticks.encode(x="mean:Q", y=y, tooltip=tooltip)
     return (points + ticks).properties(title=title, width=width)
+
+
+# %% [markdown]
+# ## From book/appendix_performance.ipynb
+
+
+# %%
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def label_smoothing_loss(
+    logits: torch.Tensor, target: torch.Tensor, *, padding_idx: int, smoothing: float
+) -> torch.Tensor:
+    """LabelSmoothing's summed KL divergence, from F.cross_entropy and two more columns.
+
+    logits (rows, V) are scores before the softmax (log-probabilities work too), target (rows,).
+    """
+    V = logits.size(-1)
+    fill = smoothing / (V - 2)  # LabelSmoothing's mass on each token but the target and pad
+    if fill * V > 1:
+        raise ValueError(f"smoothing={smoothing} is too large for a vocabulary of {V}: "
+                         f"F.cross_entropy's label_smoothing would be {fill * V:.3f} > 1")
+    keep = target != padding_idx  # (rows,) the rows that LabelSmoothing counts
+    # 1) cross-entropy with fill on every token, padding too, and 1 - fill * V more on the target
+    loss = F.cross_entropy(logits, target, ignore_index=padding_idx, label_smoothing=fill * V,
+                           reduction="sum")
+    # 2) take back the fill that padding got, and give it to the target
+    log_z = logits.logsumexp(dim=-1)  # (rows,)
+    log_p_target = logits.gather(1, target.unsqueeze(1)).squeeze(1) - log_z
+    log_p_pad = logits[:, padding_idx] - log_z
+    loss = loss + fill * torch.where(keep, log_p_pad - log_p_target, 0.0).sum()
+    # 3) the smoothed target's negative entropy, a constant: from cross-entropy to KL
+    confidence = 1.0 - smoothing
+    neg_entropy = sum(n * q * math.log(q) for q, n in ((confidence, 1), (fill, V - 2)) if q > 0)
+    return loss + neg_entropy * keep.sum()
+
+
+# %%
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Chapter 17's configuration, grown by the fast path, a schedule that ends at zero, the
+    paper's dropout sites and bfloat16 on CPUs."""
+
+    N: int = 6
+    d_model: int = 512
+    d_ff: int = 2048
+    h: int = 8
+    dropout: float = 0.1
+    max_tokens: int = 4096
+    accum_iter: int = 1
+    epochs: int = 30
+    warmup: int = 1000
+    lr_factor: float = 0.5
+    label_smoothing: float = 0.1
+    max_len: int = 72
+    min_freq: int = 2
+    seed: int = 0
+    checkpoint_dir: str = "checkpoints/multi30k_base"
+    train_limit: int | None = None
+    val_limit: int | None = None
+    keep_epochs: int = 0
+    bleu_every: int = 1
+    subwords: int = 0  # 0: two word vocabularies; else one joint sentencepiece vocabulary this big
+    share_embeddings: bool = False  # one matrix for both embeddings and the generator (§3.4)
+    fast: bool = False  # the fast path, the fused loss and Adam's fused step
+    decay: str = "inverse_sqrt"  # after the warm-up: the paper's step^-0.5, or "linear" to 0
+    cpu_bf16: bool = False  # bfloat16 autocast on a CPU with AMX or AVX512-BF16 (chapter 22)
+    paper_dropout: bool = False  # dropout only where §5.4 puts it: none in attention or the FFN
+
+    def __post_init__(self) -> None:
+        check_train_config(self)
+        if isinstance(self.subwords, bool) or not isinstance(self.subwords, int) or (
+                self.subwords < 0):
+            raise ValueError(f"subwords must be an integer >= 0, got {self.subwords!r}")
+        if self.share_embeddings and not self.subwords:
+            raise ValueError("share_embeddings=True needs one joint vocabulary: set subwords > 0")
+        if self.decay not in ("inverse_sqrt", "linear"):
+            raise ValueError(f"decay must be 'inverse_sqrt' or 'linear', got {self.decay!r}")
+
+
+def training_config(name: str, **overrides) -> TrainConfig:
+    """The preset `name` ("cpu", "base", "cpu_subword", "cpu_fast" or "cpu_fast_dropout") with
+    some fields replaced."""
+    cpu = TrainConfig(
+        N=3, d_model=256, d_ff=1024, h=8, dropout=0.1, max_tokens=1500, accum_iter=1,
+        epochs=12, warmup=1000, lr_factor=0.5, checkpoint_dir="checkpoints/multi30k_cpu",
+    )
+    presets = {
+        "cpu": cpu,
+        "base": TrainConfig(),
+        "cpu_subword": replace(cpu, subwords=8000, share_embeddings=True,
+                               checkpoint_dir="checkpoints/multi30k_cpu_subword"),
+    }
+    presets["cpu_fast"] = replace(presets["cpu_subword"], fast=True, dropout=0.0, max_tokens=750,
+                                  warmup=2000, epochs=6,
+                                  checkpoint_dir="checkpoints/multi30k_cpu_fast")
+    presets["cpu_fast_dropout"] = replace(presets["cpu_fast"], dropout=0.1, paper_dropout=True,
+                                          epochs=11, keep_epochs=2,
+                                          checkpoint_dir="checkpoints/multi30k_cpu_fast_dropout")
+    if name not in presets:
+        raise ValueError(f"name must be one of {', '.join(presets)}, got {name!r}")
+    return replace(presets[name], **overrides)
+
+
+# %%
+def linear_rate(step: int, model_size: int, factor: float, warmup: int, total: int) -> float:
+    """rate()'s warm-up to the same peak, then a straight line down to 0 at step `total`."""
+    peak = rate(warmup, model_size, factor, warmup)
+    if step <= warmup:
+        return rate(step, model_size, factor, warmup)
+    return peak * max(total - step, 0) / max(total - warmup, 1)
+
+
+class FusedLabelSmoothing(LabelSmoothing):
+    """LabelSmoothing through label_smoothing_loss: the same sum, without the (rows, V) target."""
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Summed KL divergence for log-probabilities x (rows, size) and targets (rows,)."""
+        return label_smoothing_loss(x, target, padding_idx=self.padding_idx,
+                                    smoothing=self.smoothing)
+
+
+# %%
+from typing import Any
+
+
+def bench_results(name: str = "bench_cpu.json") -> dict[str, Any]:
+    """A `make bench` result file from book/data (the appendix's `book_data`)."""
+    return book_data(name)
+
+
+def same_tokens(row: dict[str, Any]) -> str | None:
+    """A decoding row's check: the tokens of the decoder without the cache, or the share of
+    sentences that float32 decodes the same (bfloat16 rows); None where nothing was compared."""
+    if row.get("same_as_float32") is not None:
+        return f"{100 * row['same_as_float32']:.0f}% as in float32"
+    return {None: None, True: "same", False: "DIFFERENT"}[row.get("same_as_recompute")]
+
+
+def bench_table(results: dict[str, Any]) -> Any:
+    """The rows as a pandas DataFrame: median, range, ratio to the first row of each group."""
+    import pandas as pd
+
+    rows = []
+    groups = [("training", "tokens_per_s", "target tokens/s", lambda r: (r["size"], r["model"])),
+              ("batching", "real_tokens_per_s", "real target tokens/s",
+               lambda r: (r["size"], r["batching"])),
+              ("decoding", "sentences_per_s", "sentences/s",
+               lambda r: (r["size"], r["decoder"]))]
+    for group, key, unit, name in groups:
+        first = {}
+        for row in results[group]:
+            size, label = name(row)
+            base = first.setdefault(size, row[key]["median"])
+            rows.append({"group": group, "size": size, "row": label, "unit": unit,
+                         "median": round(row[key]["median"], 1),
+                         "range": f"{row[key]['min']:.1f} to {row[key]['max']:.1f}",
+                         "ratio": round(row[key]["median"] / base, 2),
+                         "MFU %": round(100 * row["mfu"], 1) if "mfu" in row else None,
+                         "peak MB": round(row["peak_memory_mb"], 1)
+                         if "peak_memory_mb" in row else None,
+                         "tokens": same_tokens(row)})
+    return pd.DataFrame(rows)
+
+
+def decoding_roofline(results: dict[str, Any], size: str, steps: int) -> Any:
+    """Each float32 decoder at `size` against the fastest it could run on the run's machine:
+    its counted FLOPs at the measured matmul peak, or the weights that each of its `steps`
+    decoding steps reads whole, streamed at the measured memory read rate, whichever is
+    slower (a roofline, which ignores the caches' own reads and the encoder's weights)."""
+    import pandas as pd
+
+    peak, read = results["matmul_peak_gflops"] * 1e9, results["memory_read_gbs"] * 1e9
+    weights = results["decoder_weight_mb"][size] * 1e6
+    decoders = [row for row in results["decoding"]
+                if row["size"] == size and row["mfu_of"] == "float32"]
+    classic = decoders[0]["sentences_per_s"]["median"]
+    rows = []
+    for row in decoders:
+        flops = row["flops_per_sentence"]
+        streamed = weights * steps / row["batch"]  # one read per step serves the whole batch
+        bound = 1 / max(flops / peak, streamed / read)  # sentences/s
+        measured = row["sentences_per_s"]["median"]
+        rows.append({"decoder": row["decoder"], "GFLOP/sentence": round(flops / 1e9, 2),
+                     "weight MB/sentence": round(streamed / 1e6, 1),
+                     "FLOP/byte": round(flops / streamed, 1),
+                     "bound": "matmul" if flops / peak > streamed / read else "memory",
+                     "bound sentences/s": round(bound, 1), "measured": round(measured, 1),
+                     "% of bound": round(100 * measured / bound, 1),
+                     "bound / classic": round(bound / classic, 1)})
+    return pd.DataFrame(rows).set_index("decoder")
+
+
+def bench_chart(results: dict[str, Any]) -> Any:
+    """Speed-ups over the first row of each group, one bar per row, with the hardware named."""
+    import altair as alt
+
+    table = bench_table(results)
+    table["what"] = (table["group"] + " " + table["size"]).str.strip()
+    table = table[["what", "row", "median", "range", "unit", "ratio"]]  # no empty cells
+    hw = results["hardware"]
+    title = f"make bench: {hw['cpu']}, {hw['threads']} thread(s), torch {hw['torch']}"
+    return alt.Chart(alt.Data(values=table.to_dict("records"))).mark_bar().encode(
+        x=alt.X("ratio:Q", title="speed relative to the first row of its group"),
+        y=alt.Y("row:N", title=None, sort=None),
+        color=alt.Color("what:N", title=None, legend=alt.Legend(orient="bottom")),
+        row=alt.Row("what:N", title=None, sort=None),
+        tooltip=["what:N", "row:N", "median:Q", "range:N", "unit:N", "ratio:Q"],
+    ).resolve_scale(y="independent").properties(width=360, title=title)
+
+
+# %%
+import json
+import re
+from typing import Any
+
+
+def stopped_after(run: dict[str, Any], epoch: int) -> dict[str, Any]:
+    """The run as if it had ended after `epoch`: the rate schedule and the batch order do not
+    depend on the number of epochs, so its first epochs are the shorter run's."""
+    last_two = f"average of epochs {epoch - 1} and {epoch}"
+    weights = {f"epoch {epoch}": "last epoch", last_two: last_two}
+    return {**run, "name": f"{run['name']}, stopped after epoch {epoch}",
+            "config": {**run["config"], "epochs": epoch}, "history": run["history"][:epoch],
+            "training_seconds": sum(row["seconds"] for row in run["history"][:epoch]),
+            "evaluation": [{**row, "weights": weights[row["weights"]]}
+                           for row in run["evaluation"] if row["weights"] in weights]}
+
+
+def recipe_runs() -> list[dict[str, Any]]:
+    """Chapter 18's cpu_subword and the runs of book/data/fast_recipe.json; a run also scored
+    after an earlier epoch stands, too, for the run stopped there (stopped_after)."""
+    folder = fetch_shipped_model(name="multi30k_cpu_subword")
+    scores = json.loads((folder / "results.json").read_text())["results"]
+    runs = [{**json.loads((folder / "info.json").read_text()), "name": "cpu_subword",
+             "evaluation": [{**row, "weights": "last epoch"} for row in scores
+                            if row["model"] == "subwords-last"]}]
+    for run in book_data("fast_recipe.json")["runs"]:
+        earlier = sorted({int(match[1]) for row in run["evaluation"]
+                          if (match := re.fullmatch(r"epoch (\d+)", row["weights"]))})
+        runs += [run, *(stopped_after(run, epoch) for epoch in earlier)]
+    return runs
+
+
+def recipe_change(config: TrainConfig) -> str:
+    """The nearest of the presets cpu_subword, cpu_fast and cpu_fast_dropout (the first of
+    equals), and the fields in which `config` differs from it, seed and folders aside."""
+    changes = {}
+    for name in ("cpu_subword", "cpu_fast", "cpu_fast_dropout"):
+        preset = vars(training_config(name))
+        changes[name] = [f"{field}={value!r}" for field, value in vars(config).items()
+                         if value != preset[field]
+                         and field not in ("seed", "checkpoint_dir", "keep_epochs", "bleu_every")]
+    name = min(changes, key=lambda n: len(changes[n]))
+    return ", ".join([name, *changes[name]])
+
+
+def recipe_table(runs: list[dict[str, Any]]) -> Any:
+    """One row per configuration and CPU: its seeds, training minutes, and validation BLEU of
+    beam 4 on the last epoch's weights and on the last two epochs' average, each as the mean
+    over the seeds with their range."""
+    import pandas as pd
+
+    def spread(values: list[float], digits: int = 2) -> str:
+        """The mean of `values`, with their range when there are several; "-" for none."""
+        if not values:
+            return "-"
+        mean, low, high = (f"{v:.{digits}f}" for v in (sum(values) / len(values), min(values),
+                                                        max(values)))
+        return mean if len(values) == 1 else f"{mean} ({low} to {high})"
+
+    def beam(group: list[dict[str, Any]], weights: str) -> list[float]:
+        return [row["bleu"] for run in group for row in run["evaluation"]
+                if row["decoding"] == "beam4" and row["split"] == "val"
+                and row["weights"] == weights]
+
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for run in runs:
+        cpu = run["hardware"].split(", ")[1]  # "1 CPU process(es) x 2 thread(s), AMD EPYC, ..."
+        cpu = cpu.replace("(R)", "").removesuffix(" Processor")
+        groups.setdefault((recipe_change(TrainConfig(**run["config"])), cpu), []).append(run)
+    rows = []
+    for (change, cpu), group in groups.items():
+        epochs = group[0]["config"]["epochs"]
+        rows.append({
+            "configuration": change, "seeds": ", ".join(str(r["config"]["seed"]) for r in group),
+            "CPU": cpu, "training min": spread([r["training_seconds"] / 60 for r in group], 1),
+            "beam 4, last epoch": spread(beam(group, "last epoch")),
+            "beam 4, last two averaged": spread(
+                beam(group, f"average of epochs {epochs - 1} and {epochs}")),
+        })
+    return pd.DataFrame(rows).set_index("configuration")
+
+
+# %% [markdown]
+# ## From book/appendix_distributed.ipynb
+
+
+# %%
+import hashlib
+import inspect
+import math
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader
+
+
+def rng_states(device: torch.device) -> dict[str, torch.Tensor | None]:
+    """This process's random number generator states, as tensors (safe for weights_only)."""
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return {"torch": torch.get_rng_state(), "cuda": cuda}
+
+
+def set_rng_states(states: dict[str, torch.Tensor | None], device: torch.device) -> None:
+    """Restore what rng_states returned, so that dropout draws the same masks again."""
+    torch.set_rng_state(states["torch"])
+    if device.type == "cuda" and states.get("cuda") is not None:
+        torch.cuda.set_rng_state(states["cuda"], device)
+
+
+def device_report(device: torch.device) -> dict[str, float]:
+    """Peak GPU memory of this process and the GPU's utilization (nvidia-ml-py, if installed)."""
+    if device.type != "cuda":
+        return {}
+    report = {"max_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30}
+    try:  # torch asks NVML, translating the index through CUDA_VISIBLE_DEVICES
+        report["utilization_percent"] = float(torch.cuda.utilization(device))
+    except Exception:  # nvidia-ml-py missing or no driver access: memory alone is still useful
+        pass
+    return report
+
+
+def hardware_name(device: torch.device, world_size: int) -> str:
+    """The devices a run used, in words, for the checkpoint and the shipped model's notes."""
+    if device.type == "cuda":
+        return f"{world_size} x {torch.cuda.get_device_name(device)}"
+    cpu = platform.processor() or platform.machine()
+    try:  # Linux names the processor model here
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        cpu = f"{names[0]}, {len(names)} cores" if names else cpu
+    except OSError:
+        pass
+    return f"{world_size} CPU process(es) x {torch.get_num_threads()} thread(s), {cpu}"
+
+
+RESUMABLE_CHANGES = ("epochs", "checkpoint_dir", "keep_epochs", "bleu_every", "accum_iter")
+RUN_FILES = ("last.pt", "best.pt", "epoch_*.pt")
+
+
+@dataclass
+class Process:
+    """Where this process stands in the run: its rank, how many there are, its device."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+@dataclass
+class Run:
+    """What changes as a run trains, and what it trains with."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    criterion: nn.Module
+    train_state: TrainState
+    history: list[dict[str, float]]
+    epoch: int = 0  # epochs done
+    batch: int = 0  # micro-batches of the next epoch done (a checkpoint inside an epoch)
+    elapsed_s: float = 0.0  # seconds of training, over all sessions of the run
+    best_bleu: float | None = None
+
+
+def setup_process(rank: int, world_size: int, threads: int | None) -> Process:
+    """1) One device per process, never more CPU threads than cores, and the process group."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+        if threads is None and world_size > 1:
+            local_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+            threads = max(1, (cores or os.cpu_count() or 1) // local_size)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    if world_size > 1:  # MASTER_ADDR and MASTER_PORT come from train_distributed or torchrun
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, rank=rank, world_size=world_size,
+                                store=attempt_store(rank, world_size))
+    return Process(rank, world_size, device)
+
+
+def attempt_store(rank: int, world_size: int) -> dist.Store | None:
+    """Under torchrun, the rendezvous store seen through this attempt's own key prefix.
+
+    After a restart the store still holds the addresses that the dead processes published;
+    read by the new ones, they lead nowhere. None outside torchrun (the default env:// store).
+    """
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None:
+        return None
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # else rank 0's
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                          is_master=not agent_store and rank == 0)
+    return dist.PrefixStore(f"annotated-transformer/attempt-{attempt}", store)
+
+
+def from_rank0(process: Process, compute: Callable[[], Any]) -> Any:
+    """compute() on rank 0 only, and its result sent to every rank; its error raised on all."""
+    result, error = None, None
+    if process.rank == 0:
+        try:
+            result = compute()
+        except Exception as err:  # the other ranks must hear of it, or they wait forever
+            error = err
+    if process.distributed:
+        box = [(result, error)]
+        dist.broadcast_object_list(box, src=0)
+        result, error = box[0]
+    if error is not None:
+        raise error
+    return result
+
+
+def fingerprint(value: Any) -> int:
+    """A 56-bit hash of repr(value): two ranks agree on it when they agree on the value."""
+    return int.from_bytes(hashlib.blake2b(repr(value).encode(), digest_size=7).digest(), "big")
+
+
+def weights_fingerprint(model: nn.Module) -> int:
+    """An exact integer summary of the weights' bits, independent of any float rounding."""
+    total = 0
+    for tensor in unwrap(model).state_dict().values():
+        values = tensor.detach().cpu().contiguous().reshape(-1)
+        if values.dtype == torch.float32:
+            values = values.view(torch.int32)  # the bits, so that the sum is exact
+        total = (total * 1_000_003 + int(values.long().sum())) % (1 << 55)
+    return total
+
+
+def check_same_on_all_ranks(process: Process, values: list[int], what: str) -> None:
+    """Stop every rank with one clear error when the ranks' values differ (one all-reduce)."""
+    if not process.distributed:
+        return
+    both = torch.tensor([*values, *(-v for v in values)], dtype=torch.int64,
+                        device=process.device)
+    dist.all_reduce(both, op=dist.ReduceOp.MAX)  # the largest value, and minus the smallest
+    high = both[: len(values)].tolist()
+    low = [-v for v in both[len(values) :].tolist()]
+    if high != low:
+        raise RuntimeError(
+            f"rank {process.rank} of {process.world_size}: the ranks disagree on {what} "
+            f"(this rank has {values}; across the ranks they range from {low} to {high})"
+        )
+
+
+def prepare_checkpoint_dir(
+    folder: str | os.PathLike, *, resume: bool, overwrite: bool, restarted: bool = False
+) -> bool:
+    """2) Whether to resume from folder/last.pt; never mix a fresh run with another's files."""
+    if resume and overwrite:
+        raise ValueError("resume and overwrite exclude each other: choose one")
+    folder = Path(folder)
+    if (folder / "last.pt").is_file() and (resume or restarted):
+        return True
+    if resume:
+        raise FileNotFoundError(
+            f"cannot resume: the checkpoint folder {folder} holds no last.pt; start without "
+            "resume, or point the checkpoint folder at the run to continue"
+        )
+    old = sorted(path for pattern in RUN_FILES for path in folder.glob(pattern))
+    if old and not (overwrite or restarted):
+        raise FileExistsError(
+            f"the checkpoint folder {folder} already holds another run's "
+            f"{', '.join(p.name for p in old)}: resume it, overwrite it (its checkpoints are "
+            "deleted), or choose another checkpoint folder"
+        )
+    for path in old:
+        path.unlink()
+    return False
+
+
+@dataclass
+class RunData:
+    """What a rank trains and validates on."""
+
+    vocab_src: Vocab
+    vocab_tgt: Vocab
+    train_loader: DataLoader
+    val_loader: DataLoader
+    val_pairs: list[tuple[str, str]]  # the validation sentences, for BLEU
+    tokenizers: tuple[Any, Any]
+
+
+def training_pairs(
+    config: TrainConfig, pairs: dict[str, Sequence[tuple[str, str]]] | None
+) -> dict[str, list[tuple[str, str]]]:
+    """The train and val sentence pairs, given or Multi30k's, cut to the config's limits."""
+    if pairs is None:
+        pairs = {split: load_multi30k(split) for split in ("train", "val")}
+    missing = sorted({"train", "val"} - set(pairs))
+    if missing:
+        raise ValueError(f"pairs must hold the splits 'train' and 'val'; missing {missing}")
+    return {"train": list(pairs["train"])[: config.train_limit],
+            "val": list(pairs["val"])[: config.val_limit]}
+
+
+def load_data(
+    process: Process, config: TrainConfig, pairs: dict[str, list[tuple[str, str]]],
+    *, resuming: bool,
+) -> RunData:
+    """3) Rank 0's vocabularies on every rank, and this rank's share of the batches."""
+    tokenizers = load_tokenizers()
+
+    def vocabularies() -> tuple[Vocab, Vocab]:
+        if resuming:  # the ids the checkpoint's embeddings were trained with
+            return read_vocabularies(config.checkpoint_dir, subwords=config.subwords > 0)
+        return multi30k_vocabularies(config, tokenizers, pairs=pairs["train"])
+
+    vocab_src, vocab_tgt = from_rank0(process, vocabularies)
+    train_data, val_data = (
+        encode_examples(pairs[split], vocab_src, vocab_tgt, tokenizers, max_len=config.max_len)
+        for split in ("train", "val")
+    )
+    shard = {"max_tokens": config.max_tokens, "num_replicas": process.world_size,
+             "rank": process.rank, "seed": config.seed}
+    train_loader = multi30k_loader(train_data, shuffle=True, **shard)
+    val_loader = multi30k_loader(val_data, shuffle=False, **shard)
+    return RunData(vocab_src, vocab_tgt, train_loader, val_loader, pairs["val"], tokenizers)
+
+
+def build_training(
+    process: Process, config: TrainConfig, src_vocab: int, tgt_vocab: int, *, warmup: int,
+    total: int,
+) -> Run:
+    """4) Model (the same initial weights on every rank), optimizer, schedule and loss; warmup
+    and total are the run's warm-up and length in its own optimizer steps (schedule_steps).
+    config.fast trains on chapter 21's fast path, with the fused loss and Adam, and
+    config.paper_dropout drops only where the paper does."""
+    torch.manual_seed(config.seed)
+    model = make_model(
+        src_vocab, tgt_vocab, N=config.N, d_model=config.d_model, d_ff=config.d_ff,
+        h=config.h, dropout=config.dropout, share_embeddings=config.share_embeddings,
+    ).to(process.device)
+    use_fast_path(paper_dropout_only(model, config.paper_dropout), config.fast)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9,
+                                 fused=config.fast or None)
+    def lr_lambda(step: int) -> float:
+        if config.decay == "linear":
+            return linear_rate(step, config.d_model, config.lr_factor, warmup, total)
+        return rate(step, config.d_model, config.lr_factor, warmup)
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lr_lambda)
+    loss = FusedLabelSmoothing if config.fast else LabelSmoothing
+    criterion = loss(tgt_vocab, PAD_ID, smoothing=config.label_smoothing)
+    return Run(model, optimizer, scheduler, criterion, TrainState(), [])
+
+
+def config_differences(stored: dict[str, Any], config: TrainConfig, world_size: int,
+                       stored_world_size: int) -> list[str]:
+    """What a resumed run would change that it may not: every field but RESUMABLE_CHANGES."""
+    changes = [
+        f"{name}={stored[name]!r} in the checkpoint but {value!r} now"
+        for name, value in asdict(config).items()
+        if name in stored and name not in RESUMABLE_CHANGES and stored[name] != value
+    ]
+    before = stored_world_size * stored.get("accum_iter", config.accum_iter)
+    if before != world_size * config.accum_iter:
+        changes.append(
+            f"processes x accum_iter = {before} in the checkpoint but "
+            f"{world_size} x {config.accum_iter} now (another global batch)"
+        )
+    if config.decay == "linear" and stored.get("epochs", config.epochs) != config.epochs:
+        changes.append(  # resumed longer, the rate would jump back up from near zero
+            f"epochs={stored['epochs']} in the checkpoint but {config.epochs} now (a linear "
+            "decay ends at the run's last step; a longer run starts afresh)")
+    return changes
+
+
+def read_resume_checkpoint(path: Path, config: TrainConfig, world_size: int) -> dict[str, Any]:
+    """last.pt, checked against the configuration of the run that is to continue it."""
+    checkpoint = load_checkpoint(path)
+    changes = config_differences(checkpoint["config"], config, world_size,
+                                 len(checkpoint["rng"]))
+    if changes:
+        raise ValueError(f"cannot resume from {path}: " + "; ".join(changes))
+    writers = len(checkpoint["rng"])
+    if checkpoint.get("batch") and writers != world_size:  # the ranks' shares would differ
+        raise ValueError(
+            f"cannot resume from {path}: it was written {checkpoint['batch']} micro-batches "
+            f"into epoch {checkpoint['epoch'] + 1} by {writers} processes, and {world_size} "
+            f"would split that epoch differently; resume with {writers} processes"
+        )
+    return checkpoint
+
+
+def resume_run(process: Process, config: TrainConfig, run: Run, *, resuming: bool) -> None:
+    """5) Rank 0's checkpoint on every rank, before DDP wraps the model; ranks must agree."""
+    if not resuming:
+        torch.manual_seed(config.seed + process.rank)  # each rank its own dropout masks
+        return
+    path = Path(config.checkpoint_dir) / "last.pt"
+    checkpoint = from_rank0(process, lambda: read_resume_checkpoint(path, config,
+                                                                    process.world_size))
+    run.model.load_state_dict(checkpoint["model"])
+    run.optimizer.load_state_dict(checkpoint["optimizer"])
+    run.scheduler.load_state_dict(checkpoint["scheduler"])
+    run.train_state = TrainState(**checkpoint["train_state"])
+    run.epoch, run.history = checkpoint["epoch"], checkpoint["history"]
+    run.batch = checkpoint.get("batch", 0)
+    run.elapsed_s, run.best_bleu = checkpoint["elapsed_s"], checkpoint.get("best_bleu")
+    check_same_on_all_ranks(
+        process, [run.epoch, run.batch, run.train_state.accum_step,
+                  weights_fingerprint(run.model)],
+        f"the epoch, batch, step and weights resumed from rank 0's {path}",
+    )
+    if len(checkpoint["rng"]) == process.world_size:
+        set_rng_states(checkpoint["rng"][process.rank], process.device)
+    else:
+        if process.rank == 0:
+            print(f"{path} was written by {len(checkpoint['rng'])} processes, not "
+                  f"{process.world_size}: random states start afresh", file=sys.stderr)
+        torch.manual_seed(config.seed + 1_000 * run.epoch + process.rank)
+    if process.rank == 0:
+        inside = f", {run.batch} micro-batches into epoch {run.epoch + 1}" if run.batch else ""
+        print(f"resumed from {path} after epoch {run.epoch}{inside}", file=sys.stderr)
+
+
+def validation_bleu(process: Process, model: nn.Module, data: RunData, max_len: int) -> float:
+    """Greedy BLEU on the validation pairs; each rank translates its share of the sources."""
+    pairs = data.val_pairs
+    share = [de for de, _ in pairs[process.rank :: process.world_size]]
+    outputs = translate(unwrap(model), share, data.vocab_src, data.vocab_tgt, data.tokenizers[0],
+                        max_len=max_len)
+    shares = [outputs]
+    if process.distributed:
+        shares = [None] * process.world_size
+        dist.all_gather_object(shares, outputs)
+    hypotheses = [""] * len(pairs)
+    for rank, translated in enumerate(shares):  # back into the order of the pairs
+        hypotheses[rank :: process.world_size] = translated
+    return bleu(hypotheses, [en for _, en in pairs])[0]
+
+
+def all_ranks_sum(process: Process, values: list[float]) -> list[float]:
+    """The sums over all ranks of a few numbers (loss sums, token counts)."""
+    if not process.distributed:
+        return values
+    totals = torch.tensor(values, dtype=torch.float64, device=process.device)
+    dist.all_reduce(totals)
+    return totals.tolist()
+
+
+def save_epoch(
+    process: Process, config: TrainConfig, run: Run, improved: bool, *, elapsed_s: float = 0.0
+) -> None:
+    """7) Rank 0 writes last.pt (and best.pt, epoch_NNN.pt); every rank waits until it is done.
+
+    Inside an epoch (run.batch > 0) it writes last.pt only; elapsed_s is then the training time
+    of the epoch so far.
+    """
+    rng_all = [rng_states(process.device)]
+    if process.distributed:
+        rng_all = [None] * process.world_size
+        dist.all_gather_object(rng_all, rng_states(process.device))
+    folder = Path(config.checkpoint_dir)
+
+    def save() -> None:
+        weights = {"model": unwrap(run.model).state_dict(), "config": asdict(config),
+                   "epoch": run.epoch}
+        save_checkpoint(
+            {
+                **weights,
+                "batch": run.batch,
+                "optimizer": run.optimizer.state_dict(),
+                "scheduler": run.scheduler.state_dict(),
+                "train_state": asdict(run.train_state),
+                "rng": rng_all,
+                "history": run.history,
+                "best_bleu": run.best_bleu,
+                "elapsed_s": run.elapsed_s + elapsed_s,
+                "hardware": hardware_name(process.device, process.world_size),
+                "command": " ".join(["python", *sys.argv]),
+            },
+            folder / "last.pt",
+        )
+        if run.batch:
+            return
+        if improved:
+            save_checkpoint({**weights, "val_bleu": run.best_bleu}, folder / "best.pt")
+        if config.keep_epochs:  # weights only: what checkpoint averaging needs
+            save_checkpoint(weights, folder / f"epoch_{run.epoch:03d}.pt")
+            stale = run.epoch - config.keep_epochs
+            (folder / f"epoch_{stale:03d}.pt").unlink(missing_ok=True)
+
+    from_rank0(process, save)  # also the barrier: no rank runs ahead of a slow or failed save
+
+
+def duration(seconds: float) -> str:
+    """A time span as a person reads it: seconds, minutes or hours."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 3600 else f"{seconds / 3600:.2f} h"
+
+
+def epoch_line(
+    record: dict[str, float], *, epochs: int, trained_s: float, left_s: float
+) -> str:
+    """One line per epoch: losses, perplexity, BLEU, speed, the training time so far and an
+    estimate of the time left, and on GPUs memory and load."""
+    line = (f"epoch {record['epoch']:2d}/{epochs} | train loss {record['train_loss']:.4f} | "
+            f"val loss {record['val_loss']:.4f} | val ppl {record['val_ppl']:.2f}")
+    if "val_bleu" in record:
+        line += f" | val BLEU {record['val_bleu']:.2f}"
+    line += (f" | {record['tokens_per_s']:,.0f} tokens/s | {record['seconds']:.1f} s | "
+             f"trained {duration(trained_s)}, about {duration(left_s)} left")
+    if "max_memory_gib" in record:
+        line += f" | {record['max_memory_gib']:.1f} GiB peak"
+    if "utilization_percent" in record:
+        line += f" | GPU {record['utilization_percent']:.0f}% busy"
+    return line
+
+
+def checkpointed_batches(
+    batches: Iterable, *, start: int, every: int, save: Callable[[int], None]
+) -> Iterator:
+    """The batches from number `start` on; before batch i, save(i) whenever i is a multiple of
+    `every` (0: never). run_groups asks for a group's first batch only after the step of the
+    group before, so at save(i) the weights hold every step of batches 0 .. i - 1."""
+    state = torch.get_rng_state()
+    iterator = iter(batches)  # a DataLoader draws a number from torch's generator here
+    if start:  # resumed inside the epoch: the checkpoint's random state follows that draw
+        torch.set_rng_state(state)
+    for i, batch in enumerate(iterator):
+        if i < start:
+            continue  # trained before the checkpoint this run resumed from
+        if every and i > start and i % every == 0:
+            save(i)
+        yield batch
+
+
+def train_epochs(
+    process: Process,
+    config: TrainConfig,
+    run: Run,
+    data: RunData,
+    *,
+    progress: bool,
+    save_every: int = 0,
+) -> list[dict[str, float]]:
+    """6) The epochs: check the batches, train, validate, score, report, checkpoint (also
+    every `save_every` optimizer steps inside an epoch, when it is not 0)."""
+    train_loader, val_loader = data.train_loader, data.val_loader
+    device = process.device
+    autocast_dtype = autocast_dtype_for(device, config.cpu_bf16)
+    if config.cpu_bf16 and device.type == "cpu" and autocast_dtype is None and process.rank == 0:
+        print("cpu_bf16: this CPU has no bfloat16 instructions (AMX or AVX512-BF16); "
+              "training in float32", file=sys.stderr)
+    walls = []  # each epoch's wall-clock time, validation and checkpoint included
+    for epoch in range(run.epoch, config.epochs):
+        wall = time.perf_counter()
+        sampler = train_loader.batch_sampler
+        sampler.set_epoch(epoch)  # a new order, the same on every rank
+        check_same_on_all_ranks(
+            process, [len(train_loader), fingerprint(sampler.batches())],
+            f"the number of training batches per rank and the batch list of epoch {epoch + 1} "
+            "(every rank must see the same sentence pairs, max_tokens and seed)",
+        )
+        bar = None
+        if progress and process.rank == 0:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(train_loader), initial=run.batch, unit="batch",
+                       desc=f"epoch {epoch + 1}/{config.epochs}", file=sys.stderr, leave=False)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        start, resumed_at = time.perf_counter(), run.batch
+
+        def save_inside(i: int, start: float = start) -> None:
+            run.batch = i
+            save_epoch(process, config, run, False, elapsed_s=time.perf_counter() - start)
+
+        batches = checkpointed_batches(train_loader, start=run.batch, save=save_inside,
+                                       every=save_every * config.accum_iter)
+        train_sums = train_epoch(
+            run.model, batches, run.criterion, run.optimizer, run.scheduler, device=device,
+            accum_iter=config.accum_iter, train_state=run.train_state,
+            autocast_dtype=autocast_dtype, bar=bar,
+        )
+        seconds = time.perf_counter() - start
+        if bar is not None:
+            bar.close()
+        check_same_on_all_ranks(process, [weights_fingerprint(run.model)],
+                                f"the weights after epoch {epoch + 1}")
+        val_sums = evaluate(run.model, val_loader, run.criterion, device=device,
+                            autocast_dtype=autocast_dtype)
+        loss, tokens, nll, val_loss, val_tokens, val_nll = all_ranks_sum(
+            process, [*train_sums, *val_sums]
+        )
+        run.epoch, run.batch, run.elapsed_s = epoch + 1, 0, run.elapsed_s + seconds
+        record = {
+            "epoch": run.epoch,
+            "train_loss": loss / max(tokens, 1),
+            "train_nll": nll / max(tokens, 1),
+            "val_loss": val_loss / max(val_tokens, 1),
+            "val_nll": val_nll / max(val_tokens, 1),
+            "val_ppl": math.exp(val_nll / max(val_tokens, 1)),
+            "seconds": seconds,
+            "tokens_per_s": tokens / seconds,
+            **device_report(device),
+        }
+        if autocast_dtype is not None:
+            record["autocast"] = "bfloat16"
+        if resumed_at:  # the training numbers cover the batches after the checkpoint only
+            record["resumed_at_batch"] = resumed_at
+        improved = False
+        if config.bleu_every and run.epoch % config.bleu_every == 0:
+            record["val_bleu"] = validation_bleu(process, run.model, data, config.max_len)
+            improved = run.best_bleu is None or record["val_bleu"] > run.best_bleu
+            run.best_bleu = record["val_bleu"] if improved else run.best_bleu
+        run.history.append(record)
+        save_epoch(process, config, run, improved)
+        walls.append(time.perf_counter() - wall)
+        if process.rank == 0:
+            left = sum(walls) / len(walls) * (config.epochs - run.epoch)
+            print(epoch_line(record, epochs=config.epochs, trained_s=run.elapsed_s, left_s=left),
+                  flush=True)
+    return run.history
+
+
+def wrap_ddp(model: nn.Module, device: torch.device) -> DistributedDataParallel:
+    """DDP that does not re-send the constant positional-encoding tables every forward pass."""
+    options = {"device_ids": [device.index] if device.type == "cuda" else None}
+    # torch 2.13 renamed broadcast_buffers (and deprecated the old name) to forward_sync_buffers
+    known = inspect.signature(DistributedDataParallel).parameters
+    options["forward_sync_buffers" if "forward_sync_buffers" in known else "broadcast_buffers"] = (
+        False
+    )
+    return DistributedDataParallel(model, **options)
+
+
+def train_worker(
+    rank: int | None = None,
+    world_size: int | None = None,
+    config: TrainConfig | None = None,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+    threads: int | None = None,
+    pairs: dict[str, Sequence[tuple[str, str]]] | None = None,
+    save_every: int = 0,
+) -> list[dict[str, float]]:
+    """Train (or resume) on one device as one of world_size processes; the per-epoch history.
+
+    Started by train_distributed, by torchrun (rank and world size then come from the
+    environment: RANK, WORLD_SIZE, LOCAL_RANK), or called directly for one process. pairs
+    replaces Multi30k: {"train": [(german, english), ...], "val": [...]}. save_every: also
+    write last.pt every that many optimizer steps inside an epoch (0: after each epoch only).
+    """
+    config = training_config("cpu") if config is None else config
+    rank = int(os.environ.get("RANK", 0)) if rank is None else rank
+    world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
+    if config.max_tokens < config.max_len:
+        raise ValueError(
+            f"max_tokens={config.max_tokens} per device is less than max_len={config.max_len}: "
+            "the longest sentences would not fit into a batch; raise max_tokens"
+        )
+    if not isinstance(save_every, int) or save_every < 0:
+        raise ValueError(f"save_every must be a whole number of steps >= 0, got {save_every!r}")
+    process = setup_process(rank, world_size, threads)
+    try:
+        restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+        resuming = from_rank0(process, lambda: prepare_checkpoint_dir(
+            config.checkpoint_dir, resume=resume, overwrite=overwrite, restarted=restarted))
+        split_pairs = training_pairs(config, pairs)
+        data = load_data(process, config, split_pairs, resuming=resuming)
+        plan = schedule_steps(config, batches_per_epoch=len(data.train_loader),
+                              world_size=process.world_size)
+        if progress and process.rank == 0:
+            print(f"schedule: {plan['total_steps']} optimizer steps ({config.epochs} epochs of "
+                  f"{plan['steps_per_epoch']}), warm-up {plan['warmup']} steps", flush=True)
+        run = build_training(process, config, len(data.vocab_src), len(data.vocab_tgt),
+                             warmup=plan["warmup"], total=plan["total_steps"])
+        resume_run(process, config, run, resuming=resuming)
+        if process.distributed:  # only now: every rank holds rank 0's state
+            run.model = wrap_ddp(run.model, process.device)
+        history = train_epochs(process, config, run, data, progress=progress,
+                               save_every=save_every)
+        if process.distributed:  # no rank tears down while another still talks to it
+            dist.barrier()
+        return history
+    finally:
+        if process.distributed:
+            dist.destroy_process_group()
 
 
 # %% [markdown]

@@ -1,4 +1,5 @@
-"""Chapter 9: the Multi30k loader, tokenizers, vocabulary, collate function and batch sampler."""
+"""Chapters 9 and 14: the Multi30k loader and batch sampler (9); tokenizers, vocabulary and
+collate function (14)."""
 
 import gzip
 import io

@@ -25,34 +25,34 @@ enable_book_charts()
 # %% [markdown]
 # ## Recurrence: one position after another
 #
-# Translation is a *transduction* problem: a sequence goes in (a German sentence) and another,
-# of another length, comes out (its English translation). The leading models of 2017 had an
+# Translation is *transduction*: a German sentence goes in, an English one of another length
+# comes out. The leading models of 2017 had an
 # **encoder** that turned the source into vectors and a **decoder** that wrote the target one
 # symbol at a time {cite}`sutskever2014sequence`, both recurrent: an LSTM
 # {cite}`hochreiter1997long` updates a hidden state, $h_t = f(h_{t-1}, x_t)$, which summarises
 # everything up to position $t$. That has two costs.
 #
-# * **No parallelism within a sequence.** $h_t$ waits for $h_{t-1}$, so $n$ words are $n$ steps
-#   in order, and only the batch is left for parallel work, which long sentences shrink.
+# * **No parallelism within a sequence.** $h_t$ waits for $h_{t-1}$: $n$ words are $n$ steps in
+#   order, and only the batch, which long sentences shrink, is left for parallel work.
 #   Factorized LSTMs {cite}`kuchaiev2017factorization` and conditional computation
 #   {cite}`shazeer2017outrageously` made each step cheaper, not fewer.
 # * **Long paths between words.** For word $t$ to depend on word $t-d$, the information, and the
-#   gradient that teaches the dependency, must pass through $d$ applications of $f$.
+#   gradient that teaches it, must pass through $d$ applications of $f$.
 #
 # **Attention** {cite}`bahdanau2015neural,luong2015effective` gave the decoder a shortcut: at
-# every output step, a weighted average of *all* the encoder's states, with weights that say how
-# relevant each source word is now. But it sat on top of recurrent networks, which still marched
-# through their sequences one position at a time.
+# every output step, a weighted average of *all* the encoder's states, weighted by how relevant
+# each source word is now. But the recurrent networks around it still marched through their
+# sequences one position at a time.
 #
 # ## Convolution: parallel, but distance still costs
 #
-# A convolution computes every position from a window of $k$ neighbours, all positions at once;
-# ByteNet {cite}`kalchbrenner2016neural` and ConvS2S {cite}`gehring2017convolutional` translated
-# this way. Now distance costs layers: an ordinary layer widens the window by $k-1$ positions, so
-# relating two words $d$ apart takes about $d/(k-1)$ layers in ConvS2S, **linear** in $d$;
-# ByteNet's *dilated* convolutions double their gaps from layer to layer and need about
-# $\log_2 d$, **logarithmic** in $d$. The cell counts these steps for $k = 3$, until one window
-# first covers both positions (chapter 6 asks a stricter question and reconciles the two counts).
+# A convolution computes every position from a window of $k$ neighbours, all positions at once,
+# as ByteNet {cite}`kalchbrenner2016neural` and ConvS2S {cite}`gehring2017convolutional` did.
+# Now distance costs layers: an ordinary layer widens the window by $k-1$ positions, so relating
+# two words $d$ apart takes about $d/(k-1)$ layers in ConvS2S, **linear** in $d$; ByteNet's
+# *dilated* convolutions double their gaps from layer to layer and need about $\log_2 d$,
+# **logarithmic** in $d$. The cell counts these steps for $k = 3$, until one window first covers
+# both positions (chapter 6 asks a stricter question).
 
 # %%
 import math
@@ -91,26 +91,21 @@ line_chart(rows, x="distance:Q", y="steps:Q", color="model:N",
 
 
 # %% [markdown]
-# On log-log axes the recurrent line has slope one, ConvS2S runs parallel at half the height, the
-# dilated stack gains a layer each time the distance doubles, and self-attention stays flat.
-# Short paths make distant dependencies easier to learn (the paper's §4; chapter 6). It says:
-#
-# > In the Transformer this is reduced to a constant number of operations, albeit at the cost of
-# > reduced effective resolution due to averaging attention-weighted positions, an effect we
-# > counteract with Multi-Head Attention as described in section 3.2.
-# > — {cite:t}`vaswani2017attention`, §2
+# On log-log axes the recurrent line has slope one, ConvS2S runs parallel to it at half the
+# height, the dilated stack gains a layer each time the distance doubles, and self-attention stays
+# flat. Short paths make distant dependencies easier to learn (the paper's §4; chapter 6).
 #
 # ## Self-attention
 #
-# *Self-attention* applies attention inside one sequence: each position's new representation is
-# a weighted average over all positions of the same sequence. It had served next to recurrent
+# *Self-attention* applies attention inside one sequence: each position's new representation is a
+# weighted average over all positions of the same sequence. It had served next to recurrent
 # networks {cite}`cheng2016long,parikh2016decomposable,lin2017structured`, and memory networks
 # {cite}`sukhbaatar2015end` had repeated attention without recurrence. A self-attention layer
-# relates every pair of positions in one step, with matrix products that run in parallel. It pays
-# twice: all pairs of $n$ positions of width $d$ cost $O(n^2 \cdot d)$ per layer, against
-# $O(n \cdot d^2)$ for a recurrent layer, cheaper only while sentences are shorter than the
-# representation is wide (chapter 6); and an average is blurrier than its parts, the "reduced
-# effective resolution" above, which multi-head attention counteracts (chapter 3).
+# relates every pair of positions in one step, with matrix products that run in parallel, and
+# pays twice: all pairs of $n$ positions of width $d$ cost $O(n^2 \cdot d)$ per layer, against
+# $O(n \cdot d^2)$ for a recurrent layer, cheaper only while sentences are shorter than the representation is wide
+# (chapter 6); and an average blurs what it averages, a loss of resolution that the paper counters
+# with multi-head attention (§2; chapter 3).
 #
 # {cite:t}`vaswani2017attention` built encoder and decoder from self-attention alone, with
 # positional encodings for order (chapter 4), and translated better than the models before it at

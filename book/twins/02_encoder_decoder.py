@@ -4,7 +4,7 @@
 # Section 3.1 of the paper: the **encoder** turns the source $(x_1, \dots, x_n)$ into vectors
 # $\mathbf{z} = (z_1, \dots, z_n)$ of width $d_\text{model}$; the *auto-regressive* **decoder**
 # writes $(y_1, \dots, y_m)$ one token at a time from $\mathbf{z}$ and its own earlier tokens.
-# This chapter builds that skeleton and the mask that keeps the decoder from reading ahead.
+# This chapter builds the skeleton and the mask that keeps the decoder from reading ahead.
 
 # %% tags=["setup", "hide-cell"]
 # Setup (hidden in the book): in Colab, install the book's package; everywhere, import what
@@ -19,7 +19,7 @@ if "google.colab" in sys.modules:
     package = f"the-annotated-transformer[book] @ git+{REPO}@{REF}"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
 
-from the_annotated_transformer import enable_book_charts, mask_chart
+from the_annotated_transformer import check_positive_int, enable_book_charts
 
 enable_book_charts()
 
@@ -35,8 +35,8 @@ enable_book_charts()
 # ```
 #
 # `EncoderDecoder` holds five parts and calls them in order. The source is encoded once into the
-# memory, which the decoder reads for every target position; with `encode` and `decode` apart,
-# generation encodes once and decodes token by token. Masks are boolean and **True where
+# memory, which the decoder reads at every target position; generation calls `encode` once and
+# `decode` token by token. Masks are boolean and **True where
 # attention is allowed**: `src_mask` hides source padding, `tgt_mask` also the future. The
 # `Generator` returns log-probabilities, with `log_softmax` to avoid the underflow of
 # `log(softmax(x))`. Each stack repeats one layer $N = 6$ times: `clones` makes the copies.
@@ -112,8 +112,8 @@ print(len(layers), "layers; weights shared:", layers[0].weight is layers[1].weig
 #
 # ```{note}
 # The classic Annotated Transformer divided by the unbiased $\mathrm{std}(x) + \epsilon$; ours,
-# like `torch.nn.LayerNorm`, uses the biased variance with $\epsilon$ inside the square root, so
-# the two can be compared.
+# like `torch.nn.LayerNorm`, uses the biased variance inside the square root, so the two can be
+# compared.
 # ```
 
 # %% tags=["export"]
@@ -146,21 +146,16 @@ print("and variance 1:", torch.allclose(y.var(-1, unbiased=False), torch.ones(2,
 #
 # Each block is a *sublayer* inside a residual connection {cite}`he2016deep`: it adds a change to
 # its input, so signal and gradient always have a direct path through the stack. The paper
-# normalizes *after* the addition (**post-norm**), with dropout on the sublayer's output (§5.4):
-#
-# > That is, the output of each sub-layer is $\mathrm{LayerNorm}(x + \mathrm{Sublayer}(x))$,
-# > where $\mathrm{Sublayer}(x)$ is the function implemented by the sub-layer itself.
-# > — {cite:t}`vaswani2017attention`, §3.1
-#
-# Most later models normalize the sublayer's input instead (**pre-norm**),
+# normalizes *after* the addition (**post-norm**, §3.1), with dropout on the sublayer's output
+# (§5.4): $\mathrm{LayerNorm}(x + \mathrm{Dropout}(\mathrm{Sublayer}(x)))$. Most later models
+# normalize the sublayer's input instead (**pre-norm**),
 # $x + \mathrm{Dropout}(\mathrm{Sublayer}(\mathrm{LayerNorm}(x)))$, so the residual path is never
-# normalized; early gradients stay well-scaled and warm-up matters less {cite}`xiong2020layer`
-# (chapter 19 trains both), and the stack ends with one final layer norm.
+# normalized, and the stack ends with one final layer norm. `SublayerConnection` builds both;
+# pre-norm is the default, for reasons chapter 5 gives.
 #
 # ```{note}
-# The classic version could build only pre-norm. We keep it as the default, the easier model to
-# train; `norm_first=False` gives the paper's post-norm, which the tests compare with PyTorch's
-# `nn.TransformerEncoderLayer(norm_first=False)`.
+# The classic version could build only pre-norm. `norm_first=False` gives the paper's post-norm,
+# which the tests compare with PyTorch's `nn.TransformerEncoderLayer(norm_first=False)`.
 # ```
 
 # %% tags=["export"]
@@ -184,10 +179,10 @@ class SublayerConnection(nn.Module):
 # ## The encoder and the decoder stacks
 #
 # An encoder layer has two sublayers: self-attention, in which every source position gathers
-# information from every other, then a position-wise feed-forward network; both arrive as modules
-# (chapters 3 and 4). A decoder layer puts *cross-attention* (the paper's encoder-decoder
-# attention) between the two: queries from the decoder, keys and values from the memory, the only
-# place where the target side sees the source. `size` is $d_\text{model}$.
+# information from every other, then a position-wise feed-forward network (chapters 3 and 4). A
+# decoder layer puts *cross-attention* (the paper's encoder-decoder attention) between the two:
+# queries from the decoder, keys and values from the memory, the only place where the target
+# side sees the source. `size` is $d_\text{model}$.
 
 # %% tags=["export"]
 class EncoderLayer(nn.Module):
@@ -279,27 +274,23 @@ print("memory:", tuple(memory.shape), " decoder output:", tuple(out.shape))
 # front), and every position predicts the next token. As all positions run in parallel, $i$ could
 # read the answer at $i + 1$, so the decoder's self-attention lets $i$ attend only to $j \le i$:
 # a lower-triangular mask. With the shift, the prediction at $i$ depends only on earlier tokens,
-# as at inference. Below, the masks of a 4- and a 20-token target (rows queries, columns keys).
+# as at inference. Below, the mask of a 4-token target (rows are queries, columns keys).
 
 # %% tags=["export"]
 def subsequent_mask(size: int) -> torch.Tensor:
     """Causal mask (1, size, size): True where query position i may attend key j, i.e. j <= i."""
-    if isinstance(size, bool) or not hasattr(size, "__index__"):
-        raise TypeError(f"size must be an int (the target length), got {size!r}")
-    if size < 1:
-        raise ValueError(f"size must be at least 1 (the target length), got {size}")
+    check_positive_int(size, "size", "the target length")  # one-line errors (appendix)
     return torch.tril(torch.ones(1, size, size, dtype=torch.bool))
 
 
 # %%
 print(subsequent_mask(4).int())
-mask_chart(subsequent_mask(20), title="subsequent_mask(20)", size=320)
 
 
 # %% [markdown]
 # ## What we have, and what comes next
 #
-# The skeleton stands; the next chapter builds the first part its layers wait for: attention.
+# The next chapter builds what the layers wait for: attention.
 #
 # ## Exercises
 #

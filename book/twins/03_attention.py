@@ -1,16 +1,10 @@
 # %% [markdown]
 # # Attention
 #
-# Attention is the one operation the Transformer is built from. The paper defines it:
-#
-# > An attention function can be described as mapping a query and a set of key-value pairs to an
-# > output, where the query, keys, values, and output are all vectors. The output is computed as
-# > a weighted sum of the values, where the weight assigned to each value is computed by a
-# > compatibility function of the query with the corresponding key.
-# > — {cite:t}`vaswani2017attention`, §3.2
-#
-# A position asks with its **query**; each position it may look at offers a **key** to be matched
-# and a **value** to hand over, however far apart the two are.
+# Attention is the one operation the Transformer is built from (§3.2). A position asks with its
+# **query**; each position it may look at offers a **key** to be matched and a **value** to hand
+# over. The output is the values' average, each weighted by how well its key matches the query,
+# however far apart the two positions are.
 
 # %% tags=["setup", "hide-cell"]
 # Setup (hidden in the book): in Colab, install the book's package; everywhere, import what
@@ -25,7 +19,14 @@ if "google.colab" in sys.modules:
     package = f"the-annotated-transformer[book] @ git+{REPO}@{REF}"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
 
-from the_annotated_transformer import clones, enable_book_charts, subsequent_mask
+from the_annotated_transformer import (
+    _check_mask,
+    clones,
+    enable_book_charts,
+    scaling_chart,
+    subsequent_mask,
+    weights_heatmap,
+)
 
 enable_book_charts()
 
@@ -33,9 +34,8 @@ enable_book_charts()
 # ## Scaled dot-product attention
 #
 # Stack the queries into a matrix $Q$ (one row per position), the keys into $K$, the values into
-# $V$. Queries and keys have width $d_k$, so the compatibility can be a dot product, all of them
-# one matrix product $QK^\top$; a softmax over each row gives the weights, and a second product
-# averages the values:
+# $V$. Queries and keys have width $d_k$, so all the matches are one matrix product $QK^\top$; a
+# softmax over each row gives the weights, and a second product averages the values:
 #
 # $$
 # \mathrm{Attention}(Q, K, V) = \mathrm{softmax}\!\left(\frac{QK^\top}{\sqrt{d_k}}\right) V .
@@ -52,13 +52,13 @@ enable_book_charts()
 # Matrix products are fast on hardware built for them, unlike the small network of additive
 # attention {cite}`bahdanau2015neural`, which beats *unscaled* dot products for large $d_k$
 # {cite}`britz2017massive`. A mask gives the pairs that may not attend (padding, the decoder's
-# future) the dtype's lowest score, so their weight is zero; `_check_mask` rejects, naming both
-# shapes, a mask that does not fit the scores.
+# future) the dtype's lowest score, so their weight is zero; a mask that does not fit the scores
+# gets a one-line error ({ref}`checking-inputs`).
 #
 # ```{note}
 # The classic version filled masked scores with $-10^9$, which float16 cannot hold;
 # `torch.finfo(scores.dtype).min` suits every dtype and, unlike $-\infty$, leaves a fully masked
-# row finite (uniform weights, exercise 1).
+# row finite (exercise 1).
 # ```
 
 # %% tags=["export"]
@@ -68,17 +68,6 @@ import torch
 from torch import nn
 
 
-def _check_mask(mask: torch.Tensor, scores: torch.Tensor) -> None:
-    """Raise ValueError unless `mask` broadcasts to the scores without enlarging them."""
-    try:
-        fits = torch.broadcast_shapes(mask.shape, scores.shape) == scores.shape
-    except RuntimeError:
-        fits = False
-    if not fits:
-        raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to the "
-                         f"attention scores of shape {tuple(scores.shape)} (batch, h, n_q, n_k)")
-
-
 def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
               mask: torch.Tensor | None = None,
               dropout: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,7 +75,7 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     d_k = query.size(-1)
     scores = query @ key.transpose(-2, -1) / math.sqrt(d_k)  # (batch, h, n_q, n_k)
     if mask is not None:
-        _check_mask(mask, scores)
+        _check_mask(mask, scores)  # a one-line error for a mask of the wrong shape (appendix)
         # True (or 1) = may attend; the rest get the lowest finite score, so softmax gives ~0.
         scores = scores.masked_fill(mask == 0, torch.finfo(scores.dtype).min)
     weights = scores.softmax(dim=-1)  # (batch, h, n_q, n_k), each row sums to 1
@@ -98,11 +87,11 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 # %% [markdown]
 # ### A worked example: three tokens, $d_k = 2$
 #
-# One row per token in $Q$, $K$, $V$ below. Query 0, $(1, 0)$, agrees most with key 0, $(2, 0)$,
-# so token 0 takes the largest share of its output, 0.5760, from value 0; it gets 0.2840 from
-# token 2 and 0.1400 from token 1, whose key $(0, 2)$ is orthogonal to it. Query 2, $(1, 1)$,
-# scores every key the same and averages the values equally, $(2/3, 2/3)$. The first weight is
-# the pencil's $e^{\sqrt 2} / (e^{\sqrt 2} + e^{0} + e^{1/\sqrt 2})$ (float64: same digits anywhere):
+# Query 0, $(1, 0)$, agrees most with key 0, $(2, 0)$, so token 0 takes the largest share of its
+# output from value 0 and the smallest from token 1, whose key $(0, 2)$ is orthogonal to it.
+# Query 2, $(1, 1)$, scores every key the same and averages the values equally. The first weight
+# is the pencil's $e^{\sqrt 2} / (e^{\sqrt 2} + e^{0} + e^{1/\sqrt 2})$ (float64: same digits
+# anywhere):
 
 # %%
 import torch.nn.functional as F
@@ -123,10 +112,10 @@ assert torch.allclose(out[2], torch.tensor([2 / 3, 2 / 3], dtype=torch.float64))
 # %% [markdown]
 # ### Self-attention, before any parameters
 #
-# In *self*-attention queries, keys and values come from one sequence. Take them to be the token
-# vectors $X$ themselves: $\mathrm{Attention}(X, X, X)$ replaces each vector by a weighted average
-# of all of them, and since dot products are largest between vectors pointing the same way, the
-# weights favour similar tokens (here tokens 0 and 1):
+# In *self*-attention queries, keys and values come from one sequence. With the token vectors
+# $X$ as all three, $\mathrm{Attention}(X, X, X)$ replaces each vector by a weighted average of
+# all of them, and as dot products are largest between vectors pointing the same way, the
+# weights favour similar tokens:
 
 # %%
 X = 2 * torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0]], dtype=torch.float64)  # (3, 2)
@@ -138,10 +127,9 @@ assert torch.equal(weights.argmax(dim=-1), torch.arange(3))  # most weight on it
 assert weights[0, 1] > weights[0, 2] and weights[2, 1] > weights[2, 0]  # then on its neighbour
 
 # %% [markdown]
-# Learned projections (multi-head attention, below) let the model choose what counts as similar
-# and what each token hands over. The causal mask of chapter 2 makes this an average of the past:
-# with equal scores, the weights are the lower-triangular matrix of ones with its rows divided by
-# $1, 2, 3, \dots$, and each output is the mean of the values so far; learned scores weight it.
+# Learned projections (below) let the model choose what counts as similar and what each token
+# hands over. With chapter 2's causal mask and equal scores, each output is the mean of the
+# values so far:
 
 # %%
 values = torch.arange(8.0, dtype=torch.float64).view(4, 2)  # (n = 4, d_v = 2)
@@ -156,40 +144,11 @@ print("causal weights with equal scores =", weights, sep="\n")
 # %% [markdown]
 # ## Why divide by $\sqrt{d_k}$
 #
-# > We suspect that for large values of $d_k$, the dot products grow large in magnitude, pushing
-# > the softmax function into regions where it has extremely small gradients. To counteract
-# > this effect, we scale the dot products by $\frac{1}{\sqrt{d_k}}$.
-# > — {cite:t}`vaswani2017attention`, §3.2.1
-#
-# If the components of $q$ and $k$ are independent with mean 0 and variance 1, $q \cdot k$ has
-# variance $d_k$ (the paper's footnote). For each $d_k$, 2,000 queries each score 10 random keys,
-# with and without scaling: the scores' spread, the largest weight and the weights' entropy
-# (at most $\ln 10 \approx 2.30$ nats).
-
-# %% tags=["export", "hide-input"]
-from typing import Any
-
-
-def scaling_chart(scaling: Any, *, n_keys: int) -> Any:
-    """Spread of the scores, largest weight and entropy against d_k, scaled and unscaled."""
-    import altair as alt
-
-    log2 = alt.Scale(type="log", base=2)
-    common = alt.Chart(scaling).encode(
-        x=alt.X("d_k:Q", scale=log2, axis=alt.Axis(values=[1, 8, 64, 512])),
-        color=alt.Color("scores:N", title=None, legend=alt.Legend(orient="bottom")),
-        tooltip=["d_k", "scores", "std of scores", "mean max weight", "mean entropy (nats)"],
-    )
-    lines = common.mark_line(point=True).properties(width=150, height=160)
-    spread = lines.encode(y=alt.Y("std of scores:Q", scale=alt.Scale(type="log")))
-    peak = lines.encode(y=alt.Y("mean max weight:Q", scale=alt.Scale(domain=[0, 1])))
-    entropy = lines.encode(
-        y=alt.Y("mean entropy (nats):Q", scale=alt.Scale(domain=[0, math.log(n_keys)]))
-    )
-    return (spread.properties(title="spread of the scores")
-            | peak.properties(title="largest softmax weight")
-            | entropy.properties(title="entropy of the weights"))
-
+# The paper suspects that large dot products push the softmax into regions where its gradients
+# are tiny (§3.2.1). If the components of $q$ and $k$ are independent with mean 0 and variance 1,
+# $q \cdot k$ has variance $d_k$ (the paper's footnote). For each $d_k$, 2,000 queries each score
+# 10 random keys, with and without scaling: the scores' spread, the largest weight and the
+# weights' entropy (at most $\ln 10 \approx 2.30$ nats).
 
 # %%
 import pandas as pd
@@ -214,11 +173,11 @@ scaling_chart(scaling, n_keys=n_keys)
 
 
 # %% [markdown]
-# Unscaled, the spread grows like $\sqrt{d_k}$: 8.012 at $d_k = 64$, where the largest of ten
-# weights averages 0.868 and the entropy has fallen from 1.995 to 0.343 nats, for random vectors
-# with no reason to prefer a key. The softmax's Jacobian,
-# $\partial p_i / \partial s_j = p_i(\delta_{ij} - p_j)$, vanishes as one $p_i$ nears 1: the
-# scores get almost no gradient. Scaled, the weights stay soft (largest about 0.32) at any width.
+# Unscaled, the spread grows like $\sqrt{d_k}$; look at how the largest weight climbs towards 1
+# and the entropy collapses, for random vectors that give no reason to prefer any key. The
+# softmax's Jacobian, $\partial p_i / \partial s_j = p_i(\delta_{ij} - p_j)$, vanishes as one
+# $p_i$ nears 1: the scores get almost no gradient. Scaled, the three curves stay flat at every
+# width.
 #
 # ## Multi-head attention
 #
@@ -238,15 +197,12 @@ scaling_chart(scaling, n_keys=n_keys)
 # $V$; their outputs are concatenated and projected back to $d_\text{model}$.
 # ```
 #
-# > Multi-head attention allows the model to jointly attend to information from different
-# > representation subspaces at different positions. With a single attention head, averaging
-# > inhibits this.
-# > — {cite:t}`vaswani2017attention`, §3.2.2
-#
-# The base model has $h = 8$ heads of width $d_k = 64$, costing about as much as one full-width
-# head. In code, the $W_i^Q$ of all heads form one $d_\text{model} \times d_\text{model}$ linear
-# layer whose output is cut into $h$ pieces (likewise for $K$, $V$), and the heads become a
-# tensor dimension for one call of `attention`.
+# One head blends everything it attends to into one average; several heads can each look for
+# something else, in a subspace of their own, and keep the results apart (§3.2.2). The base
+# model has $h = 8$ heads of width $d_k = 64$, costing about as much as one full-width head. In
+# code, the $W_i^Q$ of all heads form one $d_\text{model} \times d_\text{model}$ linear layer whose
+# output is cut into $h$ pieces (likewise for $K$, $V$), and the heads become a tensor dimension
+# for one call of `attention`.
 
 # %% tags=["export"]
 class MultiHeadedAttention(nn.Module):
@@ -310,19 +266,17 @@ try:
 except ValueError as error:
     print("ValueError:", error)
 
-
 # %% [markdown]
 # ```{note}
-# The classic version stored `self.attn` undetached. Since `backward()` frees the tensors a graph
-# saved, this kept a pass's graph and activations alive only after a forward pass with neither
-# `backward()` nor `torch.no_grad()` (the classic's evaluation), until the next call; we store a
-# detached copy. In training mode `.attn` holds the weights *after* dropout (zeros, the rest
-# scaled by $1/(1-p)$, so rows do not sum to 1), a dropout the paper's text does not mention (§5.4).
+# The classic version stored `self.attn` undetached, which kept a pass's graph and activations
+# alive until the next call in an evaluation without `torch.no_grad()`; we store a detached
+# copy. In training mode `.attn` holds the weights *after* dropout, a dropout the paper's text
+# does not mention (§5.4).
 # ```
 #
 # ## Three kinds of attention in the model
 #
-# One module serves three purposes, differing in where $Q$, $K$, $V$ come from and in the mask:
+# One module serves three purposes, which differ in where $Q$, $K$, $V$ come from and the mask:
 #
 # 1. **Encoder self-attention.** All three from the previous encoder layer; the mask hides
 #    padding, (batch, 1, n_src).
@@ -332,22 +286,7 @@ except ValueError as error:
 #    memory, as in {cite}`bahdanau2015neural`; the mask hides source padding, (batch, 1, n_src).
 #
 # Below, head 0 of a decoder self-attention on a target padded by two tokens: the causal
-# triangle, with the padded key columns at zero (the two padding queries' outputs go unused).
-
-# %% tags=["export", "hide-input"]
-def weights_heatmap(weights: torch.Tensor, *, title: str) -> Any:
-    """One map of attention weights (n_q, n_k): a cell per query and key, darker for more."""
-    import altair as alt
-
-    if weights.dim() != 2:
-        raise ValueError(f"weights must be (n_q, n_k), got shape {tuple(weights.shape)}")
-    cells = [{"query": i, "key": j, "weight": round(w, 3)}
-             for i, row in enumerate(weights.tolist()) for j, w in enumerate(row)]
-    return alt.Chart(alt.Data(values=cells)).mark_rect().encode(
-        x="key:O", y="query:O", color=alt.Color("weight:Q", scale=alt.Scale(scheme="blues")),
-        tooltip=["query:O", "key:O", "weight:Q"],
-    ).properties(width=220, height=220, title=title)
-
+# triangle, with the padded key columns at zero (the padding queries' outputs go unused).
 
 # %%
 torch.manual_seed(0)
@@ -392,7 +331,7 @@ print("self-attention of the permuted inputs = the permuted outputs, for", perm.
 # 3. **More heads, same size.** Write `mha_parameters(d_model)`, the number of parameters of
 #    `MultiHeadedAttention(h, d_model)`. Does it depend on $h$? The check tries 1 to 16 heads.
 #
-# Our solutions are in the hidden cell; replace them with yours and run the check.
+# Our solutions are in the hidden cell; replace them with yours.
 
 # %% tags=["hide-cell"]
 # Exercises 1 to 3: our solutions (hidden in the book). Replace them with yours.

@@ -4,7 +4,7 @@
 # Attention mixes information *between* positions. Three simpler parts complete a layer and the
 # model's input (paper §3.3 to §3.5): a small network applied to each position on its own, the
 # embeddings that turn token ids into vectors (and vectors back into token scores), and the
-# positional encodings that tell an otherwise order-blind model where each token stands.
+# positional encodings that tell an order-blind model where each token stands.
 
 # %% tags=["setup", "hide-cell"]
 # Setup (hidden in the book): in Colab, install the book's package; everywhere, import what
@@ -19,7 +19,13 @@ if "google.colab" in sys.modules:
     package = f"the-annotated-transformer[book] @ git+{REPO}@{REF}"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
 
-from the_annotated_transformer import MultiHeadedAttention, enable_book_charts, line_chart
+from the_annotated_transformer import (
+    MultiHeadedAttention,
+    check_token_ids,
+    enable_book_charts,
+    encoding_heatmap,
+    line_chart,
+)
 
 enable_book_charts()
 
@@ -34,7 +40,8 @@ enable_book_charts()
 # positions. With $d_\text{ff} = 2048$ against $d_\text{model} = 512$, it holds two thirds of an
 # encoder layer's parameters (chapter 5 counts them); trained language models seem to store much
 # of what they memorise here {cite}`geva2021transformer`. The dropout between its two layers is
-# the classic version's choice; the paper mentions dropout only on sublayer outputs.
+# the classic version's choice: the paper's §5.4 drops sublayer outputs and the sums of
+# embeddings and positions, not the network's hidden layer.
 
 # %% tags=["export"]
 import torch
@@ -56,8 +63,8 @@ class PositionwiseFeedForward(nn.Module):
 
 
 # %% [markdown]
-# Since positions do not interact, running the network on a whole sequence must give the same
-# result as running it on each position alone:
+# Since positions do not interact, the network on a whole sequence must give what it gives on
+# each position alone:
 
 # %%
 torch.manual_seed(0)
@@ -73,14 +80,13 @@ print("same as one position at a time:", torch.allclose(ffn(x), one_at_a_time, a
 #
 # An embedding is a learned table with one row of width $d_\text{model}$ per token id. The paper
 # multiplies the rows by $\sqrt{d_\text{model}}$ without saying why, and any reason depends on the
-# initialization, which the paper does not specify. The authors' tensor2tensor code
-# {cite}`vaswani2018tensor2tensor` tells the cleanest story: entries drawn with standard deviation
-# $d_\text{model}^{-1/2}$ give rows of norm about 1, right for the output layer that shares the
-# table (next section), and the factor brings the input entries to variance about 1, the scale of
-# the positional encodings added next, so that neither token nor position drowns the other. This
-# book follows the classic Annotated Transformer's Xavier initialization instead (chapter 5),
-# standard deviation $\sqrt{2/(\text{vocab} + d_\text{model})}$; the factor then narrows the gap
-# without closing it.
+# initialization, which it does not give. In the authors' tensor2tensor code
+# {cite}`vaswani2018tensor2tensor` entries have standard deviation $d_\text{model}^{-1/2}$: rows of
+# norm about 1 suit the tied output layer (next section), and the factor lifts the input entries
+# to variance about 1, the scale of the positional encodings added next, so that neither drowns
+# the other. With the classic version's Xavier initialization, which this book keeps (chapter 5),
+# the factor narrows the gap without closing it. An id outside the table gets a one-line error
+# ({ref}`checking-inputs`).
 
 # %% tags=["export"]
 class Embeddings(nn.Module):
@@ -94,11 +100,7 @@ class Embeddings(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Token ids (batch, n) -> vectors (batch, n, d_model)."""
-        if x.is_floating_point() or x.is_complex():
-            raise TypeError(f"token ids must be an integer tensor, got dtype {x.dtype}")
-        if x.numel() and (x.min() < 0 or x.max() >= self.vocab):
-            bad = x[(x < 0) | (x >= self.vocab)][0].item()
-            raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.vocab})")
+        check_token_ids(x, self.vocab)  # one-line errors (appendix)
         return self.lut(x) * self.d_model**0.5  # (batch, n, d_model)
 
 
@@ -115,27 +117,25 @@ except ValueError as error:
     print("ValueError:", error)
 
 # %% [markdown]
-# The factor turns Xavier's entries of about 0.007 into about 0.17, within a factor of four of
-# the positional signal (root mean square $1/\sqrt{2} \approx 0.71$) rather than a hundred. An id
-# outside the table raises a `ValueError` that names it, not `nn.Embedding`'s bare `IndexError`.
+# Compare the two root mean squares with the positional signal's, $1/\sqrt{2}$: the factor turns
+# a gap of about a hundredfold into one of about fourfold.
 #
 # ## Sharing the embedding with the output layer
 #
 # The source embedding, the target embedding and the generator's weight, which scores every
 # vocabulary entry against the decoder's output, all have the shape (vocab, $d_\text{model}$). The
 # paper (§3.4) uses one matrix for all three: the target embedding and the output layer both say
-# what a token means, for reading and for predicting it, and tying them improves perplexity
-# {cite}`press2017using`. Sharing the *source* embedding too needs one vocabulary for both
-# languages, as the paper had: about 37,000 byte-pair units {cite}`sennrich2016neural` for English
-# and German. Chapter 5's `make_model(..., share_embeddings=True)` ties them and counts the saving.
+# what a token means, and tying them improves perplexity {cite}`press2017using`. Sharing the
+# *source* embedding too needs one vocabulary for both languages, as the paper had: about 37,000
+# byte-pair units {cite}`sennrich2016neural` for English and German. Chapter 5's
+# `make_model(..., share_embeddings=True)` ties them.
 
 # %% [markdown]
 # ## Positional encoding
 #
-# Attention treats its keys as a set: permute the source tokens and every encoder output is
-# permuted the same way, but otherwise unchanged (exercise 2). Word order must therefore be put
-# into the input. The paper adds to each embedding a vector that depends only on the position
-# $pos$, sines and cosines of geometrically spaced frequencies:
+# Self-attention does not see order (chapter 3), so order must be put into the input. The paper
+# adds to each embedding a vector that depends only on the position $pos$, sines and cosines of
+# geometrically spaced frequencies:
 #
 # $$
 # PE_{(pos,\,2i)} = \sin\!\left(\frac{pos}{10000^{2i/d_\text{model}}}\right), \qquad
@@ -145,8 +145,8 @@ except ValueError as error:
 # Pair $i$ is a clock turning at $\omega_i = 10000^{-2i/d_\text{model}}$ radians per position, from
 # one turn every $2\pi$ positions to almost one every $2\pi \cdot 10000$: fast pairs tell
 # neighbours apart, slow ones say roughly where in a long sentence a token is. The table is a
-# buffer, which moves with the module between devices but is neither trained nor saved in
-# checkpoints (`persistent=False`). Dropout on the sum is the paper's dropout on embeddings (§5.4).
+# buffer: it moves with the module between devices but is neither trained nor saved
+# (`persistent=False`). Dropout on the sum is the paper's dropout on embeddings (§5.4).
 
 # %% tags=["export"]
 class PositionalEncoding(nn.Module):
@@ -174,28 +174,9 @@ class PositionalEncoding(nn.Module):
         return self.dropout(x + self.pe[:, :n])
 
 
-# %% tags=["export"]
-from typing import Any
-
-
-def encoding_heatmap(pe: torch.Tensor, *, title: str) -> Any:
-    """A positional encoding table (positions, d_model) as a grid, red below 0, blue above."""
-    import altair as alt
-
-    cells = [{"position": pos, "dimension": dim, "value": round(value, 2)}
-             for pos, row in enumerate(pe.tolist()) for dim, value in enumerate(row)]
-    ticks = [alt.Axis(values=list(range(0, size, 8))) for size in pe.shape]  # every 8th label
-    return alt.Chart(alt.Data(values=cells)).mark_rect().encode(
-        x=alt.X("dimension:O", axis=ticks[1]), y=alt.Y("position:O", axis=ticks[0]),
-        color=alt.Color("value:Q", scale=alt.Scale(scheme="redblue", domain=[-1, 1])),
-        tooltip=["position:O", "dimension:O", "value:Q"],
-    ).properties(width=384, height=240, title=title)
-
-
 # %% [markdown]
 # The first 32 positions of a table with $d_\text{model} = 64$: from left to right the stripes
-# widen as the frequency falls, until the last dimensions barely move (sines near 0, cosines
-# near 1).
+# widen as the frequency falls, until the last dimensions barely move.
 
 # %%
 pe = PositionalEncoding(d_model=64, dropout=0.0, max_len=32).pe[0]  # (32, d_model)
@@ -204,9 +185,9 @@ encoding_heatmap(pe, title="Sinusoidal positional encoding, d_model = 64")
 # %% [markdown]
 # ### Relative positions are linear maps
 #
-# The paper chose sinusoids because, it suggests, they make it easy to attend by *relative*
-# position: for a fixed offset $k$, $PE_{pos+k}$ is a linear function of $PE_{pos}$. Pair $i$ is a
-# point on a circle at angle $\omega_i \, pos$, and moving $k$ positions rotates it by $\omega_i k$:
+# The paper suggests that sinusoids make it easy to attend by *relative* position: for a fixed
+# offset $k$, $PE_{pos+k}$ is a linear function of $PE_{pos}$. Pair $i$ is a point on a circle at
+# angle $\omega_i \, pos$, and moving $k$ positions rotates it by $\omega_i k$:
 #
 # $$
 # \begin{pmatrix} \sin \omega_i (pos + k) \\ \cos \omega_i (pos + k) \end{pmatrix}
@@ -235,8 +216,8 @@ print(f"max |M_k PE(pos) - PE(pos + {k})| over positions 0..{200 - k - 1}: {erro
 # The error is float32 rounding of the stored table: one matrix maps every position to the
 # position seven steps later. So $PE_{pos} \cdot PE_{pos+k}$, the part of an attention score that
 # comes from positions alone, depends only on the offset $k$ (it equals $\sum_i \cos \omega_i k$):
-# largest, $d_\text{model}/2 = 32$, at offset 0, smaller with ripples elsewhere, and the same
-# curve from every starting position:
+# largest at offset 0, smaller with ripples elsewhere, and the same curve from every starting
+# position:
 
 # %%
 dots = table @ table.T  # (200, 200): row pos, column pos + k holds PE(pos) . PE(pos + k)
@@ -249,13 +230,12 @@ line_chart(offsets, x="offset k:Q", y="dot:Q", color="from position:N", dash=Tru
 # %% [markdown]
 # ### Learned position embeddings instead
 #
-# The alternative is a learned vector per position, like a token embedding. The paper tried it
-# (Table 3, row E), found nearly identical results, and kept the sinusoids because they may let
-# the model handle sentences longer than any seen in training: a learned table has no row beyond
-# `max_len` and untrained rows for positions it never saw, while the formula has a value, and the
-# same relations between positions, everywhere. Later models made both choices (BERT and GPT-2
-# learn their positions). The learned version is a drop-in replacement, and like the sinusoidal
-# one it refuses a sequence longer than its table:
+# The alternative is a learned vector per position. The paper tried it (Table 3, row E), found
+# nearly identical results, and kept the sinusoids because they may extend to sentences longer
+# than any seen in training: a learned table has no row beyond `max_len` and untrained rows for
+# positions it never saw, while the formula has a value everywhere. Later models made both
+# choices (BERT and GPT-2 learn theirs). It is a drop-in replacement, and also refuses a sequence
+# longer than its table:
 
 # %% tags=["export"]
 class LearnedPositionalEmbedding(nn.Module):
@@ -289,10 +269,8 @@ except ValueError as error:
 # %% [markdown]
 # ## What we have, and what comes next
 #
-# Every part of the model now exists: `PositionwiseFeedForward`, `Embeddings` ready to be tied
-# with the output layer, and `PositionalEncoding`, whose sinusoids turn a shift into a rotation
-# (`LearnedPositionalEmbedding` is the learned alternative). With `MultiHeadedAttention` they fill
-# the skeleton of chapter 2; the next chapter assembles the full model and runs it.
+# With `PositionwiseFeedForward`, `Embeddings` and `PositionalEncoding`, every part exists; the
+# next chapter fills chapter 2's skeleton with them and runs the full model.
 
 # %% [markdown]
 # ## Exercises
@@ -309,15 +287,14 @@ except ValueError as error:
 #    "the token $k$ back" at every position $p$? Why must the rotation keep to the same pairs?
 #
 # ```{dropdown} Answers to 2 and 3
-# 2. Permuting the input rows permutes the rows and columns of the attention scores alike, so each
-#    output row moves with its input row; the feed-forward network sees one row at a time. Adding
-#    the encodings ties a row to its slot: a token moved elsewhere gets another encoding, so its
-#    output changes, not only its place.
+# 2. Permuting the input rows permutes the rows and columns of the scores alike, so each output
+#    row moves with its input row; the feed-forward network sees one row at a time. With the
+#    encodings added, a token moved elsewhere gets another encoding, so its output changes, not
+#    only its place.
 # 3. Pair $i$ of $PE_p$ is a unit vector at the angle $\omega_i p$. If $R$ rotates pair $i$ by
 #    $\theta_i$, the pair's share of $PE_{p+k} \cdot R\,PE_p$ is $\cos(\omega_i k - \theta_i)$
-#    whatever $p$ is, largest when $\theta_i = \omega_i k$: learned once, it works everywhere.
-#    This holds only for block rotations on the same pairs; one that mixes pairs of different
-#    frequencies leaves a score that still depends on $p$.
+#    whatever $p$ is, largest when $\theta_i = \omega_i k$: learned once, it works everywhere. A
+#    rotation that mixes pairs of different frequencies leaves a score that depends on $p$.
 # ```
 
 # %% tags=["hide-cell"]

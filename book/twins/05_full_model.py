@@ -1,10 +1,9 @@
 # %% [markdown]
 # # The full model
 #
-# Every part now exists: the stacks and sublayer connections of chapter 2, attention from
-# chapter 3, feed-forward layers, embeddings and positions from chapter 4. This chapter puts them
-# together in `make_model`, counts the parameters against the paper's Table 3, runs the untrained
-# model forwards and decodes a first, meaningless, translation.
+# This chapter puts the parts of chapters 2 to 4 together in `make_model`, counts the parameters
+# against the paper's Table 3, runs the untrained model and decodes a first, meaningless,
+# translation.
 
 # %% tags=["setup", "hide-cell"]
 # Setup (hidden in the book): in Colab, install the book's package; everywhere, import what
@@ -43,17 +42,16 @@ enable_book_charts()
 # `make_model` takes the hyperparameters of the paper's Table 3, with the base model's values as
 # defaults ($N = 6$ layers per stack, $d_\text{model} = 512$, $d_\text{ff} = 2048$, $h = 8$,
 # $P_\text{drop} = 0.1$). It deep-copies one attention module, one feed-forward network and one
-# positional encoding into every box of chapter 2's figure, so that no two boxes share weights,
-# and initializes the matrices with Xavier's uniform distribution, which keeps the variance of
-# activations roughly constant from layer to layer. `share_embeddings=True` ties the source
-# embedding, the target embedding and the generator's weight into one matrix, as the paper does
-# (§3.4, chapter 4); it needs one vocabulary for both sides.
+# positional encoding into every box of chapter 2's figure, so that no two share weights, and
+# initializes the matrices with Xavier's uniform distribution, which keeps the activations'
+# variance roughly constant from layer to layer. `share_embeddings=True` ties the source
+# embedding, the target embedding and the generator's weight into one matrix (§3.4, chapter 4).
 #
-# ```{admonition} Which model the book trains
-# `make_model`'s default, `norm_first=True`, builds the pre-norm model, the arrangement this book
-# trains everywhere, because at this book's scale it trains reliably with a short warm-up.
-# `norm_first=False` builds the paper's post-norm model: chapter 2 explains both, and chapter 19
-# trains both.
+# ```{admonition} Which model the book trains: pre-norm
+# `make_model`'s default, `norm_first=True`, builds chapter 2's pre-norm model, not the paper's
+# post-norm one (`norm_first=False`). The book trains pre-norm everywhere: at its scale it trains
+# reliably with a short warm-up, where post-norm needs a careful one {cite}`xiong2020layer`
+# (the gradient chart below shows why). Chapter 19 trains both.
 # ```
 
 # %% tags=["export"]
@@ -94,13 +92,9 @@ def make_model(src_vocab: int, tgt_vocab: int, N: int = 6, d_model: int = 512, d
 # %% [markdown]
 # ```{note}
 # The classic Annotated Transformer showed weight sharing as a snippet naming attributes the model
-# does not have (`tgt_embeddings`, a `lut` in the generator). Here it is an option, and a test
-# checks that the three modules hold one `Parameter`.
+# does not have (`tgt_embeddings`, a `lut` in the generator). Here it is an option, which needs
+# one vocabulary for both sides.
 # ```
-#
-# Sharing works because an embedding table and the generator's weight have the same shape,
-# (vocab, $d_\text{model}$): one reads a row per token, the other scores the decoder output
-# against every row.
 
 # %%
 model = make_model(11, 11, N=2, share_embeddings=True)
@@ -117,9 +111,9 @@ except ValueError as error:
 #
 # Table 3 of the paper gives 65 million parameters for the base model and 213 million for the
 # big one ($d_\text{model} = 1024$, $d_\text{ff} = 4096$, $h = 16$), both with a shared vocabulary of
-# about 37,000 tokens and tied embeddings. We count on PyTorch's `meta` device, where tensors have
-# a shape but no storage (the big model would take about a gigabyte), and build the base model
-# for real once to check the count; `model.parameters()` lists a shared parameter once.
+# about 37,000 tokens. We count on PyTorch's `meta` device, where tensors have a shape but no
+# storage (the big model would take about a gigabyte), and build the base model for real once to
+# check the count; `model.parameters()` lists a shared parameter once.
 
 # %% tags=["export"]
 def count_parameters(model: nn.Module) -> int:
@@ -148,14 +142,12 @@ print(f"base model built for real: {real_base:,} parameters (the meta count agre
 pd.DataFrame.from_dict(rows, orient="index").rename_axis("model")
 
 # %% [markdown]
-# Our counts are within a few percent of the paper's, but ours is smaller for the base model and
-# larger for the big one. A different vocabulary would move both counts the same way, so the
-# "about 37,000" tokens cannot explain both gaps, and the paper does not say what else it
-# counted; ours follow the architecture it describes. Without tying, the base model would carry
-# about 38 million parameters more. Where do its parameters sit? Per layer, attention has
-# $4\,d_\text{model}^2$ weights and the feed-forward network
-# $2\,d_\text{model}\,d_\text{ff} = 8\,d_\text{model}^2$ (plus biases); an encoder layer has one
-# attention, a decoder layer two.
+# Our counts are within a few percent of the paper's, smaller for the base model and larger for
+# the big one. A different vocabulary would move both counts the same way, so it cannot explain
+# both gaps, and the paper does not say what else it counted; ours follow the architecture it
+# describes. Where do the parameters sit? Per layer, attention has $4\,d_\text{model}^2$ weights
+# and the feed-forward network $2\,d_\text{model}\,d_\text{ff} = 8\,d_\text{model}^2$ (plus
+# biases); an encoder layer has one attention, a decoder layer two.
 
 # %%
 with torch.device("meta"):
@@ -171,11 +163,10 @@ for group, n in sizes.items():
 # %% [markdown]
 # ## A forward pass
 #
-# A small model on a toy vocabulary of 11 tokens runs in a blink. Every vocabulary in the book
-# reserves its first four ids for the same special tokens (next cell). Of the two source
-# sentences, the second is padded with `PAD_ID`, which the source mask hides; each target starts
-# with `BOS_ID`, and its mask combines its own padding with `subsequent_mask` (chapter 7 wraps
-# all of this in a `Batch` class).
+# A small model runs on a toy vocabulary of 11 tokens. Every vocabulary in the book reserves its
+# first four ids for the same special tokens (next cell). The second source sentence is padded
+# with `PAD_ID`, which the source mask hides; each target starts with `BOS_ID`, and its mask
+# combines its own padding with `subsequent_mask` (chapter 7 wraps this in a `Batch` class).
 
 # %% tags=["export"]
 # The ids of <s>, </s>, <blank> (padding) and <unk> in every vocabulary of the book (chapter
@@ -214,19 +205,16 @@ print("positions 0-2 unchanged:", torch.allclose(out[0, :3], out_changed[0, :3],
 print("position 3 changed:", not torch.allclose(out[0, 3], out_changed[0, 3]))
 
 # %% [markdown]
-# Position 3's output changes because token 3 itself changed; positions 0 to 2 do not see it.
-# Between sublayers every tensor has the shape (batch, positions, $d_\text{model}$), which lets
-# layers stack and residual connections add; inside them, attention keeps one map per head (the
-# decoder's attention to the memory is $n_{tgt} \times n_{src}$) and the feed-forward network
-# works on vectors of width $d_\text{ff}$.
+# Position 3 changes because token 3 itself changed; positions 0 to 2 do not see it. Between
+# sublayers every tensor has the shape (batch, positions, $d_\text{model}$), which lets layers
+# stack and residual connections add.
 
 # %% [markdown]
 # ## Pre-norm and post-norm, at initialization
 #
-# Chapter 2 said that where the layer norm sits changes how the untrained model's gradients are
-# spread over its layers. We build both models from one seed (8 layers per stack,
-# $d_\text{model} = 128$, no dropout) and measure each layer's weight gradients on one batch of
-# random tokens.
+# Where the layer norm sits changes how an untrained model's gradients are spread over its
+# layers. We build both models from one seed (8 layers per stack, $d_\text{model} = 128$, no
+# dropout) and measure each layer's weight gradients on one batch of random tokens.
 
 # %%
 import torch.nn.functional as F
@@ -252,23 +240,21 @@ line_chart(rows, x="layer:O", y="gradient norm:Q", color="model:N", column="stac
            y_title="gradient norm of the layer's matrices", title="Gradients at initialization")
 
 # %% [markdown]
-# In the post-norm decoder, whose top feeds the output layer, the gradient grows sixteenfold from
-# the first layer (0.06) to the last (1.01). {cite:t}`xiong2020layer` derive this effect and argue
-# that it is why post-norm Transformers need a learning-rate warm-up (chapter 10): at full
-# learning rate, the large gradients near the output make the top layers' steps too big. In the
-# pre-norm model the gradients stay within a small factor of each other, and such models train
-# without warm-up {cite}`xiong2020layer`. This is only a prediction; chapter 19 tests it.
+# Look at the post-norm decoder, whose top feeds the output layer: its gradients grow steeply
+# from the first layer to the last, while the pre-norm model's stay within a small factor of each
+# other. {cite:t}`xiong2020layer` derive this effect and argue that it is why post-norm
+# Transformers need a learning-rate warm-up (chapter 10): at full learning rate, the large
+# gradients near the output make the top layers' steps too big, while pre-norm models train
+# without one. One seed at initialization is a demonstration, not a finding.
 #
 # ## Greedy decoding
 #
-# To translate, the model encodes the source once, starts the target with the start symbol, runs
-# the decoder over the tokens so far, appends the most likely next token at the last position,
-# and repeats. This *greedy* decoding keeps one hypothesis and never reconsiders a choice (the
-# paper used beam search, chapter 15). `greedy_decode` works on a batch: a sentence that has
-# produced `end_symbol` is padded with it while the others go on, until all have ended or
-# `max_len` tokens stand. Later chapters grow it where the reason arises: chapter 14 bans ids that
-# must never be produced, and chapter 21 caches keys and values instead of recomputing the prefix.
-# The caller sets `model.eval()`, so that dropout is off.
+# To translate, the model encodes the source once, starts the target with the start symbol,
+# appends the decoder's most likely next token, and repeats. This *greedy* decoding never
+# reconsiders a choice (the paper used beam search, chapter 15). `greedy_decode` works on a
+# batch: a sentence that has produced `end_symbol` is padded with it while the others go on,
+# until all have ended or `max_len` tokens stand. Chapter 14 grows it to ban ids, chapter 21 to
+# cache keys and values. The caller sets `model.eval()`, so that dropout is off.
 
 # %% tags=["export"]
 def greedy_decode(model: EncoderDecoder, src: torch.Tensor, src_mask: torch.Tensor, max_len: int,
@@ -302,16 +288,14 @@ print(greedy_decode(model, src, src_mask, max_len=10, start_symbol=BOS_ID, end_s
 
 
 # %% [markdown]
-# The untrained model's "translation" of the two source sentences is noise: it repeats whichever
-# tokens its random weights favour. Chapter 12 trains the same small model to copy its input, and
-# greedy decoding then returns the source.
+# The untrained model's "translation" is noise: it repeats whichever tokens its random weights
+# favour. Chapter 12 trains the same small model to copy its input.
 #
 # ## What we have, and what comes next
 #
-# `make_model` builds the whole Transformer, pre-norm or post-norm, with or without tied
-# embeddings, in the paper's sizes, and `greedy_decode` turns it into a translator. What we lack
-# is a reason to believe in the design: the next chapter compares self-attention with recurrent
-# and convolutional layers, as the paper's section 4 does.
+# `make_model` builds the whole Transformer in the paper's sizes, and `greedy_decode` turns it
+# into a translator. The next chapter gives a reason to believe in the design: it compares
+# self-attention with recurrent and convolutional layers, as the paper's section 4 does.
 
 # %% [markdown]
 # ## Exercises

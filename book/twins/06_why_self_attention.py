@@ -2,10 +2,10 @@
 # # Why self-attention
 #
 # Section 4 of {cite:t}`vaswani2017attention` argues for its central choice by comparing a
-# self-attention layer with the recurrent and convolutional layers it replaces: the computation a
-# layer costs, how much of it must happen one step after another, and how far apart two positions
-# are in the network. This chapter counts the operations, checks the path lengths with autograd
-# and times the three layers.
+# self-attention layer with the recurrent and convolutional layers it replaces: what a layer
+# costs, how much of it must run one step after another, and how far apart two positions are in
+# the network. This chapter counts the operations, checks the path lengths with autograd and
+# times the three layers.
 
 # %% tags=["setup", "hide-cell"]
 # Setup (hidden in the book): in Colab, install the book's package; everywhere, import what
@@ -40,23 +40,23 @@ enable_book_charts()
 # **Complexity.** Self-attention takes $n^2$ dot products of length $d$; a recurrent layer
 # multiplies a $d$-vector by a $d \times d$ matrix at each of $n$ positions, a convolution $k$
 # times per position. So self-attention is the cheaper layer while $n < d$, the usual case: a
-# sentence is a few dozen word pieces, and $d = 512$. A separable convolution costs
-# $O(k \cdot n \cdot d + n \cdot d^2)$, but even with $k = n$ that is the cost of a self-attention
-# layer plus a point-wise feed-forward layer, the very combination the model uses
-# {cite}`vaswani2017attention` (§4). Multi-head attention also applies four $d \times d$
-# projections to every position, $O(n \cdot d^2)$ like a recurrent layer.
+# sentence is a few dozen word pieces, and $d = 512$. Even a separable convolution,
+# $O(k \cdot n \cdot d + n \cdot d^2)$, costs with $k = n$ what a self-attention layer plus a
+# point-wise feed-forward layer costs, the model's own combination (§4). Multi-head attention
+# also projects every position with four $d \times d$ matrices, $O(n \cdot d^2)$ like a
+# recurrent layer.
 #
 # **Sequential operations.** A recurrent layer cannot compute position $t$ before position
-# $t - 1$. Self-attention and convolution compute all positions at once, as a few large matrix
-# products, which is what parallel hardware does best.
+# $t - 1$; self-attention and convolution compute all positions at once, in a few large matrix
+# products, what parallel hardware does best.
 #
 # **Maximum path length**, the number of steps a signal takes between two positions. Learning a
 # dependency means sending gradients along that path, and the shorter the easier
 # {cite}`hochreiter2001gradient`. Self-attention connects every pair directly, a recurrent layer
-# positions $j$ apart through $j$ steps; convolutions of width $k$ need $n / k$ stacked layers
-# with contiguous kernels, or $\log_k n$ with dilated ones as in ByteNet
-# {cite}`kalchbrenner2016neural`. Restricting self-attention to $r$ neighbours makes it linear in
-# $n$ at the price of $n / r$ layers; the paper leaves that for future work.
+# through $j$ steps for positions $j$ apart; convolutions of width $k$ need $n / k$ stacked layers
+# with contiguous kernels, or $\log_k n$ with dilated ones {cite}`kalchbrenner2016neural`.
+# Restricting self-attention to $r$ neighbours makes it linear in $n$ at the price of $n / r$
+# layers; the paper leaves that for future work.
 #
 # ## Counting the operations
 #
@@ -90,17 +90,16 @@ for n in (16, 64, 256, 512, 1024, 4096):
           f"{lstm_flops(n, d) / 1e6:8,.0f} {convolution_flops(n, d) / 1e6:9,.0f}")
 
 # %% [markdown]
-# The attention proper costs less than its own projections until $n = 2d = 1024$, and less than an
-# LSTM layer until $n = 4d$. For sentences the three layers are within a factor of three of each
+# The attention proper costs less than its own projections until $n = 2d$, and less than an
+# LSTM layer until $n = 4d$. For sentences the three layers are within a small factor of each
 # other; what separates them is how the operations can be scheduled.
 #
 # ## Path lengths, checked with autograd
 #
-# Does output position $n - 1$ depend on input position 0? Forward-mode autograd carries, next to
-# every value, its derivative with respect to input position 0; we push it through a stack of
-# layers and stop at the first layer where it reaches position $n - 1$ (with random weights, a
-# non-zero derivative means a path exists). Double precision keeps the tiny derivatives of a few
-# hundred layers above zero.
+# Does output position $n - 1$ depend on input position 0? Forward-mode autograd carries each
+# value's derivative with respect to input position 0; we stack layers until that derivative
+# reaches position $n - 1$ (with random weights, non-zero means a path exists), in double
+# precision so that tiny derivatives stay above zero.
 
 # %%
 import torch
@@ -153,18 +152,17 @@ for n in (16, 64, 256):
 
 # %% [markdown]
 # Width-3 convolutions, each reaching one position to either side, need $n - 1$ layers. Chapter 1
-# counted about half as many, $d/(k-1)$, because it asked when one window first covers two
-# positions $d$ apart, which happens halfway between them; here position $n - 1$ itself must see
-# position 0, so the whole distance is crossed from one side. Both grow linearly, as the paper's
-# $O(n/k)$ for contiguous kernels (§4). With dilations $1, 2, 4, \dots$ the reach doubles with
+# counted about half as many because it asked when one window first covers two positions, which
+# happens halfway between them; here position $n - 1$ itself must see position 0. Both grow
+# linearly, as the paper's $O(n/k)$ (§4). With dilations $1, 2, 4, \dots$ the reach doubles with
 # each layer, and $\lceil \log_2 n \rceil$ layers do; one self-attention layer suffices at any
-# length. One LSTM layer connects the two positions too, but through $n - 1$ applications of its
-# recurrent cell: autograd counts layers, and the LSTM's length is hidden inside one.
+# length. One LSTM layer connects them too, through $n - 1$ applications of its cell: autograd
+# counts layers, and the LSTM hides its path inside one.
 #
 # ## Timing the three layers
 #
-# Speed also depends on the hardware. The next cell times a forward pass of each layer with
-# $d = 256$ (4 heads) and a batch of 4, on one CPU thread, taking the fastest of 7 calls.
+# Speed also depends on the hardware. The next cell times a forward pass of each layer
+# ($d = 256$, 4 heads, a batch of 4) on one CPU thread, the fastest of 7 calls.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -198,16 +196,16 @@ line_chart(timings, x="n:Q", y="ms:Q", color="layer:N", x_scale={"type": "log", 
 
 
 # %% [markdown]
-# The digits change with the run and the machine; what to look for is the shape of the curves:
-# the convolution, one large matrix product, is the fastest; the LSTM's $n$ small steps run one after
-# another; and self-attention, faster than the LSTM on short sequences, falls behind it on long
-# ones as its $n \times n$ score matrices grow. A GPU speeds up the parallel work of attention and
-# convolution far more than the LSTM's sequential steps.
+# The digits vary from run to run; look at the shape of the curves: the convolution, one large
+# matrix product, is the fastest; the LSTM's $n$ small steps run one after another; and
+# self-attention, faster than the LSTM on short sequences, falls behind it on long
+# ones as its $n \times n$ score matrices grow. A GPU speeds up attention and convolution far
+# more than the LSTM's sequential steps.
 #
-# So for the sentences of a translation task a self-attention layer costs about as much as the
-# recurrent layer it replaces, does all of it in parallel, and puts every pair of words one step
-# apart; its $n^2$ cost is the price for very long inputs. This ends Part I: the model is
-# complete, and Part II trains it, starting with how batches and masks are prepared.
+# So for the sentences of a translation task a self-attention layer costs about as much as a
+# recurrent one, does all of it in parallel, and puts every pair of words one step apart; its
+# $n^2$ cost is the price for very long inputs. Part II trains the model, starting with batches
+# and masks.
 
 # %% [markdown]
 # ## Exercises

@@ -1,11 +1,11 @@
 # %% [markdown]
 # # Batches and masking
 #
-# Part I built a model that maps a source sentence and the beginning of a target sentence to a
-# guess at the next target word. Training feeds it many sentences at once, and sentences have
-# different lengths. This chapter packs them into rectangular tensors, marks which entries are
-# filler, and builds the two masks that attention reads: one hides the filler, the other stops
-# the decoder from looking at the words it is meant to predict.
+# Part I built a model that maps a source sentence and the beginning of its translation to a
+# guess at the next word. Training feeds it many sentences at once, of different lengths. This
+# chapter packs them into rectangular tensors, marks the filler, and builds the two masks that
+# attention reads: one hides the filler, the other keeps the decoder from seeing the words it
+# must predict.
 
 # %% tags=["setup", "hide-cell"]
 # Setup (hidden in the book): in Colab, install the book's package; everywhere, import what
@@ -25,6 +25,7 @@ from the_annotated_transformer import (
     EOS_ID,
     PAD_ID,
     attention,
+    check_batch,
     enable_book_charts,
     mask_chart,
     subsequent_mask,
@@ -35,10 +36,9 @@ enable_book_charts()
 # %% [markdown]
 # ## Padding
 #
-# A batch is a matrix of token indices, one sentence per row. Rows must have one length, so
-# shorter sentences are filled up at the end with the padding token `<blank>`, id `PAD_ID` (the
-# special ids of chapter 5 are `BOS_ID` for `<s>`, `EOS_ID` for `</s>` and `PAD_ID`). Three
-# source sentences of lengths 5, 3 and 4, padded to 5:
+# A batch is a matrix of token ids, one sentence per row. Shorter sentences are filled up at the
+# end with the padding token `<blank>`, id `PAD_ID` (chapter 5's special ids; `BOS_ID` is `<s>`,
+# `EOS_ID` is `</s>`). Three source sentences of lengths 5, 3 and 4:
 
 # %%
 import torch
@@ -53,7 +53,7 @@ src
 # ## Teacher forcing: inputs and labels from one sequence
 #
 # With *teacher forcing* the decoder is given the true target words so far, not its own guesses,
-# and asked for the next one, at all positions in parallel. From one target sequence
+# and predicts the next one at every position in parallel. From one target sequence
 # $y_0 y_1 \dots y_m$ ($y_0$ is `<s>`, $y_m$ is `</s>`), the decoder's input is
 # $y_0 \dots y_{m-1}$ (`tgt`) and the labels are $y_1 \dots y_m$ (`tgt_y`): the same sequence
 # shifted one step, the paper's output embeddings offset by one position
@@ -64,14 +64,15 @@ src
 # Attention takes a boolean mask, `True` where a query may look at a key (chapter 3). A batch
 # needs two:
 #
-# * `src_mask`, shape `(batch, 1, n_src)`: `True` at the source's real tokens, one row that
-#   broadcasts over all queries of the encoder's self-attention and the decoder's cross-attention.
-# * `tgt_mask`, shape `(batch, n_tgt, n_tgt)`: query $i$ may look at key $j$ if $j$ is a real
-#   token **and** $j \le i$, the subsequent mask of chapter 2; without it the decoder would see
-#   the word it must predict one column to its right, and learn to copy it.
+# * `src_mask`, shape `(batch, 1, n_src)`: `True` at the source's real tokens; the one row
+#   broadcasts over every query of the encoder's self-attention and the decoder's
+#   cross-attention.
+# * `tgt_mask`, shape `(batch, n_tgt, n_tgt)`: query $i$ may see key $j$ if $j$ is a real token
+#   **and** $j \le i$ (chapter 2's subsequent mask); without it the decoder would see the word it
+#   must predict and learn to copy it.
 #
-# A batch also carries `ntokens`, the number of real labels in `tgt_y`. The next chapter divides
-# the summed loss by it, so that a step's loss is a mean per token whatever the batch holds.
+# A batch also carries `ntokens`, the number of real labels, by which the next chapter divides
+# the summed loss.
 
 # %% tags=["export"]
 import torch
@@ -81,18 +82,10 @@ class Batch:
     """A batch of token sequences with its masks, and for training, decoder inputs and labels."""
 
     def __init__(self, src: torch.Tensor, tgt: torch.Tensor | None = None, pad: int = PAD_ID):
-        if not isinstance(src, torch.Tensor) or src.dim() != 2 or src.is_floating_point():
-            raise TypeError("src must be an integer tensor of shape (batch, n_src)")
+        check_batch(src, tgt)  # one-line errors for ids of the wrong type or shape (appendix)
         self.src = src  # (batch, n_src)
         self.src_mask = (src != pad).unsqueeze(-2)  # (batch, 1, n_src)
         if tgt is not None:
-            if not isinstance(tgt, torch.Tensor) or tgt.dim() != 2 or tgt.is_floating_point():
-                raise TypeError("tgt must be an integer tensor of shape (batch, n_tgt)")
-            if tgt.size(0) != src.size(0) or tgt.size(1) < 2:
-                raise ValueError(
-                    f"tgt must have shape ({src.size(0)}, n_tgt) with n_tgt >= 2, "
-                    f"got {tuple(tgt.shape)}"
-                )
             self.tgt = tgt[:, :-1]  # (batch, n_tgt): decoder input, y_0 .. y_{m-1}
             self.tgt_y = tgt[:, 1:]  # (batch, n_tgt): labels, y_1 .. y_m
             self.tgt_mask = self.make_std_mask(self.tgt, pad)  # (batch, n_tgt, n_tgt)
@@ -139,9 +132,9 @@ print("real label tokens:", batch.ntokens, "=", 6 + 4 + 5)
 # %% [markdown]
 # ## What the decoder may see
 #
-# The target mask of the second sentence, `<s> 5 6 7 </s> <blank>`: rows are queries (the
-# position that predicts), columns are keys (the positions it may attend to). The lower triangle
-# is the subsequent mask; the last column is cut off because it is padding.
+# The target mask of the second sentence: rows are queries (the position that predicts), columns
+# are keys. Look for the lower triangle of the subsequent mask, and for the last column, the
+# padding, cut off.
 
 # %%
 names = {BOS_ID: "<s>", EOS_ID: "</s>", PAD_ID: "<blank>"}
@@ -152,13 +145,13 @@ mask_chart(batch.tgt_mask[sentence], labels=words, x_title="key (attended to)",
            title="tgt_mask for '<s> 5 6 7 </s> <blank>'")
 
 # %% [markdown]
-# The padding query row (the last one) still sees the real tokens. That is harmless: its label
-# is padding, so the loss skips its output. What matters is that no real query sees a padding or
-# a future key. Padding at the end of a target row is hidden from every real query by the
-# subsequent mask already; on the source side, where queries look both ways, the padding mask is
-# what keeps filler out. A direct check: `attention` (chapter 3) over `5 6 7 <blank> <blank>`
-# with its `src_mask` gives the same outputs at the real positions as over `5 6 7` alone. Random
-# vectors stand in for queries, keys and values; the mask is all that matters.
+# The padding row itself still sees the real tokens; that is harmless, since its label is
+# padding and the loss skips it. What matters is that no real query sees a padding or a future
+# key. In the target, trailing padding is already hidden from real queries by the subsequent
+# mask; in the source, where queries look both ways, only the padding mask keeps the filler out.
+# A direct check: `attention` (chapter 3) over `5 6 7 <blank> <blank>` with its `src_mask` gives
+# the same outputs at the real positions as over `5 6 7` alone (random vectors stand in for
+# queries, keys and values).
 
 # %%
 torch.manual_seed(0)
@@ -173,9 +166,8 @@ assert torch.allclose(padded[:, :3], alone, atol=1e-6)
 # %% [markdown]
 # ## What we have
 #
-# `Batch` turns padded matrices into everything a training step needs: decoder inputs and labels,
-# a padding mask for the source, a padding-and-future mask for the target, and the token count
-# for the loss; `Batch.to(device)` moves it all to the GPU. The next chapter writes the loop.
+# `Batch` turns padded matrices into what a training step needs, and `Batch.to(device)` moves it
+# all; the next chapter writes the loop.
 #
 # ## Exercises
 #

@@ -27,8 +27,8 @@ enable_book_charts()
 # ## What the loop keeps count of
 #
 # A long run is many calls of one epoch function. The counts that carry over between calls
-# (batches, sentences, tokens, and optimizer steps, which chapter 10's schedule follows) live in a
-# dataclass that the caller owns and passes back in.
+# (batches, sentences, tokens, and the optimizer steps that chapter 10's schedule follows) live in
+# a dataclass that the caller owns and passes back in.
 
 # %% tags=["export"]
 from dataclasses import dataclass
@@ -75,11 +75,10 @@ class SimpleLossCompute:
 # %% [markdown]
 # ## Gradient accumulation, done exactly
 #
-# The paper's batches held about 25,000 source tokens and as many target
-# tokens
-# {cite}`vaswani2017attention`. When such a batch does not fit in memory, we split it into $k$
-# *micro-batches*, let their gradients add up in `.grad`, and take one optimizer step at the end.
-# The large batch's loss is its summed token loss over its token count $T = T_1 + \dots + T_k$,
+# When a batch of the paper's size (tens of thousands of tokens, chapter 9) does not fit in
+# memory, we split it into $k$ *micro-batches*, let their gradients add up in `.grad`, and take
+# one optimizer step at the end. The large batch's loss is its summed token loss over its token
+# count $T = T_1 + \dots + T_k$,
 #
 # $$
 # \mathcal{L} = \frac{1}{T} \sum_{i=1}^{k} S_i ,
@@ -87,14 +86,14 @@ class SimpleLossCompute:
 #
 # where $S_i$ is the summed loss of micro-batch $i$: each micro-batch is divided by the token
 # count of the **whole group**. Dividing by its own $T_i$ would weigh a micro-batch of short
-# sentences as much as one of long sentences, and the sum of $k$ means would be about $k$ times too large.
+# sentences as much as one of long sentences, and the sum of $k$ means would be about $k$ times
+# too large.
 #
-# `run_groups` is that rule. It reads the next $k$ batches (token indices and masks, small), adds
-# their `ntokens` to get $T$ before the first backward pass, runs them, then steps the optimizer
-# once and the scheduler once: the schedule counts optimizer steps, not micro-batches. A last
-# group shorter than $k$ gets its own step over its own tokens, so nothing is left in `.grad` for
-# the next epoch. Without an optimizer it only evaluates. `run_epoch` feeds it one group at a time
-# and adds argument checks, log lines and an optional progress bar.
+# `run_groups` is that rule. It adds the `ntokens` of the next $k$ batches to get $T$ before the
+# first backward pass, runs them, then steps the optimizer once and the scheduler once: the
+# schedule counts optimizer steps, not micro-batches. A last group shorter than $k$ gets its own
+# step over its own tokens, so nothing is left in `.grad` for the next epoch. Without an
+# optimizer it only evaluates. `run_epoch` feeds it the groups and adds logging.
 
 # %% tags=["export"]
 import time
@@ -182,14 +181,14 @@ def run_epoch(data_iter: Iterable, model: nn.Module, loss_compute,
 
 
 # %% [markdown]
-# `run_epoch` sets the model's mode itself (`model.eval()` turns dropout off); it expects batches
-# on the model's device, `(batch.to(device) for batch in batches)`.
+# `run_epoch` sets the model's mode itself (`model.eval()` turns dropout off) and expects batches
+# on the model's device: `(batch.to(device) for batch in batches)`.
 #
 # ## Checking the accumulation
 #
-# Four micro-batches of four sentences, padded differently so that their token counts differ. One
-# SGD step on the 16 sentences at once and one step accumulated over the four micro-batches must
-# move every parameter alike. The model is a small Transformer of chapter 5, dropout off.
+# Four micro-batches of four sentences with different token counts: one SGD step on the 16
+# sentences at once and one accumulated over the four must move every parameter of a small
+# Transformer (dropout off) alike.
 
 # %%
 import copy
@@ -255,9 +254,9 @@ assert difference < 1e-6
 
 
 # %% [markdown]
-# The updates agree to float rounding, against a step of a few hundredths. The classic Annotated
-# Transformer divides each micro-batch by its own token count instead; on the same data, with the
-# same SGD, that takes a different step, about $k = 4$ times too large:
+# Look for the two scales: the difference is float rounding, the step itself a few hundredths.
+# The classic Annotated Transformer divides each micro-batch by its own token count instead; on
+# the same data, with the same SGD, its step comes out about $k = 4$ times too large:
 
 # %%
 def classic_step(make_optimizer=sgd) -> nn.Module:
@@ -279,10 +278,9 @@ print(f"size of the classic step relative to the right one: "
 
 # %% [markdown]
 # ```{note}
-# Besides that divisor, the classic `run_epoch` stepped the scheduler after every micro-batch
-# (the warm-up ran $k$ times too fast), stepped the optimizer when `i % accum_iter == 0` (the
-# first update came from one micro-batch, and a last partial group stayed in `.grad` for the next
-# epoch), and shared one default `TrainState()` among all calls that left it out.
+# The classic `run_epoch` also stepped the scheduler after every micro-batch, so its warm-up ran
+# $k$ times too fast, and stepped the optimizer on `i % accum_iter == 0`, so its first update came
+# from a single micro-batch and a partial last group stayed in `.grad`.
 # ```
 #
 # ## A first training run
@@ -315,15 +313,15 @@ assert (state.step, state.accum_step, state.tokens) == (480, 240, 21120)
 assert first > 1.5 and last < 0.2 and eval_loss < 0.2, (first, last, eval_loss)
 
 # %% [markdown]
-# The counters add up: 60 epochs of 8 micro-batches are 480 backward passes and 240 optimizer
-# steps. The loss falls from about $\ln 12 \approx 2.5$ nats, a uniform guess over 12 tokens,
-# towards zero: gradients flow through every part of the model, and the loop applies them.
+# The counters add up (60 epochs of 8 micro-batches are 480 backward passes and 240 optimizer
+# steps), and the loss falls from about $\ln 12 \approx 2.5$ nats, a uniform guess over 12 tokens,
+# to near zero: gradients flow through every part of the model, and the loop applies them.
 #
 # ## What we have
 #
 # `run_epoch` trains and evaluates any encoder-decoder that takes `(src, tgt, src_mask,
-# tgt_mask)`. Chapters 9 to 11 supply the paper's batches, schedule, optimizer and
-# regularization; chapters 12 and 13 put it all to work on two small tasks.
+# tgt_mask)`. Chapters 9 to 11 supply the paper's batches, schedule and regularization, and
+# chapters 12 and 13 put it all to work.
 #
 # ## Exercises
 #

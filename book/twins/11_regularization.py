@@ -18,7 +18,14 @@ if "google.colab" in sys.modules:
     package = f"the-annotated-transformer[book] @ git+{REPO}@{REF}"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
 
-from the_annotated_transformer import PAD_ID, SublayerConnection, enable_book_charts, line_chart
+from the_annotated_transformer import (
+    PAD_ID,
+    SublayerConnection,
+    check_log_probs,
+    check_smoothing,
+    enable_book_charts,
+    line_chart,
+)
 
 enable_book_charts()
 
@@ -26,13 +33,13 @@ enable_book_charts()
 # ## Dropout
 #
 # Dropout {cite}`srivastava2014dropout` sets each element of a tensor to zero with probability
-# $P_{drop}$ during training and scales the survivors by $1/(1 - P_{drop})$, so that the expected
-# value is unchanged; at evaluation it does nothing. A network trained this way cannot rely on any
-# single unit, which keeps it from fitting its training data too closely. The paper applies it
-# with $P_{drop} = 0.1$ (base model) to each sub-layer's output before the residual addition
-# (`SublayerConnection`, chapter 2) and to the sums of embeddings and positional encodings
-# (chapter 4); like the classic version, the model also drops attention weights and the
-# feed-forward hidden layer. Residual dropout on a sub-layer that returns its input unchanged:
+# $P_{drop}$ during training and scales the survivors by $1/(1 - P_{drop})$, keeping the expected
+# value; at evaluation it does nothing, and a network trained this way cannot rely on any single
+# unit. The paper applies it with $P_{drop} = 0.1$ (base model) to each sub-layer's output
+# before the residual addition (`SublayerConnection`, chapter 2) and to the sums of embeddings and
+# positional encodings (chapter 4); like the classic version, the model also drops attention
+# weights and the feed-forward hidden layer. Residual dropout on a sub-layer that returns its
+# input unchanged:
 
 # %%
 import torch
@@ -63,9 +70,9 @@ print("evaluation: the connection adds exactly the sub-layer's output:",
 # smoothing {cite}`szegedy2016rethinking` trains towards a softer target; in its original form
 # each of $K$ classes gets $\epsilon / K$. The paper sets $\epsilon_{ls} = 0.1$ without a
 # formula; we use the classic Annotated Transformer's variant: the correct token gets
-# $1 - \epsilon_{ls}$, and each of the $V - 2$ other tokens except padding (`<blank>`, id
-# `PAD_ID`, never a right answer) gets $\epsilon_{ls} / (V - 2)$. A position whose reference is
-# padding gets an all-zero target and contributes nothing.
+# $1 - \epsilon_{ls}$, and each of the $V - 2$ other tokens except padding (never a right answer)
+# gets $\epsilon_{ls} / (V - 2)$. A position whose reference is padding gets an all-zero target
+# and contributes nothing.
 #
 # The loss is the Kullback-Leibler divergence from the target $q$ to the prediction $p$, summed
 # over positions and tokens:
@@ -76,8 +83,8 @@ print("evaluation: the connection adds exactly the sub-layer's output:",
 #
 # It differs from the cross-entropy $-\sum_i q_i \log p_i$ by the entropy of $q$, a constant, so
 # it has the same gradients, and it is zero for a perfect prediction. Terms whose target is zero
-# are dropped first: a probability of 0 there would give $0 \cdot (-\infty)$, `nan` in floating
-# point. `LabelSmoothing` keeps its targets in `self.true_dist` for inspection.
+# are masked first, since $0 \cdot (-\infty)$ is `nan`; `LabelSmoothing` keeps its targets in
+# `self.true_dist` for inspection.
 
 # %% tags=["export"]
 import torch
@@ -89,12 +96,7 @@ class LabelSmoothing(nn.Module):
 
     def __init__(self, size: int, padding_idx: int, smoothing: float = 0.0) -> None:
         super().__init__()
-        if size < 3:
-            raise ValueError(f"size={size} must be >= 3: the true token, padding and another")
-        if not 0 <= padding_idx < size:
-            raise ValueError(f"padding_idx={padding_idx} must be in [0, size={size})")
-        if not 0.0 <= smoothing < 1.0:
-            raise ValueError(f"smoothing={smoothing} must be in [0, 1)")
+        check_smoothing(size, padding_idx, smoothing)  # one-line errors (appendix)
         self.criterion = nn.KLDivLoss(reduction="sum")
         self.size = size
         self.padding_idx = padding_idx
@@ -115,11 +117,7 @@ class LabelSmoothing(nn.Module):
 
     def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Summed KL(true_dist || exp(x)) for log-probabilities x (rows, size), targets (rows,)."""
-        if x.dim() != 2 or x.size(1) != self.size:
-            raise ValueError(f"x must be log-probabilities of shape (rows, {self.size}), "
-                             f"got {tuple(x.shape)}")
-        if target.shape != x.shape[:1]:
-            raise ValueError(f"target must have shape ({x.size(0)},), got {tuple(target.shape)}")
+        check_log_probs(x, target, self.size)  # one-line errors for wrong shapes (appendix)
         true_dist = self.smoothed_targets(target, dtype=x.dtype)  # (rows, size)
         self.true_dist = true_dist
         # Where the target is 0 the term is 0; mask x there so that log 0 = -inf gives no nan.
@@ -129,15 +127,16 @@ class LabelSmoothing(nn.Module):
 
 # %% [markdown]
 # ```{note}
-# The classic version passed $x$ to `KLDivLoss` unmasked. PyTorch computes each term as
-# $q \log q - q x$, so a probability of 0 where the target is also 0 gives `nan`, and the classic
-# demonstrations, which feed `log(0)`, come out `nan`. Masking changes no finite loss or gradient.
+# The classic version passed $x$ to `KLDivLoss` unmasked. That was safe under the torch 1.11 it
+# pinned, whose `kl_div` skipped the terms with a zero target; since 2022 PyTorch computes each
+# term as $\mathrm{xlogy}(q, q) - q x$, so a probability of 0 where the target is also 0 gives
+# `nan`, and the classic demonstrations, which feed `log(0)`, come out `nan`. Masking changes no
+# finite loss or gradient.
 # ```
 #
-# With 6 tokens and a large smoothing of 0.4, the targets for five positions: the third
-# position's reference is padding, so its row is empty; every other row puts 0.6 on the reference,
-# 0.1 on each of the four others, nothing on padding. The prediction gives padding probability 0,
-# and the loss stays finite.
+# The targets of five positions, with 6 tokens and a large smoothing of 0.4: look for the empty
+# row where the reference is padding, 0.6 on the reference in every other row, 0.1 on each
+# remaining token, and nothing in the padding column. The prediction gives padding probability 0, and the loss stays finite.
 
 # %% tags=["export", "hide-cell"]
 from typing import Any
@@ -199,21 +198,19 @@ line_chart(curves, x="p:Q", y="loss:Q", color="smoothing:N", color_title="smooth
            title="Label smoothing penalises over-confidence")
 
 # %% [markdown]
-# Without smoothing the loss falls all the way to $p = 1$. With smoothing 0.1 it bottoms out at
-# $p = 0.9$, where the prediction equals the target, and climbs without bound beyond: the model
-# is penalised for being surer than the target. The paper notes the trade:
-# smoothing hurts perplexity, since the model learns to be less sure, but improves accuracy and
-# BLEU. In its Table 3, training without it improves the base model's development perplexity from
-# 4.92 to 4.67 but lowers its BLEU from 25.8 to 25.3.
+# Without smoothing the loss falls all the way to $p = 1$. With smoothing it bottoms out where
+# the prediction equals the target, at $p = 1 - \epsilon_{ls}$, and climbs beyond: the model is
+# penalised for being surer than the target. The paper notes the trade: smoothing hurts
+# perplexity but improves accuracy and BLEU; in its Table 3, training without it improves the
+# base model's development perplexity from 4.92 to 4.67 but lowers its BLEU from 25.8 to 25.3.
 #
 # ## The same loss in PyTorch's terms
 #
 # `F.cross_entropy(logits, target, label_smoothing=eps)` trains towards
 # $(1 - \epsilon) \cdot \text{one-hot} + \epsilon / C$ over all $C$ classes and knows no padding
-# *column*. The two agree when we take the padding column out ($C = V - 1$) and choose
-# $\epsilon = \epsilon_{ls} (V-1)/(V-2)$: then the correct token gets $1 - \epsilon_{ls}$ and each
-# other token $\epsilon_{ls}/(V-2)$. The losses then differ by the target's entropy, which we can
-# compute by hand:
+# *column*. Taking that column out ($C = V - 1$) and choosing
+# $\epsilon = \epsilon_{ls} (V-1)/(V-2)$ gives the same target, so the two losses differ only by
+# the target's entropy, which we compute by hand:
 
 # %%
 import math
@@ -240,10 +237,10 @@ print(f"LabelSmoothing {ours.item():.5f}; cross_entropy {theirs.item():.5f} "
 assert torch.isclose(ours, theirs - rows * entropy, atol=1e-5)
 
 # %% [markdown]
-# For training, `F.cross_entropy` would do the same job; `LabelSmoothing` keeps the target
-# visible (`true_dist`), reads as the paper describes the method, and reports 0 for a perfect
-# prediction. With dropout in the model and label smoothing in the loss, the training recipe is
-# complete; the next chapter puts it to work on a task small enough for a CPU, copying a sequence.
+# `F.cross_entropy` would train as well; `LabelSmoothing` keeps the target visible
+# (`true_dist`), reads as the paper describes the method, and reports 0 for a perfect prediction.
+# With dropout in the model and label smoothing in the loss, the training recipe is complete; the
+# next chapter puts it to work on a task small enough for a CPU, copying a sequence.
 #
 # ## Exercises
 #

@@ -1,19 +1,15 @@
 # %% [markdown]
 # # Training on Multi30k
 #
-# Chapters 7 to 11 built every part of the paper's training recipe and tried it on toy data in
-# a loop of a few lines. This chapter trains the model on real data, German-to-English
-# translation on Multi30k {cite}`elliott2016multi30k`, and measures the result. A real run asks
-# more of the loop than correctness: it lasts an hour or more, so it is described by a
-# configuration that can be written down and repeated, and it writes checkpoints that survive a
-# crash; at the end someone wants to know how good the translations are, in a number that others
-# can reproduce.
-#
-# We build the configuration with presets for a CPU and for GPUs, checkpoints that are written
-# atomically, the data pipeline, one epoch of training and evaluation, and translation scored
-# with sacreBLEU {cite}`post2018call`. Then we look at the model that ships with the book: how it
-# was trained and how well it translates. The program that runs the training, `tools/train.py`,
-# on one process or on many devices, is the subject of chapter 22.
+# Chapters 7 to 13 built the paper's training recipe and tried it on toy tasks. This chapter
+# trains the model on real data, German-to-English translation on Multi30k
+# {cite}`elliott2016multi30k`, and measures the result. A real run asks more of the loop than
+# correctness: it lasts an hour or more, so it is described by a configuration that can be
+# written down and repeated, it writes checkpoints that survive a crash, and it ends in a score
+# that others can reproduce. We build the configuration, atomic checkpoints, the pipeline from
+# sentences to batches, an epoch of training and evaluation, and translation scored with
+# sacreBLEU {cite}`post2018call`; then we look at the model that ships with the book. The
+# program that runs the training, `tools/train.py`, is the subject of chapter 22.
 
 # %% tags=["setup", "hide-cell"]
 # Setup (hidden in the book): in Colab, install the book's package; everywhere, import what
@@ -39,22 +35,16 @@ from the_annotated_transformer import (
     SimpleLossCompute,
     TokenBudgetSampler,
     TrainState,
-    Vocab,
-    collate_batch,
+    count_parameters,
     enable_book_charts,
-    encode_pairs,
-    example_lengths,
     fetch_shipped_model,
-    filter_by_length,
     line_chart,
     load_multi30k,
-    load_tokenizers,
     load_trained_model,
     make_model,
+    padding_fraction,
     run_groups,
     subsequent_mask,
-    tokenize,
-    tokenize_pairs,
 )
 
 enable_book_charts()
@@ -63,53 +53,36 @@ enable_book_charts()
 # ## A run is a configuration
 #
 # Everything that decides what a run computes goes into one frozen dataclass: the model's sizes,
-# the batch, the schedule, the loss, the seed and where checkpoints go. A run is then fully
-# described by one value that can be printed, compared, stored in every checkpoint and checked
-# again on resume. Its defaults are the paper's base model; two presets name the runs this
-# book cares about.
+# the batch, the schedule, the loss, the seed and where checkpoints go. A run is then one value
+# that can be printed, stored in every checkpoint and checked again on resume. Its defaults are
+# the paper's base model; two presets name the runs this book cares about.
 #
 # * **`base`** is the paper's base model ($N=6$, $d_{\text{model}}=512$, $d_{\text{ff}}=2048$,
-#   $h=8$, dropout 0.1, label smoothing 0.1, Adam with $\beta_2 = 0.98$ and the warmup schedule
-#   of chapter 10), for one or more GPUs. Multi30k is tiny next to WMT: with the paper's 25,000
-#   tokens per batch an epoch would be about sixteen optimizer steps. So a batch holds 4,096
-#   padded tokens per GPU and the warmup is 1,000 steps (on one GPU, below) instead of 4,000, with `lr_factor=0.5` so that
-#   the peak learning rate, $0.5 \cdot 512^{-0.5} \cdot 1000^{-0.5} \approx 0.0007$, is the
-#   paper's. Nobody has trained this preset to the end for the book; it is a starting point, not
-#   a tested recipe. Its training steps have run on one GPU (`make gpu-check`; chapter 22 gives
-#   the speed and what to expect), and the GPU-only parts of the trainer (bfloat16 autocast,
-#   NCCL, the GPU report; chapter 22) have tests of their own in `tests/test_gpu.py`, which
-#   passed there and run only where CUDA is available.
+#   $h=8$, dropout 0.1, label smoothing 0.1, Adam with $\beta_2 = 0.98$ and chapter 10's
+#   schedule), for GPUs. Multi30k is tiny next to WMT: with the paper's batches of 25,000 tokens
+#   an epoch would be about sixteen optimizer steps. So a batch holds 4,096 padded tokens per GPU
+#   and the warm-up is 1,000 steps instead of 4,000, with `lr_factor=0.5`, which keeps the
+#   paper's peak learning rate, $0.5 \cdot 512^{-0.5} \cdot 1000^{-0.5} \approx 0.0007$. It is a
+#   starting point, not a tested recipe: its steps run on a GPU (`make gpu-check`, chapter 22),
+#   but nobody has trained it to the end for the book.
 # * **`cpu`** is a small model for a 2-core CPU: $N=3$, $d_{\text{model}}=256$,
-#   $d_{\text{ff}}=1024$, $h=8$. Its size came from timing candidates, as described below.
+#   $d_{\text{ff}}=1024$, $h=8$.
 #
-# The batch size `max_tokens` is a budget **per device and per micro-batch**: the padded tokens
-# (of source and of target, each) that one process puts through the model at once, which is
-# what its memory has to hold. One optimizer step then sees
-# $R \times$ `accum_iter` $\times$ `max_tokens` padded tokens, with $R$ processes. Adding
-# devices therefore enlarges the global batch rather than shrinking each device's share (which
-# would leave 512 tokens per GPU of the `base` preset on eight GPUs). The paper's batch of
-# about 25,000 tokens is reached with accumulation: `tools/train.py --batch-tokens 25000` picks
-# the `accum_iter` that comes nearest for the number of processes it runs with, 6 on one GPU
-# (24,576 tokens) and 1 on eight (32,768). A different global batch is a different
-# optimization (other steps per epoch, another point in the schedule), so a resumed run must
-# keep $R \times$ `accum_iter`.
+# `max_tokens` is a budget **per device and per micro-batch**, what one process's memory must
+# hold; with $R$ processes one optimizer step sees $R \times$ `accum_iter` $\times$ `max_tokens`
+# padded tokens, so more devices enlarge the global batch. The paper's batch is reached by
+# accumulation: `tools/train.py --batch-tokens 25000` picks the `accum_iter` that comes nearest
+# for the processes it runs with (6 on one GPU, 1 on eight). With $k = R \times$ `accum_iter`
+# micro-batches per step an epoch has about $k$ times fewer optimizer steps, so `warmup` counts
+# the steps of one process without accumulation: a run with $k$ warms up for `warmup`$/k$ steps,
+# over the same share of the data, and since chapter 10's peak falls as the square root of the
+# warm-up, its peak rate is $\sqrt{k}$ times higher. Before the first step `schedule_steps`
+# prints the plan and refuses a run that would end before its rate peaks; a resumed run must keep
+# $R \times$ `accum_iter`.
 #
-# The schedule is counted in optimizer steps, and a larger global batch takes fewer of them.
-# With $k = R \times$ `accum_iter` micro-batches per step, an epoch has about $k$ times fewer
-# steps, so `warmup` counts the steps of one process without accumulation and a run with $k$
-# micro-batches per step warms up for `warmup`$/k$ steps: every run warms up over the same share
-# of the data. Since chapter 10's peak rate falls as the square root of the warm-up, the peak
-# is $\sqrt{k}$ times higher, between keeping the rate and scaling it with the batch. Before the
-# first step, `schedule_steps` prints the plan, and it refuses in one line, with the numbers and
-# the fix, a run that would end before its learning rate peaks. On one GPU the `base` preset's
-# epoch is about 112 micro-batches of 4,096 tokens, so it trains about 3,360 steps with 1,000 of
-# warm-up; on eight GPUs about 420 steps with 125 of warm-up; the tests check every preset on
-# 1, 4 and 8 devices and with `--batch-tokens 25000`.
-#
-# Both keep separate German and English vocabularies (chapter 9), so the embeddings cannot be
-# shared between encoder, decoder and generator as the paper's shared byte-pair vocabulary
-# allowed; chapter 17 grows this configuration, and the data functions below, for one joint
-# subword vocabulary.
+# Both presets keep separate German and English vocabularies (below), so the embeddings cannot
+# be shared as the paper's joint byte-pair vocabulary allowed; chapter 17 grows this
+# configuration for one joint subword vocabulary.
 
 # %% tags=["export"]
 from dataclasses import dataclass, replace
@@ -178,29 +151,12 @@ def training_config(name: str, **overrides) -> TrainConfig:
     return replace(presets[name], **overrides)
 
 # %% [markdown]
-# How large can the CPU model be? We timed candidates on the real data: the full training set
-# with its word vocabularies (chapter 9), a few warm-up steps, then 12 to
-# 30 timed optimizer steps of `train_epoch` (defined below), on this book's 2-core build
-# machine while other jobs shared it. Dividing an epoch's target tokens by a speed gives an
-# epoch time. The candidates were A: $N=3$,
-# $d_{\text{model}}=256$, $d_{\text{ff}}=1024$, batches of 1,500 tokens, on one thread and on
-# two; B: A with $N=4$; C: A with batches of 3,000 tokens; and D: A with $N=2$. Those timings
-# are not stored with the book, so we give them here in round numbers only.
-#
-# What the machine was doing meanwhile mattered more than the candidates did. On one thread
-# every candidate ran at roughly 800 to 1,450 target tokens/s, about 5 to 9 minutes per epoch,
-# and repeated runs of one candidate differed as much as the candidates did. Two threads were
-# the fastest of all in a quiet moment, at about 2,400 tokens/s, but while other jobs were busy
-# they fell below 200 tokens/s, 40 minutes or more per epoch. The two
-# threads of each matrix product wait for each other, and one of them keeps losing its core.
-# That is why the worker of chapter 22 never gives its processes more threads than there are cores, and
-# why `tools/train.py` has a `--threads` option: on a shared machine, use one. The `cpu`
-# preset takes candidate A, the middle size, with 12 epochs: under two hours of training even
-# at the slowest one-thread speed we saw. The run that made the shipped model took about 5 to 6
-# minutes per epoch and 67 minutes in all (its `info.json`, read at the end of this chapter,
-# records the time of every epoch).
-# Its warmup of 1,000 steps covers a little over three of the twelve epochs of 305 steps, and
-# `lr_factor=0.5` makes the peak learning rate
+# The `cpu` preset is sized for this book's 2-core CPU: about an hour of training on one thread.
+# One thread, because the two threads of a matrix product wait for each other, and on a shared
+# machine another job keeps taking one of their cores; so `tools/train.py` has a `--threads`
+# option, and the training worker ({doc}`appendix_distributed`) never gives its processes more threads than there are cores.
+# Its warm-up of 1,000 steps covers a little over three of its twelve epochs of 305 steps, and
+# `lr_factor=0.5` makes its peak learning rate
 # $0.5 \cdot 256^{-0.5} \cdot 1000^{-0.5} \approx 0.001$.
 
 # %%
@@ -219,29 +175,59 @@ for bad in ({"d_model": 100, "h": 8}, {"max_tokens": 0}):
         print(f"{bad}: {err}")
 
 # %% [markdown]
+# ## What the paper's runs cost
+#
+# By the paper's account, it trained its base model for 100,000 steps of 0.4 seconds on 8 NVIDIA
+# P100 GPUs and the big model for 300,000 steps of 1.0 second, and its Table 2 gives a training
+# cost of GPUs $\times$ time $\times$ an assumed 9.5 TFLOP/s per GPU: a budget, not what was
+# used. What a run uses can be estimated. A weight costs 2 FLOPs per token forward (a multiply
+# and an add) and about twice that backward, so training costs about
+# $6 \times \text{parameters} \times \text{tokens}$, plus attention's own products, a few percent
+# at these sentence lengths (chapter 6 shows where that changes). NVIDIA's datasheet gives a P100
+# a 32-bit peak of 9.3 TFLOP/s.
+
+# %%
+import torch
+
+GPUS, PEAK_FP32, TABLE_2 = 8, 9.3e12, 9.5e12  # P100s; FLOP/s: datasheet peak, Table 2's rate
+TOKENS, VOCAB = 25_000, 37_000  # tokens per batch and side, shared byte-pair vocabulary
+runs = {"base": (512, 2048, 100_000, 0.4, 12), "big": (1024, 4096, 300_000, 1.0, 84)}
+for name, (d_model, d_ff, steps, seconds_per_step, hours) in runs.items():
+    with torch.device("meta"):  # shapes without storage: even the big model costs no memory
+        paper = make_model(VOCAB, VOCAB, 6, d_model, d_ff, share_embeddings=True,
+                           norm_first=False)
+    weights = count_parameters(paper) - VOCAB  # every matrix once, without the output bias
+    flops = 6 * weights * TOKENS * steps  # 2 per weight and token forward, 4 backward
+    budget = GPUS * hours * 3600 * TABLE_2
+    achieved = flops / (steps * seconds_per_step) / GPUS
+    print(f"{name}: {steps:,} steps, about {flops:.1e} FLOPs against Table 2's {budget:.1e}; "
+          f"{achieved / 1e12:.1f} TFLOP/s per GPU, {achieved / PEAK_FP32:.0%} of its FP32 peak")
+
+# %% [markdown]
+# Look for two gaps: the estimate is well under Table 2's budget, and each GPU delivered well
+# under its peak. Softmaxes, layer norms, dropout, the optimizer and the exchange of gradients
+# take time besides the matrix products.
+
+# %% [markdown]
 # ## Checkpoints that survive a crash
 #
-# A two-hour run will be interrupted sooner or later: a laptop goes to sleep, a shared GPU
-# machine reclaims its job, someone presses Ctrl-C. A checkpoint at the end of each epoch limits
-# the loss to one epoch, but only if the checkpoint itself is never half written. `torch.save`
-# straight onto `last.pt` would replace a good checkpoint with a truncated one if the process
-# died in the middle of writing, and the run would lose everything. So we write to a temporary
-# file in the same folder, force its bytes to disk, and only then rename it over the old one
-# with `os.replace`. On one file system a rename is atomic: whoever opens `last.pt` finds either
-# the old checkpoint or the new one, never a mixture. (The temporary file must be in the same
-# folder: across file systems a rename becomes a copy, and a copy can be interrupted too.)
+# A run of an hour or more will be interrupted sooner or later. A checkpoint at the end of each
+# epoch limits the loss to one epoch, but only if the checkpoint is never half written:
+# `torch.save` straight onto `last.pt` would leave a truncated file if the process died while
+# writing. So `save_checkpoint` writes to a temporary file in the same folder, forces its bytes
+# to disk, and only then renames it over the old one with `os.replace`. On one file system a
+# rename is atomic: a reader finds the old checkpoint or the new one, never a mixture (across file
+# systems a rename becomes a copy, which can be interrupted too).
 #
-# A checkpoint that can resume a run exactly holds more than the weights: the optimizer's state
-# (Adam's two running moments per parameter), the scheduler's step, the counters of
-# `TrainState`, the epoch, and the states of the random number generators, so that dropout
-# draws the same masks it would have drawn without the interruption.
+# To resume exactly, a checkpoint holds more than the weights: Adam's two running moments, the
+# scheduler's step, the `TrainState` counters, the epoch, and the states of the random number
+# generators, so that dropout draws the masks it would have drawn without the interruption.
 #
-# Loading uses `torch.load(..., weights_only=True)`. A checkpoint is a pickle, and a full
-# unpickler runs whatever code the file names, so loading a checkpoint from someone else would
-# be running their program. With `weights_only=True` PyTorch accepts only tensors and plain
-# containers of numbers and strings, which is why the random states are stored as the byte
-# tensors that `torch.get_rng_state` returns, and the configuration as a plain dict. A file that
-# is truncated or not a checkpoint at all gives an error that names it and says what to do.
+# `load_checkpoint` uses `torch.load(..., weights_only=True)`. A checkpoint is a pickle, and a
+# full unpickler runs whatever code the file names, so loading someone else's checkpoint would be
+# running their program. With `weights_only=True` PyTorch accepts only tensors and plain
+# containers, which is why the random states are stored as byte tensors and the configuration as
+# a plain dict. A truncated or foreign file gives an error that names it and says what to do.
 
 # %% tags=["export"]
 import os
@@ -326,18 +312,254 @@ with tempfile.TemporaryDirectory() as folder:
 # %% [markdown]
 # ## The data
 #
-# The data pipeline is chapter 9's: spaCy's tokenizers, vocabularies of the words seen at least
-# twice, pairs longer than `max_len` dropped, and `TokenBudgetSampler` filling batches up to a
-# budget of padded tokens. Two things are new.
+# Chapter 9 loaded Multi30k and batched it by length; before a model can read it, every sentence
+# must become a list of ids from a fixed vocabulary.
 #
-# The vocabularies are built from the training split only (the validation and test sentences
-# must stay unseen), once, by the first process of a run (its *rank* 0; chapter 22 runs
-# several), and written as JSON into the checkpoint folder. The other processes receive them
-# from it, not from the folder, which on another machine may not exist, and a resumed run and
-# later the translation script read them from the folder, so that word $i$ means the same word
-# everywhere. JSON rather than a pickle, for the same reason as `weights_only` above.
+# **Tokens.** The paper's byte-pair pieces can spell any word (chapter 17 builds them). For 29,000
+# captions, whole words and punctuation marks do well, cut by the rule-based tokenizers of spaCy
+# {cite}`honnibal2020spacy`; a *blank* pipeline holds only those rules, so nothing beyond spaCy
+# itself is downloaded. `tokenize` drops the tokens spaCy makes of doubled spaces: a space is not
+# a word to translate.
+
+# %% tags=["export"]
+from collections.abc import Sequence
+from typing import Any
+
+
+def load_tokenizers() -> tuple[Any, Any]:
+    """spaCy's rule-based German and English tokenizers (blank pipelines: nothing to download)."""
+    import spacy
+
+    return spacy.blank("de"), spacy.blank("en")
+
+
+def tokenize(text: str, tokenizer: Any) -> list[str]:
+    """The tokens of one sentence, without the tokens spaCy makes of doubled spaces."""
+    split = getattr(tokenizer, "tokenizer", tokenizer)  # a spaCy pipeline, or its tokenizer
+    return [token.text for token in split(text) if not token.is_space]
+
+
+def tokenize_pairs(pairs: Sequence[tuple[str, str]], tokenizer_src: Any,
+                   tokenizer_tgt: Any) -> list[tuple[list[str], list[str]]]:
+    """Each sentence pair as two lists of tokens."""
+    return [(tokenize(src, tokenizer_src), tokenize(tgt, tokenizer_tgt)) for src, tgt in pairs]
+
+
+# %%
+splits = {split: load_multi30k(split) for split in ("train", "val", "test_2016_flickr")}
+spacy_de, spacy_en = load_tokenizers()
+tokens = {split: tokenize_pairs(pairs, spacy_de, spacy_en) for split, pairs in splits.items()}
+train_tokens = tokens["train"]
+print(train_tokens[0][0])
+print(train_tokens[0][1])
+
+# %% [markdown]
+# Look at the punctuation: "young," became two tokens, and "Büsche." gave its full stop a token
+# of its own.
 #
-# Finally, a `DataLoader` turns index lists into `Batch` objects (chapter 7) with their masks.
+# **A vocabulary** maps tokens to ids and back. Four special tokens come first, with chapter 5's
+# ids: `<s>`, `</s>`, the padding `<blank>`, and `<unk>`, which stands for any word the vocabulary
+# does not know. Then come the words seen at least twice in the training split (exercise 2 asks
+# why that split alone), most frequent first, ties alphabetical: a word seen once would get an
+# embedding trained on one example, and mapping it to `<unk>` teaches the model what to do with
+# the unknown words of new text. The vocabulary is saved as JSON, which loads without running
+# code.
+#
+# ```{note}
+# The classic Annotated Transformer built its vocabularies from the training, validation and
+# test sets together, so the test set decided which words the model could know.
+# ```
+
+# %% tags=["export"]
+import json
+import os
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+SPECIALS = ("<s>", "</s>", "<blank>", "<unk>")  # ids 0, 1, 2, 3; <blank> is the padding
+
+
+class Vocab:
+    """A table between tokens and ids; a token it does not hold maps to the id of `<unk>`."""
+
+    def __init__(self, itos: Sequence[str], *, unk: str = "<unk>") -> None:
+        self.itos = list(itos)  # id -> token
+        self.stoi = {token: i for i, token in enumerate(self.itos)}  # token -> id
+        self.unk = unk
+        if len(self.stoi) != len(self.itos) or unk not in self.stoi:
+            raise ValueError(f"itos must hold each token once, unk={unk!r} among them")
+
+    @classmethod
+    def build(cls, token_lists: Iterable[Sequence[str]], *, min_freq: int = 2,
+              specials: Sequence[str] = SPECIALS) -> "Vocab":
+        """Specials first, then each token seen at least min_freq times, most frequent first."""
+        counts = Counter()
+        for tokens in token_lists:
+            if isinstance(tokens, str):
+                raise TypeError("token_lists must hold lists of tokens, got a str: tokenize it")
+            counts.update(tokens)
+        kept = [token for token, c in counts.items() if c >= min_freq and token not in specials]
+        kept.sort(key=lambda token: (-counts[token], token))  # frequency desc, then alphabetical
+        return cls([*specials, *kept])
+
+    def __len__(self) -> int:
+        return len(self.itos)
+
+    def __getitem__(self, token: str) -> int:
+        return self.stoi.get(token, self.stoi[self.unk])
+
+    def __contains__(self, token: str) -> bool:
+        return token in self.stoi
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Vocab) and (self.itos, self.unk) == (other.itos, other.unk)
+
+    def __repr__(self) -> str:
+        return f"Vocab({len(self):,} tokens: {' '.join(self.itos[:8])} ...)"
+
+    def encode(self, tokens: Iterable[str]) -> list[int]:
+        """The ids of tokens (unknown ones become the id of `<unk>`)."""
+        return [self[token] for token in tokens]
+
+    def lookup_tokens(self, ids: Iterable[int]) -> list[str]:
+        """The tokens of ids (ints, or a 1-D tensor)."""
+        ids = [int(i) for i in ids]
+        for i in ids:
+            if not 0 <= i < len(self.itos):
+                raise ValueError(f"id {i} is out of range for a vocabulary of {len(self)} tokens")
+        return [self.itos[i] for i in ids]
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the vocabulary as JSON: readable, and safe to load (unlike a pickle)."""
+        data = {"format": "Vocab", "version": 1, "unk": self.unk, "itos": self.itos}
+        Path(path).write_text(json.dumps(data, ensure_ascii=False, indent=0) + "\n", "utf-8")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Vocab":
+        """A vocabulary that `save` wrote."""
+        data = json.loads(Path(path).read_text("utf-8"))
+        if not isinstance(data, dict) or data.get("format") != "Vocab":
+            raise ValueError(f"{path} is not a vocabulary written by Vocab.save")
+        return cls(data["itos"], unk=data["unk"])
+
+
+# %%
+import tempfile
+
+vocab_src = Vocab.build(src for src, _ in train_tokens)  # German
+vocab_tgt = Vocab.build(tgt for _, tgt in train_tokens)  # English
+print("German: ", vocab_src)
+print("English:", vocab_tgt)
+print("special ids:", {token: vocab_src[token] for token in SPECIALS})
+assert [vocab_src[token] for token in SPECIALS] == [BOS_ID, EOS_ID, PAD_ID, UNK_ID]  # chapter 5's
+print("an unseen word:", vocab_tgt["Transformerology"], "=", vocab_tgt.lookup_tokens([UNK_ID]))
+for split in ["val", "test_2016_flickr"]:
+    for name, side, vocab in [("German", 0, vocab_src), ("English", 1, vocab_tgt)]:
+        words = [token for pair in tokens[split] for token in pair[side]]
+        unknown = sum(token not in vocab for token in words)
+        print(f"{split:>16} {name:>7}: {unknown / len(words):.2%} of tokens are <unk>")
+with tempfile.TemporaryDirectory() as folder:  # saved and loaded, the same table
+    vocab_src.save(Path(folder) / "vocab_de.json")
+    assert Vocab.load(Path(folder) / "vocab_de.json") == vocab_src
+
+# %% [markdown]
+# German needs more entries than English for the same captions, since it glues words into
+# compounds and inflects articles and adjectives, and about twice as large a share of its
+# held-out tokens is unknown: a compound is rarer than the words it is made of.
+#
+# **From sentences to tensors.** `encode_pairs` turns token pairs into id pairs.
+# `filter_by_length` drops the pairs longer than `max_len` and counts them: a cap bounds a batch's
+# memory, but one that silently shortened sentences would teach translations that stop
+# mid-sentence. `collate_batch` wraps each sentence in `<s>` ... `</s>` and pads a batch to its
+# longest sentence, never further.
+#
+# ```{note}
+# The classic version padded every sentence to 72 tokens with `F.pad`, which crops when given a
+# negative amount: a longer sentence would silently have lost its end and its `</s>`.
+# ```
+
+# %% tags=["export"]
+from collections.abc import Iterable, Sequence
+
+import torch
+
+
+def encode_pairs(token_pairs: Iterable[tuple[Sequence[str], Sequence[str]]], vocab_src: Vocab,
+                 vocab_tgt: Vocab) -> list[tuple[list[int], list[int]]]:
+    """Each token pair as two lists of ids (without `<s>` and `</s>`)."""
+    return [(vocab_src.encode(src), vocab_tgt.encode(tgt)) for src, tgt in token_pairs]
+
+
+def filter_by_length(examples: Sequence[tuple[Sequence[int], Sequence[int]]], *,
+                     max_len: int) -> tuple[list[tuple[Sequence[int], Sequence[int]]], int]:
+    """The pairs whose both sides fit max_len with `<s>` and `</s>`, and how many were dropped."""
+    if not isinstance(max_len, int) or max_len < 3:
+        raise ValueError(f"max_len must be an integer >= 3 (<s>, a token, </s>), got {max_len!r}")
+    kept = [(src, tgt) for src, tgt in examples if max(len(src), len(tgt)) + 2 <= max_len]
+    return kept, len(examples) - len(kept)
+
+
+def example_lengths(
+    examples: Sequence[tuple[Sequence[int], Sequence[int]]],
+) -> tuple[list[int], list[int]]:
+    """The source and target lengths as collate_batch makes them (with `<s>` and `</s>`)."""
+    return [len(src) + 2 for src, _ in examples], [len(tgt) + 2 for _, tgt in examples]
+
+
+def collate_batch(batch: Sequence[tuple[Sequence[int], Sequence[int]]], *, bos_id: int = BOS_ID,
+                  eos_id: int = EOS_ID, pad_id: int = PAD_ID) -> tuple[torch.Tensor, torch.Tensor]:
+    """Wrap each sentence in `<s>` ... `</s>` and pad to the longest in the batch (never cut)."""
+    if len(batch) == 0:
+        raise ValueError("batch is empty; collate_batch needs at least one (src, tgt) pair")
+
+    def pad(sequences: list[Sequence[int]]) -> torch.Tensor:
+        n = max(len(s) for s in sequences) + 2  # the longest, with <s> and </s>
+        out = torch.full((len(sequences), n), pad_id, dtype=torch.long)  # (batch, n)
+        for row, s in enumerate(sequences):
+            out[row, : len(s) + 2] = torch.tensor([bos_id, *s, eos_id], dtype=torch.long)
+        return out
+
+    return pad([src for src, _ in batch]), pad([tgt for _, tgt in batch])  # (batch, n_src/tgt)
+
+
+# %%
+examples = encode_pairs(train_tokens, vocab_src, vocab_tgt)
+for max_len in [72, 32]:
+    kept, dropped = filter_by_length(examples, max_len=max_len)
+    print(f"max_len={max_len}: kept {len(kept):,} pairs, dropped {dropped}")
+
+src, tgt = collate_batch(examples[:3])
+print(src.shape, tgt.shape)
+print(tgt)
+print(" ".join(vocab_tgt.lookup_tokens(tgt[1])))
+
+# %% [markdown]
+# No training pair is longer than 72 tokens; a tighter cap drops a few and says how many. In the
+# padded rows, look for `<s>` (id 0) at the start, `</s>` (id 1) after each sentence and padding
+# (id 2) after that: these two tensors are what chapter 7's `Batch` takes.
+#
+# Chapter 9's `TokenBudgetSampler` sorts the whole training set by length before it cuts batches.
+# Sorting within smaller pools would mix lengths more from epoch to epoch, at a price in padding:
+
+# %%
+src_lengths, tgt_lengths = example_lengths(examples)  # with <s> and </s>
+for pool_size in [512, 2048, 8192, None]:
+    batches = TokenBudgetSampler(src_lengths, tgt_lengths, max_tokens=2048,
+                                 pool_size=pool_size).batches()
+    print(f"pool_size={str(pool_size):>4}: {len(batches)} batches, "
+          f"{padding_fraction(batches, src_lengths, tgt_lengths):.1%} padding")
+
+# %% [markdown]
+# The whole-set sort wastes the least, and it does not freeze the batches: thousands of sentences
+# share each length, and the shuffle before the sort mixes them differently every epoch.
+#
+# **Run files and batches.** A run builds its vocabularies once, on its first process (its
+# *rank* 0; chapter 22 runs several), and writes them as JSON into the checkpoint folder. The
+# other processes receive them from it, not from the folder, which on another machine may not
+# exist; a resumed run and later the translation script read them from the folder, so that word
+# $i$ means the same word everywhere. `multi30k_loader` puts the sampler and `collate_batch` into
+# a `DataLoader` that yields `Batch` objects (chapter 7) with their masks.
 
 # %% tags=["export"]
 import os
@@ -456,22 +678,12 @@ print(next(iter(loader)))
 # %% [markdown]
 # ## One epoch
 #
-# `train_epoch` and `evaluate` are chapter 8's accumulation core, `run_groups`, applied to
-# Multi30k's batches, with two additions.
-#
-# **Moving batches.** The loader builds each `Batch` on the CPU; it is moved to the model's
-# device just before use.
-#
-# **Likelihood.** The label-smoothed loss that training minimizes is not the model's
-# likelihood: even a perfect model pays for the smoothing. So the loss function below also adds
-# up the plain negative log-likelihood of the reference tokens, and the history reports it per
-# token beside the smoothed loss, with the perplexity $e^{\text{NLL}}$.
-#
-# Training on several devices at once, and in bfloat16 on GPUs, asks more of the same loop:
-# the gradients of all processes must be averaged over the right number of tokens, and the
-# forward pass must run under autocast. Chapter 22, which trains on many devices, grows
-# `run_groups`, `train_epoch` and `evaluate` for that; the versions here are the whole loop of
-# one process.
+# `train_epoch` and `evaluate` apply chapter 8's accumulation core, `run_groups`, to these
+# batches, moving each `Batch` to the model's device just before use. They also add up the plain
+# negative log-likelihood of the reference tokens: the label-smoothed loss that training
+# minimizes is not the model's likelihood (even a perfect model pays for the smoothing), so the
+# history reports the NLL per token and the perplexity $e^{\text{NLL}}$ beside it. Chapter 22
+# grows all three for several devices and bfloat16; here they are the whole loop of one process.
 
 # %% tags=["export"]
 from collections.abc import Iterable
@@ -531,10 +743,9 @@ def evaluate(
     return loss, tokens, loss_compute.nll
 
 # %% [markdown]
-# A check that the loop trains: a tiny model (one layer, $d_{\text{model}}=64$) takes two
-# epochs over the 400 training pairs of the cell above, two micro-batches per optimizer step,
-# and its loss per token on 200 validation pairs must fall. With a vocabulary of 400
-# sentences this is no translator yet; it shows the pieces working together.
+# A check that the loop trains: a tiny model (one layer, $d_{\text{model}}=64$) takes two epochs
+# over the 400 training pairs above, two micro-batches per optimizer step, and its loss on 200
+# validation pairs must fall. With a vocabulary from 400 sentences it is no translator yet.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -570,31 +781,25 @@ assert val_losses[0] > val_losses[1] > val_losses[2]
 # %% [markdown]
 # ## Translating and scoring
 #
-# To translate, the model decodes greedily (chapter 5's `greedy_decode`, which works on whole
-# batches and pads a finished sentence with `</s>`). A translation must never contain `<s>`,
-# padding or, unless the reader asks for it, `<unk>`, and nothing in chapter 5's loop prevents
-# it: a model that gives those ids a high probability would emit them. So `greedy_decode` grows
-# one keyword here, `banned`, whose ids get the log-probability $-\infty$ before the argmax. Sentences are sorted by length before they
-# are cut into batches, so that a batch carries little padding, and the results are put back
-# in input order. Each output is cut at its first `</s>` and turned back into text. That
-# text-to-text part is `translate_with`, which takes the decoder as an argument; `translate`
-# gives it greedy decoding, and chapter 15 gives it beam search.
+# To translate, the model decodes greedily (chapter 5's `greedy_decode`). A translation must
+# never contain `<s>`, padding or, unless the reader asks for it, `<unk>`, and nothing in chapter
+# 5's loop keeps a model from emitting them; so `greedy_decode` grows one keyword here, `banned`,
+# whose ids get the log-probability $-\infty$ before the argmax. `translate_with` sorts the
+# sentences by length before cutting them into batches (less padding), cuts each output at its
+# first `</s>`, turns it back into text and restores the input order; it takes the decoder as an
+# argument, and `translate` gives it greedy decoding (chapter 15 gives it beam search).
 #
-# Turning tokens back into text is the inverse of spaCy's tokenizer, and it matters for the
-# score: BLEU compares the output with the reference *as text*, so "a dog ." against "a dog."
-# would count a wrong token. Our detokenizer joins the tokens with spaces and then glues what
-# spaCy split off: punctuation to the word before it, `n't` and `'s` to their word, an opening
-# bracket to the word after it, the parts of a hyphenated word ("T - shirt"), and straight
-# quotes alternately to the next and the previous word. It is a handful of rules, not a full
-# inverse, and it is tested on examples.
+# Turning tokens back into text matters for the score: BLEU compares text, so "a dog ." against
+# "a dog." would count a wrong token. `detokenize` joins the tokens with spaces and glues back
+# what spaCy split off: punctuation to the word before, `n't` and `'s` to their word, an opening
+# bracket to the word after, the parts of "T - shirt", and straight quotes alternately to the next
+# and the previous word. It is a handful of rules, tested on examples, not a full inverse.
 #
 # The score is corpus BLEU from sacreBLEU {cite}`post2018call`, which tokenizes hypotheses and
-# references itself with a fixed tokenizer and reports a *signature*: the settings that
-# produced the number. A BLEU score is only comparable with another computed with the same
-# signature, so we always print it with the score.
-#
-# The table of examples walks the validation set in order from a given position, so that two
-# calls show different sentences and a reader can look them up.
+# references itself and reports a *signature*, the settings that produced the number. Scores are
+# comparable only under the same signature, so we print it with every score.
+# `translation_table` walks the validation set in order from a given position, so that a reader
+# can look the sentences up.
 
 # %% tags=["export", "extends"]
 import math
@@ -815,8 +1020,7 @@ assert detokenize(tokens) == 'A man in a T-shirt doesn\'t smile (really), he\'s 
 # ## The shipped model: training and BLEU
 #
 # The model that ships with the book, in `book/models/multi30k_cpu/`, came from one command on
-# the book's 2-core CPU, followed by one call that keeps the weights in half precision with the
-# vocabularies and a note of how they were made:
+# the book's 2-core CPU, followed by one call that keeps what translation needs:
 #
 # ```bash
 # python tools/train.py --config cpu --threads 1
@@ -825,25 +1029,15 @@ assert detokenize(tokens) == 'A man in a T-shirt doesn\'t smile (really), he\'s 
 #     command='python tools/train.py --config cpu --threads 1')"
 # ```
 #
-# (`make train` runs the first line; after an interruption, `make train RESUME=1` continues from
-# the last epoch's checkpoint; chapter 22 explains what the command does.) `export_for_shipping`
-# keeps only what translation needs: the weights in half precision, the two vocabularies, and an
-# `info.json` with the configuration, the variant, the command, the training time and the
-# hardware. `load_trained_model` builds the model from them in float32; outside a copy of the
-# repository it first downloads the files and checks their checksums (the appendix
-# {doc}`appendix_data` shows how). Chapter 18 ships a second, better model, trained on subwords,
-# and `load_trained_model(name=...)` picks between them.
-#
-# ```{admonition} Which model this is
-# Both shipped models are **pre-norm** (`make_model`'s default `norm_first=True`; their
-# `info.json` says `"variant": "pre-norm"`): the layer norm stands before each sublayer and once
-# more at the top of each stack, where the paper puts it after each residual addition
-# (post-norm, `norm_first=False`; chapter 2 shows both). Pre-norm trains reliably with the short
-# warm-up that a run of an hour on a CPU allows; chapter 19 trains the paper's post-norm model
-# beside it.
-# ```
-#
-# The note records the rest:
+# (`make train` runs the first line, and `make train RESUME=1` continues an interrupted run from
+# its last checkpoint.) `export_for_shipping` keeps the weights in half precision, the two
+# vocabularies, and an `info.json` with the configuration, the variant, the command, the training
+# time and the hardware. `load_trained_model` builds the model from them in float32; outside a
+# copy of the repository it first downloads the files and checks their checksums
+# ({doc}`appendix_data`). Chapter 18 ships a second, better model, trained on subwords, and
+# `load_trained_model(name=...)` picks between them. Both are pre-norm, the book's default
+# (chapter 5 says why; their `info.json` says `"variant": "pre-norm"`). The note records the
+# rest:
 
 # %%
 import json
@@ -864,9 +1058,9 @@ line_chart(history, x="epoch:Q", y="loss:Q", color="split:N", formats={"loss": "
            title="The shipped model's training")
 
 # %% [markdown]
-# Now the measurement that matters: greedy decoding of every sentence of the validation set
-# and of the 2016 Flickr test set, detokenized, scored with sacreBLEU against the single
-# reference (cased). The signature says exactly how.
+# Now the measurement that matters: greedy decoding of every sentence of the validation set and
+# of the 2016 Flickr test set, detokenized, scored with sacreBLEU against the single reference
+# (cased). The signature says exactly how.
 
 # %%
 model, vocab_src, vocab_tgt, config = load_trained_model()
@@ -880,9 +1074,17 @@ for split in ("val", "test_2016_flickr"):
 print("sacreBLEU signature:", signature)
 
 # %% [markdown]
-# Twelve epochs, 67 minutes on one core of this book's CPU, give **37.8 BLEU on the validation set and 37.6 on the 2016 Flickr test set**, with greedy decoding that never writes `<unk>` (chapter 18 explains the ban; allowing `<unk>` costs the same model one to two points on each set, as chapter 18 measures). (These numbers are not comparable with the paper's 27.3 on WMT 2014: Multi30k's sentences are short, literal descriptions of photographs, a much easier task than news text.) The validation loss had flattened by epoch 8 while the training loss kept falling, so more epochs of this model would buy little; a larger model, beam search (chapter 15), checkpoint averaging (chapter 16) or a subword vocabulary (chapter 17) are the usual next steps.
+# Twelve epochs, 67 minutes on one core of this book's CPU, give **37.8 BLEU on the validation
+# set and 37.6 on the 2016 Flickr test set**, with greedy decoding that never writes `<unk>`
+# (chapter 18 explains the ban and measures what allowing `<unk>` costs). These numbers are not
+# comparable with the paper's 27.3 on WMT 2014: Multi30k's short, literal descriptions of
+# photographs are a much easier task than news text. In the chart above, look for the validation
+# loss flattening while the training loss keeps falling: more epochs of this model would buy
+# little; a larger model, beam search (chapter 15), checkpoint averaging (chapter 16) or a subword
+# vocabulary (chapter 17) are the usual next steps.
 #
-# What those numbers look like: the first ten sentences of the validation set, in order, with the reference and the model's translation.
+# The first ten sentences of the validation set, in order, with the reference and the model's
+# translation:
 
 # %%
 pd.set_option("display.max_colwidth", 80)
@@ -890,9 +1092,18 @@ table = translation_table(model, val_pairs, vocab_src, vocab_tgt, tokenizers[0],
 pd.DataFrame(table)
 
 # %% [markdown]
-# Most translations are fluent and close to the reference, often with a different but correct word order ("sleeping on a couch in a green room"). The errors are instructive. A German word that is not in the vocabulary reaches the model as `<unk>`, and since the decoder never writes `<unk>`, the model fills the gap with something plausible but wrong: *Baumwolle* (cotton) occurs once in the training set, below `min_freq=2`, and the men are loading "railroad tracks"; *Eisfischerhütte* (ice fishing hut) never occurs in training and becomes "a blue metal structure". Both are limits of a word-level vocabulary built from 29,000 captions, which is what subword vocabularies {cite}`sennrich2016neural` were invented to fix. Not every error is the vocabulary's: *Mountainbike* is in the German vocabulary, and the model still drops the bike.
+# Most translations are fluent and close to the reference, often with a different but correct
+# word order ("sleeping on a couch in a green room"). The errors are instructive. A German word
+# that is not in the vocabulary reaches the model as `<unk>`, and since the decoder never writes
+# `<unk>`, the model fills the gap with something plausible but wrong: *Baumwolle* (cotton)
+# occurs once in the training set, below `min_freq=2`, and the men are loading "railroad tracks";
+# *Eisfischerhütte* (ice fishing hut) never occurs in training and becomes "a blue metal
+# structure". Both are limits of a word vocabulary built from 29,000 captions, which subword
+# vocabularies {cite}`sennrich2016neural` were invented to fix. Not every error is the
+# vocabulary's: *Mountainbike* is in the German vocabulary, and the model still drops the bike.
 #
-# Translation from the command line is a pipe, German in, one sentence per line, English out, one line per line, using this shipped model:
+# Translation from the command line is a pipe, German in and English out, one sentence per line,
+# with this shipped model:
 #
 # ```bash
 # echo "Ein Hund rennt durch den Schnee." | make -s translate
@@ -901,15 +1112,42 @@ pd.DataFrame(table)
 # %% [markdown]
 # ```{note}
 # The classic Annotated Transformer saved only the model's weights after each epoch, with a
-# plain `torch.save`, so an interrupted run could not continue where it stopped; and its
-# `check_outputs` showed examples from a freshly shuffled validation batch each time. Here a
-# checkpoint holds everything needed to resume exactly and is replaced atomically, and example
-# translations walk the validation set in order.
+# plain `torch.save`, so an interrupted run could not continue, and it showed examples from a
+# freshly shuffled validation batch each time. Here a checkpoint holds everything needed to
+# resume and is replaced atomically, and the examples walk the validation set in order.
 # ```
 #
 # You now have what a training run needs: a configuration per run, checkpoints that make an
-# interruption cost at most an epoch, batches for one process or many, an epoch of training and
-# evaluation, and translation with a reproducible BLEU score.
-# The rest of Part III takes up the tools the paper used to get more out of a trained model:
-# beam search with a length penalty (chapter 15), averaging the last checkpoints (chapter 16),
-# and subword vocabularies (chapter 17).
+# interruption cost at most an epoch, word vocabularies and token-budget batches, an epoch of
+# training and evaluation, and translation with a reproducible BLEU score. The rest of Part III
+# takes up what the paper used to get more out of a trained model: beam search with a length
+# penalty (chapter 15), averaging the last checkpoints (chapter 16), and subword vocabularies
+# (chapter 17).
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. **A vocabulary by hand.** What does
+#    `Vocab.build([["a", "b", "a"], ["a", "b", "c"]]).encode(["b", "c", "a"])` return? Work it
+#    out from the rules (specials first, then tokens seen at least twice, most frequent first,
+#    `<unk>` for the rest) and write it in `answer_1`.
+# 2. **Why the training split only?** This chapter builds the vocabularies from the training
+#    sentences alone. What would go wrong, in the numbers it reports, if the test sentences
+#    helped choose the vocabulary?
+#
+# ```{dropdown} Answer to 2
+# The test set would no longer be unseen: words that occur only in it would get ids of their own
+# instead of `<unk>`, so the share of `<unk>` reported for the test set would flatter the
+# vocabulary, lower than new text would show. The model would gain little from those ids:
+# training never shows it those words.
+# ```
+
+# %% tags=["hide-cell"]
+# Exercise 1: our answer (hidden in the book). Replace it with yours.
+answer_1 = [5, 3, 4]  # ids 0-3 are the specials; "a" (3 times) gets 4, "b" 5; "c" is <unk>
+
+# %%
+# Check exercise 1
+toy = Vocab.build([["a", "b", "a"], ["a", "b", "c"]])
+assert toy.encode(["b", "c", "a"]) == answer_1
+print("exercise 1: correct")

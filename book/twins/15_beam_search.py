@@ -1,22 +1,21 @@
 # %% [markdown]
 # # Decoding: greedy search and beam search
 #
-# A trained model does not translate by itself. It gives, for a source sentence $X$, the
-# probability of the next target word given the words before it, $p(y_t \mid y_{<t}, X)$, and
-# so the probability of any complete output $Y = y_1 \dots y_n$ (ending with `</s>`):
+# A trained model does not translate by itself. For a source sentence $X$ it gives the
+# probability of the next target word given the words before it, $p(y_t \mid y_{<t}, X)$, and so
+# the probability of any complete output $Y = y_1 \dots y_n$ (ending with `</s>`):
 #
 # $$P(Y \mid X) = \prod_{t=1}^{n} p(y_t \mid y_{<t}, X), \qquad
 # \log P(Y \mid X) = \sum_{t=1}^{n} \log p(y_t \mid y_{<t}, X).$$
 #
-# A translation is then a search: find an output with a high probability. The exact answer,
-# $\arg\max_Y P(Y \mid X)$, is out of reach, because with chapter 9's English vocabulary of 6,190
-# entries there are $6190^{n}$ outputs of length $n$. Chapter 14 used the simplest search, greedy
+# Translating is a search for an output with a high probability. The exact answer,
+# $\arg\max_Y P(Y \mid X)$, is out of reach: with chapter 14's English vocabulary of 6,190 entries
+# there are $6190^{n}$ outputs of length $n$. Chapter 14 used the simplest search, greedy
 # decoding: take the most probable word at each step and never look back. The paper
 # {cite}`vaswani2017attention` used beam search (§6.1), which keeps several partial outputs
-# alive at each step. This chapter shows why greedy decoding can miss the most probable
-# sentence, builds beam search the way the paper used it, with the length penalty of Google's
-# translation system {cite}`wu2016google`, and measures what it changes for the model that
-# chapter 14 trained.
+# alive. This chapter shows why greedy decoding can miss the most probable sentence, builds beam
+# search as the paper used it, with the length penalty of Google's translation system
+# {cite}`wu2016google`, and measures what it changes for chapter 14's model.
 
 # %% tags=["setup", "hide-cell"]
 # Setup (hidden in the book): in Colab, install the book's package; everywhere, import what
@@ -58,14 +57,13 @@ enable_book_charts()
 # %% [markdown]
 # ## Why greedy decoding can miss the best sentence
 #
-# Greedy decoding commits to the most probable first word before it knows what follows. That is
-# a bad bet when the most probable first word leads to continuations that are each unlikely.
-# A small example shows it. Suppose the model is translating *Der Hund.* and is unsure how to
-# begin: many captions start with "A", so it gives "A" probability 0.5 and "The" 0.4. After
-# "A" it cannot decide between three words for the animal; after "The" it is sure of "dog".
-# We write these next-word probabilities into a table and wrap it in a stand-in model, so that
-# the decoders of this book can run on it. Its `decode` reads the table for each prefix, and
-# its `generator` passes the log-probabilities through.
+# Greedy decoding commits to the most probable first word before it knows what follows, a bad
+# bet when that word leads only to continuations that are each unlikely. Suppose the model is
+# translating *Der Hund.* and is unsure how to begin: many captions start with "A", so it gives
+# "A" probability 0.5 and "The" 0.4. After "A" it cannot decide between three words for the
+# animal; after "The" it is sure of "dog". We write these next-word probabilities into a table
+# and wrap it in a stand-in model whose `decode` reads the table for each prefix, so that the
+# book's decoders can run on it.
 
 # %% tags=["export"]
 from collections.abc import Mapping, Sequence
@@ -150,93 +148,76 @@ print("\ngreedy decoding:", " ".join(words[i] for i in ys[0].tolist()))
 
 # %% [markdown]
 # Greedy decoding says "A dog" with probability $0.5 \cdot 0.35 = 0.175$, while "The dog" has
-# $0.4 \cdot 0.8 = 0.32$, almost twice as much, and is the right translation. The first step
-# looked only at the 0.5 against the 0.4 and threw "The" away. A search that had kept both
-# first words for one more step would have seen the difference.
+# $0.4 \cdot 0.8 = 0.32$ and is the right translation. The first step compared only 0.5 with 0.4
+# and threw "The" away; a search that had kept both first words for one more step would have
+# seen the difference.
 #
 # ## Beam search
 #
-# Beam search keeps the $k$ best partial outputs, the *beam*, instead of one. Each sentence has
-# $k$ slots, and a search goes like this:
+# Beam search keeps the $k$ best partial outputs, the *beam*, instead of one:
 #
 # 1. Start with one hypothesis, `<s>` alone, with $\log P = 0$.
-# 2. Extend every unfinished hypothesis by every word of the vocabulary:
-#    at most $k \cdot V$ candidates, each scored by $\log P$ of its prefix plus $\log p$ of the new word.
-# 3. Take the $2k$ best candidates. Those among the best $k$ that end with `</s>` are
-#    finished: they are set aside and never extended again. A candidate that reaches the
-#    maximum length is finished too.
+# 2. Extend every unfinished hypothesis by every word of the vocabulary: at most $k \cdot V$
+#    candidates, each scored by $\log P$ of its prefix plus $\log p$ of the new word.
+# 3. Take the $2k$ best candidates. Those among the best $k$ that end with `</s>`, or reach the
+#    maximum length, are finished: set aside and never extended again.
 # 4. The $k$ best candidates that did not finish fill the $k$ slots, so the beam holds $k$
-#    unfinished hypotheses at every step, however many have finished ($2k$ candidates are
-#    enough: at most $k$ of them can end).
-# 5. Repeat from 2 until $k$ hypotheses have finished. Among the finished hypotheses, the
-#    one with the best score wins.
+#    unfinished hypotheses at every step ($2k$ candidates are enough: at most $k$ of them end).
+# 5. Repeat from 2 until $k$ hypotheses have finished; the finished one with the best score wins.
 #
-# With $k = 1$ this is greedy decoding exactly: one slot, the best word at each step, and the
-# search ends with the first `</s>`. With $k$ larger than the number of all possible outputs
-# it is exhaustive search. In between, it is a bet that the best output stays among the $k$
-# best prefixes at every step; the example above needs $k = 2$.
-#
-# Keeping $k$ hypotheses alive is what the paper's code, tensor2tensor
-# {cite}`vaswani2018tensor2tensor`, and fairseq {cite}`ott2019fairseq` do, and stopping after
-# $k$ finished outputs is fairseq's rule. A simpler variant lets a finished
-# hypothesis keep its slot instead, so that the beam narrows as outputs finish and the last
-# unfinished hypothesis is searched with a beam of one; `beam_search(..., narrowing=True)`
-# does that, and chapter 18 measures the difference on the trained models.
+# With $k = 1$ this is exactly greedy decoding; with $k$ larger than the number of possible
+# outputs it is exhaustive search. In between, it bets that the best output stays among the $k$
+# best prefixes at every step; the example above needs $k = 2$. Keeping $k$ hypotheses alive is
+# what the paper's code, tensor2tensor {cite}`vaswani2018tensor2tensor`, and fairseq
+# {cite}`ott2019fairseq` do, and stopping after $k$ finished outputs is fairseq's rule. A simpler
+# variant lets a finished hypothesis keep its slot, so that the beam narrows as outputs finish;
+# `beam_search(..., narrowing=True)` does that, and chapter 18 compares the two.
 #
 # ### Why raw log-probability favours short outputs
 #
 # Every word multiplies the probability of an output by a number below one, so a longer output
-# pays for each word it adds. At every step the model gives some probability to ending the
-# sentence, and a search that compares the raw $\log P$ of outputs of different lengths prefers
-# an output that stops early over one that goes on, even when the model thinks going on is more
-# likely in total but spreads that probability over many ways of going on. The more thoroughly
-# a search maximises raw $\log P$, the shorter its outputs get: beyond a narrow beam, wider
-# beams translate worse {cite}`koehn2017six`, and exact search under a Transformer finds that the single most probable
-# output is often the empty one {cite}`stahlberg2019nmt`.
+# pays for each word it adds. The model gives some probability to ending at every step, and a
+# search that compares raw $\log P$ across lengths prefers to stop early, even when the model
+# thinks going on is more likely in total but spreads that probability over many ways of going
+# on. The harder a search maximises raw $\log P$, the shorter its outputs: beyond a narrow beam,
+# wider beams translate worse {cite}`koehn2017six`, and exact search under a Transformer often
+# finds that the single most probable output is the empty one {cite}`stahlberg2019nmt`.
 #
-# The paper's remedy, taken from Google's translation system {cite}`wu2016google`, divides
-# $\log P$ by a penalty that grows with the length $|Y|$ of the output:
+# The paper's remedy, from Google's translation system {cite}`wu2016google`, divides $\log P$ by
+# a penalty that grows with the length $|Y|$ of the output (the generated words with the final
+# `</s>`):
 #
 # $$\mathrm{lp}(Y) = \left(\frac{5 + |Y|}{6}\right)^{\alpha}, \qquad
 # \mathrm{score}(Y) = \frac{\log P(Y \mid X)}{\mathrm{lp}(Y)}.$$
 #
 # With $\alpha = 0$ the penalty is 1 and the score is the raw $\log P$; with $\alpha = 1$ the
-# score of a long output is nearly proportional to its average log-probability per word; the
-# paper uses $\alpha = 0.6$. The constants give an output of one word a penalty of exactly 1.
-# (Google's system also added a coverage penalty, which the Transformer paper does not
-# mention; we leave it out.) Here $|Y|$ counts the generated words with the final `</s>`.
-# Since $\log P \le 0$, dividing by a larger
-# penalty raises the score, so longer outputs are helped.
-#
-# Within one step of beam search every candidate has the same length, so the penalty does not
-# change which candidates survive steps 3 and 4; it decides only step 5, the choice between
-# finished outputs of different lengths.
+# score of a long output is nearly its average log-probability per word; the paper uses
+# $\alpha = 0.6$. An output of one word gets a penalty of exactly 1. Since $\log P \le 0$,
+# dividing by a larger penalty raises the score, so longer outputs are helped. (Google's system
+# also had a coverage penalty, which the Transformer paper does not mention; we leave it out.)
+# Within one step every candidate has the same length, so the penalty never changes which
+# candidates survive steps 3 and 4; it decides only step 5, between finished outputs of
+# different lengths.
 #
 # ### The paper's settings, and stopping early
 #
-# Section 6.1 of the paper gives the settings: beam size $k = 4$, $\alpha = 0.6$, a maximum
-# output length of the input length plus 50, and stopping early when possible. When is it
-# possible? An unfinished hypothesis with log-probability $L$ can only lose probability as it
-# grows, and its penalty can grow at most to that of the maximum length $m$. Its best
-# conceivable final score is therefore $L / \mathrm{lp}(m)$ (for $\alpha \ge 0$). Once the best
-# finished score of a sentence is at least this bound for every unfinished hypothesis in its
-# beam, nothing left can win, and the sentence stops before it has $k$ finished outputs. This
-# never changes the result, only the time it takes. With $\alpha = 0$ the bound is tight (the penalty is 1 at every length), so
-# the search can stop soonest; with $\alpha > 0$ the bound assumes the penalty of the maximum
-# length, and the search stops later. The timings at the end of the chapter show how much that
-# matters.
+# Section 6.1 gives beam size $k = 4$, $\alpha = 0.6$, a maximum output length of the input
+# length plus 50, and stopping early when possible. An unfinished hypothesis with log-probability
+# $L$ can only lose probability as it grows, and its penalty can grow at most to that of the
+# maximum length $m$, so its best conceivable score is $L / \mathrm{lp}(m)$ (for
+# $\alpha \ge 0$). Once a sentence's best finished score reaches this bound for every unfinished
+# hypothesis in its beam, nothing left can win, and the sentence stops. This never changes the
+# result, only the time; with $\alpha = 0$ the bound is tight, so the search can stop soonest.
 #
-# The implementation below works on a batch of sentences at once. It encodes each source
-# once. At every step it gathers the unfinished hypotheses of all sentences into one batch of
-# rows (at most batch $\times$ $k$ of them), runs the decoder on them, and scatters the
-# log-probabilities back into a (batch, $k$, $V$) tensor of candidates. Finished hypotheses and
-# sentences that have stopped cost nothing. Like chapter 14's `greedy_decode`, it runs the
-# decoder over the whole prefix at each step, without caching the previous steps' keys and
-# values, which keeps the code short and costs time that grows roughly with the square of the
-# output length. The result has `greedy_decode`'s form, so that one can replace the other: token ids
-# (batch, $\le$ `max_len`) that begin with the start symbol and are padded with the end symbol,
-# and, beside them, each sentence's score. `max_len` may be one number for all sentences or
-# one per sentence, which is what "input length plus 50" needs.
+# The implementation works on a batch of sentences at once. It encodes each source once; at every
+# step it gathers the unfinished hypotheses of all sentences into one batch of rows (at most
+# batch $\times$ $k$), runs the decoder on them, and scatters the log-probabilities back into a
+# (batch, $k$, $V$) tensor of candidates, so finished hypotheses cost nothing. Like chapter 14's
+# `greedy_decode`, it reruns the decoder over the whole prefix at each step, without a cache. Its
+# result has `greedy_decode`'s form, so that one can replace the other: token ids (batch, $\le$
+# `max_len`) that begin with the start symbol and are padded with the end symbol, and beside them
+# each sentence's score. `max_len` is one number or one per sentence, as "input length plus 50"
+# needs.
 
 # %% tags=["export"]
 import math
@@ -385,13 +366,12 @@ for k in (1, 2):
           f"log P = {log_p:.3f}, P = {math.exp(log_p):.3f}")
 
 # %% [markdown]
-# Two of the properties that `tests/test_beam_search.py` checks can be seen on a small random
-# model as well, with `</s>` made likely so that its outputs end at different lengths: a beam
-# of one returns exactly the tensor that `greedy_decode` returns, and wider beams find
-# outputs with better scores for some of the sentences. Wider is not better for every
-# sentence in general: a wider beam can lose the greedy path on the way. Beam search is a
-# heuristic, not an exact search. The last row is a beam of 4 that narrows as outputs finish
-# (`narrowing=True`), beside the full beam of 4 above it.
+# On a small random model with `</s>` made likely, so that outputs end at different lengths, a
+# beam of one returns exactly the tensor that `greedy_decode` returns, and wider beams find better
+# scores for some sentences (`tests/test_beam_search.py` checks both, and that a bad argument
+# raises an error that names it). Wider is not better for every sentence in general: a wider beam
+# can lose the greedy path on the way, since beam search is a heuristic, not an exact search. The
+# last row is a beam of 4 that narrows as outputs finish.
 
 # %%
 torch.set_num_threads(1)  # outputs that do not depend on the thread count; see below
@@ -417,30 +397,13 @@ for k, s in scores.items():
     print(f"  k={k}: " + " ".join(f"{x:7.3f}" for x in s.tolist()))
 
 # %% [markdown]
-# A wrong argument gets an error that says what was expected:
-
-# %%
-bad_calls = {
-    "beam_size=0": dict(src=src, src_mask=src_mask, beam_size=0),
-    "src of one sentence without the batch": dict(src=src[0], src_mask=src_mask),
-    "src_mask without the query axis": dict(src=src, src_mask=src_mask[:, 0]),
-    "alpha=-1": dict(src=src, src_mask=src_mask, alpha=-1.0),
-}
-for what, arguments in bad_calls.items():
-    try:
-        beam_search(tiny, max_len=12, start_symbol=0, end_symbol=1, **arguments)
-    except (ValueError, TypeError) as err:
-        print(f"{what}: {type(err).__name__}: {err}")
-
-# %% [markdown]
 # ## Translating with beam search
 #
-# `beam_translate` is chapter 14's `translate_with` given beam search in place of greedy decoding:
+# `beam_translate` is chapter 14's `translate_with` with beam search in place of greedy decoding:
 # the same tokenizer, vocabularies and detokenizer, sentences sorted by length so that a batch
-# wastes little padding, and the paper's limit of the input length plus 50 for each sentence.
-# A batch of 32 sentences becomes at most $32 \cdot k$ rows of the decoder. Both functions hand
-# the search's own options (`beam_size`, `alpha`, `narrowing`) to `beam_search` as they are,
-# and an option that a later chapter gives `beam_search` passes through them as well.
+# wastes little padding, and the paper's limit of the input length plus 50 for each sentence. It
+# and `beam_translate_batch` pass the search's own options (`beam_size`, `alpha`, `narrowing`) on
+# to `beam_search` unchanged.
 
 # %% tags=["export"]
 from collections.abc import Sequence
@@ -507,20 +470,16 @@ def beam_translate(
 # %% [markdown]
 # ## What beam search does for the trained model
 #
-# Now the model that chapter 14 trained and ships with the book: $N = 3$, $d_{\text{model}} =
-# 256$, 37.8 BLEU on the validation set and 37.6 on the 2016 Flickr test set with greedy
-# decoding. Every time below was measured on the book's machine, a 2-core CPU without a GPU
-# that other jobs were sharing, on one thread (set above), because chapter 14 found one
-# thread far steadier than two on a shared machine; one thread also keeps the stored outputs
-# independent of the thread count. Decoding the whole validation and test sets (2,014
-# sentences) with a dozen settings would take far longer than a chapter that runs as a test
-# may, so the comparisons below use the first 100 validation sentences, in the order of the
-# file, and only the final one runs on the whole test set. At that size a difference of a few tenths of a BLEU point means nothing, and even a
-# whole point is no certainty.
+# Now the model that chapter 14 trained and ships: $N = 3$, $d_{\text{model}} = 256$, 37.8 BLEU
+# on the validation set and 37.6 on the 2016 Flickr test set with greedy decoding. Everything
+# runs on one thread, which keeps the outputs independent of the thread count. A dozen settings
+# on the whole validation and test sets would take far longer than a chapter that runs as a test
+# may, so the comparisons use the first 100 validation sentences, and only the final one runs on
+# the whole test set. At 100 sentences a few tenths of a BLEU point mean nothing, and even a whole
+# point is no certainty.
 #
-# First the sources are tokenized once, and greedy decoding (chapter 14's `translate_batch`)
-# runs on the first 100 validation sentences. Beam search with $k = 1$ must give the same
-# translations.
+# First, greedy decoding (chapter 14's `translate_batch`) of the 100 sentences, and beam search
+# with $k = 1$, which must give the same translations.
 
 # %%
 import time
@@ -568,17 +527,13 @@ print("sacreBLEU signature:", signature)
 # %% [markdown]
 # ### Beam size and length penalty
 #
-# Next, beam sizes 1, 2 and 4, each with $\alpha$ = 0, 0.6 (the paper's) and 1.0, and beam
-# size 8 with $\alpha$ = 0 and 0.6, on the same 100 validation sentences. (Beam size 8 with
-# $\alpha = 1$ would be the slowest run of all, and is left out to keep the chapter's running
-# time down.) With $k = 1$ the search ends at the first `</s>` and never compares outputs of
-# different lengths, so $\alpha$ changes nothing and one run stands for all three. For each
-# setting: BLEU, the mean output length in tokens (the references' mean is printed above the
-# table), and how many of the 100 translations differ from greedy's.
-#
-# To choose a setting for the test set, we take the smallest beam whose BLEU is within half a
-# point of the best, since smaller differences are noise at this size, and with it the
-# $\alpha$ that scored best.
+# Next, beam sizes 1, 2 and 4, each with $\alpha$ = 0, 0.6 (the paper's) and 1.0, and beam size 8
+# with $\alpha$ = 0 and 0.6 (the slowest run, 8 with $\alpha = 1$, is left out). With $k = 1$ the
+# search never compares outputs of different lengths, so $\alpha$ changes nothing and one run
+# stands for all three. For each setting: BLEU, the mean output length in tokens (the references'
+# mean is printed above the table), and how many translations differ from greedy decoding's. To
+# choose a setting for the test set we take the smallest beam whose BLEU is within half a point of
+# the best, since smaller differences are noise at this size, and with it the best $\alpha$.
 
 # %%
 import pandas as pd
@@ -639,28 +594,24 @@ beam_sweep_chart(sweep, reference_length=ref_len, subset=n_subset)
 
 # %% [markdown]
 # On these 100 sentences the length penalty matters more than the width. Without it
-# ($\alpha = 0$) the beams of 2, 4 and 8 score 36.58, 36.89 and 36.71, no better than greedy
-# decoding's 36.95 (37.82 on the whole validation set in chapter 14); with $\alpha = 0.6$ or 1
-# every beam is ahead of greedy decoding, most with $k = 2$: 37.74 and 37.75. Between beam
-# sizes, and between the two nonzero values of $\alpha$, the differences are a few tenths of
-# a point. The rule above picks $k = 2$ with $\alpha = 1$. Beam search changes many
-# translations, 38 to 56 of the 100, but most changes are small, as the examples below show.
+# ($\alpha = 0$) no beam beats greedy decoding; with $\alpha = 0.6$ or 1 every beam is ahead of
+# it, by under a point, and the best scores already come with $k = 2$. Between beam sizes, and
+# between the two nonzero values of $\alpha$, the differences are a few tenths, noise at this
+# size. The rule above picks $k = 2$ with $\alpha = 1$. Beam search changes many translations (the
+# last column), but most changes are small, as the examples below show.
 #
-# The lengths tell the story of the previous section. Greedy outputs average 13.09 tokens,
-# against the references' 13.52. Every beam makes them shorter, and with $\alpha = 0$ the
-# wider the beam, the shorter: 12.86 tokens with $k = 2$, 12.56 with 4, 12.31 with 8. A search
-# that looks harder for a high raw log-probability finds shorter outputs. The length penalty
-# pushes back, and at every beam size the outputs grow with $\alpha$ (at $k = 4$: 12.56,
-# 12.78 and 12.88 tokens for $\alpha$ = 0, 0.6 and 1), but on this model not even $\alpha = 1$
-# brings them back to the length of greedy decoding's.
+# The lengths tell the story of the previous section. Greedy outputs are already shorter than the
+# references, and every beam makes them shorter still; with $\alpha = 0$, the wider the beam, the
+# shorter: a search that looks harder for a high raw log-probability finds shorter outputs. The
+# length penalty pushes back, and at every beam size the outputs grow with $\alpha$, but on this
+# model not even $\alpha = 1$ brings them back to greedy decoding's length.
 
 # %% [markdown]
 # ### The length penalty at work
 #
-# The first validation sentence (in file order) where $\alpha = 0$ and $\alpha = 1$ choose
-# outputs of different lengths, with a beam of 4, shows the mechanism. We score both outputs
-# with the model, by running it once over each output with teacher forcing, and divide by the
-# penalty for each $\alpha$:
+# The first validation sentence on which $\alpha = 0$ and $\alpha = 1$ choose outputs of
+# different lengths, with a beam of 4, shows the mechanism. We score both outputs with the model
+# (one teacher-forced pass over each) and divide by the penalty for each $\alpha$:
 
 # %%
 def log_prob(src_ids: list[int], out_ids: list[int]) -> float:
@@ -688,12 +639,10 @@ for alpha in (0.0, 1.0):
     print(f"    |Y| = {len(out) + 1}, log P = {L:.3f}; score with {scores}")
 
 # %% [markdown]
-# The shorter output, "A man talks on the phone in a messy office.", is the more probable one:
-# $\log P = -3.862$, against $-4.017$ for "A man is talking ..." (which is also what greedy
-# decoding said). With $\alpha = 0$ the shorter one wins. The penalty narrows the gap: with
-# $\alpha = 0.6$ the scores are $-2.067$ and $-2.078$, and the shorter one still wins, by a
-# hair; with $\alpha = 1$ the longer one wins, $-1.339$ against $-1.363$. The reference uses
-# neither phrasing, a reminder that BLEU rewards the reference's words, not probability.
+# The shorter output has the higher $\log P$, and with $\alpha = 0$ it wins. The penalty narrows
+# the gap: with $\alpha = 0.6$ the shorter one still wins, by a hair, and with $\alpha = 1$ the
+# longer one wins. The reference uses neither phrasing, a reminder that BLEU rewards the
+# reference's words, not probability.
 
 # %% [markdown]
 # ### Where beam search and greedy decoding differ
@@ -713,20 +662,18 @@ pd.DataFrame([
 ])
 
 # %% [markdown]
-# Most differences are a word or two. Some are improvements by any measure: beam search
-# restores the "is" that greedy decoding dropped from "is sitting in a small boat" (#4), and
-# "in a tank top" is better than "with a tank top" (#9). Others trade one error for another:
-# in #0 greedy decoding loads "railroad tracks", beam search "a truck onto a truck", and
-# neither has the cotton. Some cost BLEU: in #12, "little kids" loses the reference's "young
-# children". No search can fix what the model does not know: in #12 both decoders turn the
-# barrel into "a blue and white and blue track", and in #9 both drop the bike from the
-# mountain bike, as greedy decoding did in chapter 14.
+# Most differences are a word or two. Some are improvements by any measure: beam search restores
+# the "is" that greedy decoding dropped from "is sitting in a small boat" (#4), and "in a tank
+# top" beats "with a tank top" (#9). Others trade one error for another: in #0 greedy decoding
+# loads "railroad tracks", beam search "a truck onto a truck", and neither has the cotton. Some
+# cost BLEU: in #12 "little kids" loses the reference's "young children". No search fixes what
+# the model does not know: in #12 both turn the barrel into "a blue and white and blue track",
+# and in #9 both drop the bike from the mountain bike.
 #
 # ### Once on the test set
 #
-# The setting chosen on the validation sentences, and the paper's $k = 4$, $\alpha = 0.6$,
-# run once on the whole 2016 Flickr test set, all 1,000 sentences, against greedy decoding.
-# This is the one measurement in the chapter large enough to trust a difference of a point.
+# The setting chosen on the validation sentences and the paper's $k = 4$, $\alpha = 0.6$, against
+# greedy decoding, on all 1,000 sentences of the 2016 Flickr test set:
 
 # %%
 test_sources, test_references, test_ids = subset("test_2016_flickr", None)
@@ -745,20 +692,17 @@ for name, setting in settings.items():
 print("sacreBLEU signature:", signature)
 
 # %% [markdown]
-# On the whole test set beam search gains about half a BLEU point: greedy decoding scores
-# 37.62 (chapter 14's figure, computed again here), the paper's setting 38.04 and the setting
-# chosen on the validation sentences 38.23, with outputs shorter than greedy decoding's (12.42
-# and 12.67 tokens against 12.89). The cheaper $k = 2$ gives up nothing on this model. The
-# gain points the same way as on the 100 validation sentences. Both decoders are barred from
-# writing `<unk>`; chapter 18 measures what that ban is worth to greedy decoding, which is part
-# of what a beam would otherwise buy. Half a point on one test set of 1,000 captions is within
-# what the choice of captions moves: chapter 18's paired bootstrap does not establish this gain
-# for the word model, and does establish the larger one for the subword model.
+# Both beam settings score above greedy decoding (whose score is chapter 14's), by about half a
+# point, with shorter outputs, and the cheaper $k = 2$ gives up nothing to the paper's $k = 4$ on
+# this model, as on the 100 validation sentences. Both decoders are barred from writing `<unk>`;
+# chapter 18 measures what that ban is worth to greedy decoding. This is one model on one test
+# set: chapter 18's paired bootstrap does not establish this gain for the word model, and does
+# establish the larger one for the subword model.
 #
 # ### What it costs
 #
-# The decoding times of the runs above, on one thread (wall-clock times differ from run to run
-# on a shared machine, so nbval does not compare this cell's output):
+# The decoding times of the runs above, on one thread (wall-clock times vary from run to run, so
+# nbval does not compare this cell's output):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -772,42 +716,32 @@ for name, s in test_seconds.items():
     print(f"  {name:34s} {s:5.1f} s, {s / test_seconds['greedy']:.2f} times greedy")
 
 # %% [markdown]
-# The times vary from run to run, by a tenth or more on our shared machine, and from machine
-# to machine; the figures below span the printout above, the one stored with this page, and
-# two earlier runs of this cell, and another machine prints others. Greedy decoding of the 100 validation sentences
-# took a few seconds, and beam search with $k = 1$ only about two thirds as long, although it
-# makes the same choices: `greedy_decode` keeps running the decoder on every sentence of a
-# batch until the last one has ended, while `beam_search` drops finished hypotheses from its
-# rows. Wider beams cost less than their width suggests, because searches stop early: against
-# greedy decoding, over the values of $\alpha$ and the three runs, about 1.0 to 1.5 times as long with $k = 2$, about 1.9 to 2.6 times with
-# $k = 4$, and about 3.7 to 6 times with $k = 8$. (The beam keeps
-# $k$ hypotheses running until $k$ have finished, so it costs more than the narrowing beam of
-# `narrowing=True`, which lets finished ones drop out.) On the whole test set the paper's
-# setting took about 1.7 to 1.9 times as long as greedy decoding, and the chosen $k = 2$ about
-# as long or less. The value of $\alpha$ mattered less than the beam size, and not in one
-# direction: with $k = 2$ the fastest $\alpha$ was not the same in every run. Only with $k = 8$
-# did $\alpha = 0$, whose early stop is the tightest, take clearly less time than
-# $\alpha = 0.6$ in each of the three runs (about 0.7 to 0.8 times as long). That gap fits how
-# the early stop works, but three timing runs on a shared machine cannot show how large it
-# is. Both
-# decoders rerun the decoder over the whole prefix at every step; chapter 21's cache of the
-# keys and values of earlier positions makes both faster.
+# These times are one run on a shared machine, and another run or machine prints others; read
+# them for their shape. A beam of one is faster than greedy decoding although it makes the same
+# choices: `greedy_decode` keeps running the decoder on every sentence of a batch until the last
+# one has ended, while `beam_search` drops finished hypotheses from its rows. Wider beams cost
+# less than their width, because searches stop early: a beam of 8 takes well under 8 times as
+# long as greedy decoding. On the test set the chosen $k = 2$ takes no longer than greedy
+# decoding, the paper's $k = 4$ clearly longer. In this run a larger $\alpha$ is slower at every
+# beam size, as the early stop predicts (its bound is tightest at $\alpha = 0$), but one timing
+# run on a shared machine cannot say how large that effect is. Both decoders rerun the decoder
+# over the whole prefix at every step; chapter 21's cache of the keys and values of earlier
+# positions makes both faster.
 #
 # ```{note}
-# The classic Annotated Transformer decoded only greedily, with its `greedy_decode`, although
-# the paper's BLEU scores come from beam search. Here beam search is part of the library,
-# batched, with the paper's settings, and `beam_size=1` reproduces greedy decoding exactly.
+# The classic Annotated Transformer decoded only greedily, although the paper's BLEU scores come
+# from beam search. Here beam search is part of the library, batched, with the paper's settings,
+# and `beam_size=1` reproduces greedy decoding exactly.
 # ```
 #
 # ## What we have
 #
 # Two decoders for the same model: greedy decoding, and a batched beam search with the paper's
-# beam size, length penalty, length limit and early stop, which finds more probable
-# translations at a small multiple of the cost. On the Multi30k model beam search with a
-# length penalty gains up to a BLEU point on 100 validation sentences and about half a point
-# on the whole test set (37.62 to 38.04 with the paper's setting), all of it already with two
-# hypotheses instead of one, and it makes outputs shorter, which the length penalty
-# only partly undoes. Most of the errors that chapter 14 showed, words the model never learned,
-# are not search errors, and no search fixes them. The next chapter
-# averages checkpoints, another of the paper's inexpensive steps, and the one after replaces
-# whole words by subwords.
+# beam size, length penalty, length limit and early stop, which finds more probable translations
+# at a small multiple of the cost. On chapter 14's model, beam search with a length penalty
+# scores above greedy decoding on 100 validation sentences, and by about half a point on the
+# test set, all of it already with two hypotheses: a demonstration on one model, not a gain that
+# chapter 18's bootstrap establishes. It makes outputs shorter, which the length penalty only
+# partly undoes. Most of the errors that chapter 14 showed, words the model never learned, are
+# not search errors, and no search fixes them. The next chapter averages checkpoints, another of
+# the paper's inexpensive steps, and the one after replaces whole words by subwords.

@@ -3,17 +3,15 @@
 #
 # Section 6.1 of the paper {cite}`vaswani2017attention` mentions, in one sentence, a step taken
 # after training: the base models were not the weights at the end of the run but the average of
-# the last 5 checkpoints, which had been written every 10 minutes, and the big models averaged
-# the last 20. The paper gives no ablation, but the step became a common one in machine
-# translation {cite}`popel2018training`. It is cheap in every way that matters: training is
-# unchanged apart from keeping a few files, and the result is one model of the usual size, so
-# translating with it costs no more than with a single checkpoint. An ensemble of the same
-# checkpoints would run every model on every sentence.
+# the last 5 checkpoints, written every 10 minutes, and the big models averaged the last 20. The
+# paper gives no ablation, but the step became a common one in machine translation
+# {cite}`popel2018training`. It is cheap: training is unchanged apart from keeping a few files,
+# and the result is one model of the usual size, where an ensemble of the same checkpoints would
+# run every model on every sentence.
 #
-# This chapter explains why averaging the weights of one run's late checkpoints works, and why
-# averaging the weights of two separate runs does not. It writes the averaging function, tries
-# it live on the sort task of chapter 13, and reports what it did for the Multi30k model of
-# chapter 14.
+# This chapter explains why averaging the weights of one run's late checkpoints works and why
+# averaging two separate runs does not, writes the averaging function, tries it on chapter 13's
+# sort task, and reports what it did for Multi30k models.
 
 # %% tags=["setup", "hide-cell"]
 # Setup (hidden in the book): in Colab, install the book's package; everywhere, import what
@@ -57,93 +55,75 @@ enable_book_charts()
 # %% [markdown]
 # ## Why an average of late checkpoints beats each of them
 #
-# Late in training the weights no longer move steadily downhill. Each optimizer step follows
-# the gradient of one batch, which is the gradient of the whole training loss plus noise: the
-# batch is a small sample, and its sentences pull in their own directions. Far from a minimum
-# the true gradient is large and the noise is a detail. Near a minimum the true gradient is
-# small, and the noise is most of what is left. The learning rate is still well above zero (the
-# schedule of chapter 10 decays only as one over the square root of the step and never reaches
-# zero), so the steps stay large enough to carry the weights past the bottom of the valley. The
-# weights do not settle at the minimum; they wander around it, like a marble in a bowl that is
-# being shaken.
+# Late in training the weights no longer move steadily downhill. Each optimizer step follows the
+# gradient of one batch, which is the gradient of the whole training loss plus noise. Far from a
+# minimum the true gradient is large and the noise is a detail; near a minimum the true gradient
+# is small, and the noise is most of what is left. The learning rate is still well above zero
+# (chapter 10's schedule decays only as one over the square root of the step), so the steps stay
+# large enough to carry the weights past the bottom of the valley. The weights wander around the
+# minimum, like a marble in a bowl that is being shaken.
 #
-# A checkpoint is a snapshot of that wandering: a point somewhere on the wall of the bowl, off
-# to one side. Snapshots taken a while apart sit on different sides, and in their average the
-# offsets in opposite directions cancel, leaving a point closer to the bottom than a typical
-# snapshot. A quadratic bowl makes this precise. Write the loss near its minimum $\theta^*$ as
+# A checkpoint is a snapshot of that wandering, a point on the wall of the bowl. Snapshots taken a
+# while apart sit on different sides, and in their average the offsets in opposite directions
+# cancel, leaving a point closer to the bottom. A quadratic bowl makes this precise. Write the
+# loss near its minimum $\theta^*$ as
 #
 # $$L(\theta) \approx L(\theta^*) + \tfrac{1}{2}(\theta - \theta^*)^\top H (\theta -
 # \theta^*),$$
 #
 # and the $k$ checkpoints as $\theta_i = \theta^* + \varepsilon_i$. The average
-# $\bar\theta = \tfrac{1}{k}\sum_i \theta_i$ is off by the average offset
-# $\bar\varepsilon$. If the offsets were independent with the same spread, the average offset
-# would have $1/k$ of their variance, and the excess loss
-# $\tfrac{1}{2}\bar\varepsilon^\top H \bar\varepsilon$ of the average would be, in
-# expectation, $k$ times smaller than that of a single checkpoint. Real checkpoints are not
-# independent: a checkpoint is the previous one plus a few hundred small steps, so neighbours
-# sit on the same side of the bowl, and the gain is smaller. That is one reason to space
-# checkpoints apart, as the paper's ten minutes do. Going too far back has the opposite cost: a
-# checkpoint from before the weights reached the valley is not scattered around its bottom but
-# still on the way down, and pulls the average back up the slope.
+# $\bar\theta = \tfrac{1}{k}\sum_i \theta_i$ is off by the average offset $\bar\varepsilon$. If
+# the offsets were independent with the same spread, $\bar\varepsilon$ would have $1/k$ of their
+# variance, and the excess loss $\tfrac{1}{2}\bar\varepsilon^\top H \bar\varepsilon$ of the
+# average would be, in expectation, $k$ times smaller than a single checkpoint's. Real checkpoints
+# are not independent: neighbours, a few hundred small steps apart, sit on the same side of the
+# bowl, so the gain is smaller, which is one reason to space them apart, as the paper's ten
+# minutes do. Going too far back costs too: a checkpoint from before the weights reached the
+# valley is still on the way down, and pulls the average back up the slope.
 #
 # The idea is older than neural networks. {cite:t}`polyak1992acceleration` and, independently,
-# {cite:t}`ruppert1988efficient` showed that for stochastic approximation (in today's words,
-# stochastic gradient descent on a smooth, strongly convex problem) the running average of the
-# iterates reaches the best possible asymptotic accuracy, even when the steps shrink more slowly
-# than $1/t$ and the last iterate alone converges more slowly: the large steps make fast
-# progress, and the averaging removes the noise that they bring. Stochastic weight averaging {cite}`izmailov2018averaging` brought
-# it to deep networks: keep the learning rate constant (or cycle it) for the last part of
-# training and average the weights visited along the way. Izmailov and colleagues found that the
-# average lands in a wider, flatter region of the loss than the individual iterates, and
-# generalizes better. The paper's checkpoint averaging is the same idea done after the fact,
-# with files that the training run wrote anyway.
+# {cite:t}`ruppert1988efficient` showed that for stochastic gradient descent on a smooth, strongly
+# convex problem the running average of the iterates reaches the best possible asymptotic
+# accuracy, even where the last iterate alone converges more slowly: the large steps make fast
+# progress, and the averaging removes their noise. Stochastic weight averaging
+# {cite}`izmailov2018averaging` brought the idea to deep networks, averaging the weights visited
+# under a constant or cyclic learning rate, and found that the average lands in a wider, flatter
+# region of the loss and generalizes better. The paper's checkpoint averaging is the same idea
+# done after the fact, with files that training wrote anyway.
 #
-# The bowl is a picture, not a guarantee. A deep network's loss is not quadratic, and the
-# average of two good points is only good if the loss stays low on the straight line between
-# them. Whether it does can be measured; we will look at that line below.
+# The bowl is a picture, not a guarantee. A deep network's loss is not quadratic, and the average
+# of two good points is good only if the loss stays low on the straight line between them; we
+# measure that line below.
 #
 # ## Why only within one run
 #
-# Averaging weights is not the same as averaging what models compute. Take a feed-forward layer with $d_{ff}$ hidden
-# units (chapter 4) and swap two of them: exchange two rows of $W_1$, the same two entries of
-# $b_1$, and the same two columns of $W_2$. Every unit still computes what it did, it is only
-# stored in another slot, and the layer's output is unchanged. Any of the $d_{ff}!$ orders of the
-# units gives the same function, and so does any order of the heads of an attention layer. The
-# weights, though, are different vectors, and averaging unit 7 of one order with unit 7 of
-# another blends two unrelated features into one that neither network computes.
+# Averaging weights is not averaging what models compute. Take a feed-forward layer with $d_{ff}$
+# hidden units (chapter 4) and swap two of them: exchange two rows of $W_1$, the same two entries
+# of $b_1$ and the same two columns of $W_2$. Every unit still computes what it did, in another
+# slot, and the layer's output is unchanged; so it is for any of the $d_{ff}!$ orders, and for any
+# order of the heads of an attention layer. The weights, though, are different vectors, and
+# averaging unit 7 of one order with unit 7 of another blends two unrelated features into one that
+# neither network computes.
 #
-# Two runs from different random initializations are in exactly this position: even where they
-# learn similar features, nothing makes them learn them in the same slots, and the average of
-# their weights is in general a much worse network than either {cite}`entezari2022role`.
-# (Matching up the units of two networks before averaging them is possible, and is a research
-# topic of its own {cite}`ainsworth2023git`.) Within one run the problem does not arise: late
-# checkpoints are a few hundred small steps apart, so every unit keeps its role from one
-# checkpoint to the next and the weights of corresponding slots can be averaged meaningfully.
-# What matters is a shared history: copies of one network that share the first part of their
-# training and only then go separate ways (with different batches) usually end up where their
-# average is as good as they are {cite}`frankle2020linear`, and models fine-tuned from one
-# pretrained model can often be averaged too {cite}`wortsman2022model`.
+# Two runs from different random initializations are in exactly this position: nothing makes them
+# learn similar features in the same slots, and the average of their weights is in general much
+# worse than either {cite}`entezari2022role` (matching the units before averaging is a research
+# topic of its own {cite}`ainsworth2023git`). Within one run the problem does not arise: late
+# checkpoints are a few hundred small steps apart, so every unit keeps its slot. What matters is a
+# shared history: copies of one network that share the first part of their training usually end
+# up where their average is as good as they are {cite}`frankle2020linear`, and models fine-tuned
+# from one pretrained model can often be averaged too {cite}`wortsman2022model`.
 #
 # ## The function
 #
-# `average_checkpoints` takes a list of checkpoint files or state dicts and returns the state
-# dict of their mean. A few details matter in practice:
-#
-# * Files are read with chapter 14's `load_checkpoint`, so with `weights_only=True`: averaging
-#   checkpoints downloaded from somewhere else must not run code hidden in them. They are read
-#   one at a time into a running sum, so twenty checkpoints need the memory of one plus the sum.
-# * The sum is kept in float64 and divided once, then cast back to each tensor's own dtype: the
-#   average of float16 weights is float16. Summing twenty float16 checkpoints in float16 would
-#   round after every addition.
-# * Only floating-point tensors are averaged. Integer tensors, such as a step counter or the
-#   `num_batches_tracked` of a batch-norm layer, have no meaningful average; they must be equal
-#   in every checkpoint, or the function refuses. (Our model's state dict has none: its
-#   positional table is a buffer that is not saved.)
-# * Checkpoints with different keys, shapes or dtypes are different models, and are refused with
-#   a message that names what differs.
-#
-# The optimizer's state is not averaged: the result is for translating, not for training on.
+# `average_checkpoints` takes a list of checkpoint files or state dicts and returns the state dict
+# of their mean. It reads files with chapter 14's `load_checkpoint` (`weights_only=True`, so that a
+# downloaded checkpoint cannot run code), one at a time, into a running sum kept in float64 and
+# cast back to each tensor's own dtype at the end. Only floating-point tensors are averaged;
+# integer ones, such as a step counter, must be equal everywhere, and checkpoints with different
+# keys, shapes or dtypes are refused with a message that names what differs
+# (`tests/test_checkpoint_averaging.py` checks each refusal). The optimizer's state is not
+# averaged: the result is for translating, not for training on.
 
 # %% tags=["export"]
 import os
@@ -218,8 +198,7 @@ def _check_same_layout(
             )
 
 # %% [markdown]
-# Two tiny state dicts and their average, then what the checks say about inputs that cannot be
-# averaged:
+# Two tiny state dicts and their average, and a float16 one that stays float16:
 
 # %%
 import torch
@@ -228,25 +207,17 @@ a = {"w": torch.tensor([1.0, 2.0, 3.0]), "steps": torch.tensor(5)}
 b = {"w": torch.tensor([3.0, 2.0, 0.0]), "steps": torch.tensor(5)}
 print(average_checkpoints([a, b]))
 print(average_checkpoints([{k: v.half() if v.is_floating_point() else v for k, v in a.items()}]))
-for bad in ([], [a, {"w": torch.zeros(4), "steps": torch.tensor(5)}],
-            [a, {"w": b["w"], "steps": torch.tensor(6)}], [a, {"w": b["w"]}]):
-    try:
-        average_checkpoints(bad)
-    except ValueError as err:
-        print("ValueError:", err)
 
 # %% [markdown]
 # ## Averaging on the sort task
 #
-# A small experiment shows the effect within a minute. We train chapter 13's sort model again
-# (the same model, schedule and seeds; chapter 13 also held out a validation set, which this run
-# does not need, so the batches differ a little) for 500 optimizer steps, and keep a copy of the
-# weights every 20 steps: 25 checkpoints. Then we compare, on the 1,000 held-out test sequences,
-# the last checkpoint alone with averages of the last $k$. Two measures: the loss per token
-# with the right answer fed in (teacher forcing, as in training), and the exact-match accuracy
-# of greedy decoding (chapter 13's `exact_matches`: a sequence counts only if every digit and
-# the final `</s>` are right). As in chapter 13, the model is too small to profit from a
-# second CPU thread.
+# We train chapter 13's sort model again (same model, schedule and seed; the batches differ a
+# little from chapter 13's) for 500 optimizer steps, keep a copy of the weights every 20 steps,
+# and compare, on 1,000 held-out test sequences, the last checkpoint with averages of the last
+# $k$. The learning rate at the end, printed below, is still high for Adam. Two measures: the
+# loss per token with the right answer fed in (teacher forcing, as in training), and the
+# exact-match accuracy of greedy decoding (chapter 13's `exact_matches`: a sequence counts only
+# if every digit and the final `</s>` are right).
 
 # %% tags=["export"]
 import functools
@@ -340,11 +311,9 @@ assert rows[2]["held-out loss"] < rows[0]["held-out loss"], rows  # the average 
 pd.DataFrame(rows).set_index("checkpoints averaged")
 
 # %% [markdown]
-# The table is one run, a demonstration; the cell asserts only that the average of the last
-# five has a lower held-out loss than the last checkpoint alone. Whether that is a finding is a
-# question for more runs: `tools/seeds.py checkpoint_averaging` trains the same model from seeds
-# 0 to 4, under this CPU's own kernels and under the set one level below, and scores the same
-# averages of each run.
+# The table is one run, a demonstration; the cell asserts only that the average of the last five
+# beats the last checkpoint in held-out loss. `tools/seeds.py checkpoint_averaging` asks the same
+# of ten runs: seeds 0 to 4, each under this CPU's own kernels and under the set one level below.
 
 # %%
 averaging = book_data("seeds_checkpoint_averaging.json")["runs"]
@@ -365,21 +334,15 @@ seeds_chart(averaging, metric="exact",
             title="Held-out sequences sorted exactly: five seeds x two kernel sets")
 
 # %% [markdown]
-# In all ten runs every average beats the last checkpoint alone in held-out loss, and the
-# average of the last ten sorts 99.4% to 99.9% of the held-out sequences, where the last
-# checkpoint alone sorts 79.7% to 96.8%. Twenty checkpoints are too many in every run: that
-# window reaches back to step 120, when the model was still learning to sort, and those early
-# weights pull the average back up the slope (its loss is higher than the ten's in all ten
-# runs).
+# In every run every average beats the last checkpoint alone in held-out loss, and the averages of
+# five and ten sort almost every held-out sequence, while the last checkpoint alone varies widely
+# from run to run. Twenty checkpoints are too many in every run: that window reaches back to step
+# 120, when the model was still learning to sort, and those early weights pull the average back up
+# the slope (its loss is above the ten's in all ten runs).
 #
-# To be fair to the last checkpoint, in the run stored here step 500 happens to be a poor one: the
-# learning rate there is still 0.0028, high for Adam, and the single checkpoints around it are
-# better or worse by chance, so how much the averages gain over the last checkpoint depends on
-# where it happens to land. The running picture below shows how much they vary.
-#
-# A table compares one moment of training. The chart below follows the whole run: at every
-# checkpoint from step 100 on, the held-out loss of that checkpoint alone and of the average of
-# it and the four before it (the paper's recipe of five).
+# A table compares one moment of training. The chart below follows the whole stored run: at every
+# checkpoint from step 100 on, the held-out loss of that checkpoint alone and of the average of it
+# and the four before it (the paper's recipe of five).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -406,21 +369,18 @@ line_chart(curve, x="step:Q", y="loss:Q", color="weights:N", y_scale={"type": "l
            width=420, height=240, title="One checkpoint against the average of the last five")
 
 # %% [markdown]
-# In the run stored with this page, over the last ten checkpoints (steps 320 to 500) the single
-# checkpoints' held-out loss jumps up and down between 0.0232 and 0.0802 from one checkpoint to
-# the next, while the average of five stays between 0.0056 and 0.0182 and is lower every time,
-# by a factor of 1.8 to 9.5. Another machine prints other values; the cell asserts that the
-# average is lower at no fewer than 8 of those 10 checkpoints, a bound with room to spare, as
-# the sweep below shows. The jumps are the shaken marble of the first section, and the average's
-# smooth descent is roughly what the run would look like without them. A learning rate that
-# decayed to zero would calm the single checkpoints too, but it has to be planned before
-# training, for a known end; averaging needs no plan, and can be done after the run with any
-# window.
+# Over the last ten checkpoints the single checkpoints' loss jumps up and down from one checkpoint
+# to the next, while the average of five stays below it, and smoother. Another machine prints
+# other values; the cell asserts that the average is lower at no fewer than 8 of those 10
+# checkpoints. The jumps are the shaken marble of the first section, and the average is roughly
+# what the run would look like without them. A learning rate that decayed to zero would calm the
+# single checkpoints too, but it has to be planned before training, for a known end; averaging
+# needs no plan, and works after the run with any window.
 
 # %% [markdown]
-# `tools/seeds.py running_average` asked the same question of ten runs (seeds 0 to 4, each
-# under this CPU's own kernels and under the set one level below): at each of the last ten
-# checkpoints, is the average of five lower in held-out loss than the checkpoint alone?
+# `tools/seeds.py running_average` asks the same question of ten runs (seeds 0 to 4, each under
+# two kernel sets): at each of the last ten checkpoints, is the average of five lower in held-out
+# loss than the checkpoint alone?
 
 # %%
 running = book_data("seeds_running_average.json")["runs"]
@@ -435,27 +395,23 @@ seeds_chart(running, metric="share", width=360,
 
 
 # %% [markdown]
-# In every run the average of five was lower at each of the last ten checkpoints, never by
-# less than the smallest factor printed above. The run stored with this page is no lucky
-# draw: a single late checkpoint of this schedule is a noisy sample, and averaging five
-# of them removes most of the noise in every run we made.
+# In every run it was lower at each of the last ten checkpoints: a single late checkpoint of this
+# schedule is a noisy sample, and averaging five of them removes much of the noise.
 
 # %% [markdown]
 # ## The straight line between two weights
 #
 # The average of two checkpoints is the midpoint of the straight line between them, so the loss
 # along that line shows what averaging can gain or lose. We walk the line
-# $\theta(\alpha) = (1 - \alpha)\,\theta_a + \alpha\,\theta_b$ from $\alpha = -0.5$ to $1.5$: $\alpha = 0$ is
-# the first weights, $\alpha = 1$ the second, and values outside $[0, 1]$ continue the line
-# beyond them {cite}`goodfellow2015qualitatively`. Two pairs:
+# $\theta(\alpha) = (1 - \alpha)\,\theta_a + \alpha\,\theta_b$ from $\alpha = -0.5$ to $1.5$
+# {cite}`goodfellow2015qualitatively`: $\alpha = 0$ is the first weights, $\alpha = 1$ the
+# second. Two pairs:
 #
 # * two checkpoints of our run, at steps 400 and 500;
 # * the final weights and a permuted twin: the same weights with the hidden units of every
-#   feed-forward layer shuffled, as described above. The twin computes the same function (its
-#   loss and its translations are those of the original, up to the rounding of a sum taken in
-#   another order), so it is as good a model as the original. It stands in for a second run
-#   that happened to learn the same features in other slots, the most favourable case for
-#   averaging two runs.
+#   feed-forward layer shuffled, as described above. The twin computes the same function, so it
+#   is as good a model; it stands in for a second run that happened to learn the same features
+#   in other slots, the most favourable case for averaging two runs.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -518,48 +474,27 @@ alt.hconcat(*(
 ))
 
 # %% [markdown]
-# In the run stored with this page the loss dips along the line between steps 400 and 500: the
-# midpoint, which is the average of the two checkpoints, has loss 0.0121, lower than either
-# end (0.0273 and 0.0254), and beyond either end the loss climbs. The two checkpoints sit on
-# opposite walls of one valley, as in the picture of the bowl. Another machine's run prints
-# other losses; the cell asserts only that the midpoint is lower than the worse of the two
-# ends.
+# In the stored run the loss dips along the line between steps 400 and 500: the midpoint, the
+# average of the two checkpoints, is lower than either end, and beyond either end the loss climbs.
+# The two checkpoints sit on opposite walls of one valley, as in the picture of the bowl. (The cell
+# asserts only that the midpoint is lower than the worse end, which holds on other machines too.)
 #
-# Between the final weights and their permuted twin the line does the opposite. Both ends have
-# the same loss up to rounding, which the cells above assert, because they are the same
-# function (loss 0.0254, and 93.8 % sorted, in the stored run); their average has loss 0.2329
-# and sorts 51.3 %. This ridge is asserted too, so every machine that passes the tests shows
-# it: the average's loss is more than twice that of the ends. Averaging is done slot by slot,
-# and in the two networks the slots hold different units. The damage is limited here only
-# because we shuffled the feed-forward layers alone, so that attention and embeddings still
-# agree; two independent runs would disagree everywhere.
+# Between the final weights and their permuted twin the line does the opposite. Both ends have the
+# same loss, because they are the same function; their average has a loss several times larger
+# and sorts barely half the sequences. The cells assert this ridge (more than twice the ends'
+# loss) on every machine. Averaging is done slot by slot, and in the two networks the slots hold
+# different units. The damage is limited only because we shuffled the feed-forward layers alone,
+# so that attention and embeddings still agree; two independent runs would disagree everywhere.
 #
 # ## Multi30k
 #
-# The shipped model of chapter 14 is the last checkpoint of a 12-epoch run; nothing was averaged.
-# To have checkpoints to average, we continued that run for five more epochs, keeping the
-# weights of each one: chapter 14's training script can keep the last $K$ epochs' weights as
-# `epoch_NNN.pt` files (`--keep-epochs`), beside the full checkpoint `last.pt` that it resumes
-# from. The run continued from a copy of the shipped run's folder, so the original stayed as it
-# was; the learning-rate schedule simply went on where it had stopped. Then each single epoch,
-# and averages of the last 2, 3 and 5 epochs, were translated greedily on the validation set and
-# the 2016 Flickr test set and scored with sacreBLEU, exactly as chapter 14 scores the shipped
-# model:
-#
-# ```bash
-# python tools/train.py --config cpu --resume --epochs 17 --keep-epochs 5 --threads 1 \
-#     --checkpoint-dir checkpoints/multi30k_cpu_avg
-# python tools/average_checkpoints.py checkpoints/multi30k_cpu_avg/epoch_01{5,6,7}.pt \
-#     --bleu --threads 1 --results book/models/multi30k_cpu/averaging.json \
-#     --name "average of epochs 15-17"
-# ```
-#
-# `--output FILE` writes the averaged model to a file that `load_trained_model` and
-# `tools/translate.py` read. Training five epochs and translating nine models took about an hour
-# on this book's 2-core CPU, far too long for a chapter, so the notebook does not repeat it: it
-# prints what those commands measured, stored in `book/models/multi30k_cpu/averaging.json`
-# beside the shipped model (only the scores; the averaged weights are not shipped). The
-# averaging code itself ran live above, on the sort task, and is covered by the tests.
+# The shipped model of chapter 14 is the last checkpoint of a 12-epoch run. To have checkpoints to
+# average, that run was continued for five more epochs, keeping each epoch's weights
+# (`tools/train.py --keep-epochs`); each epoch and the averages of the last 2, 3 and 5 were then
+# translated greedily and scored with sacreBLEU by `tools/average_checkpoints.py --bleu`, as
+# chapter 14 scores the shipped model. That takes far longer than a chapter may, so the cells
+# print what was measured, stored with the commands in `book/models/multi30k_cpu/averaging.json`
+# (the averaged weights are not shipped; `--output` makes them in a few seconds).
 
 # %%
 import json
@@ -622,38 +557,27 @@ def bleu_points_chart(results: Any, *, title: str) -> Any:
 bleu_points_chart(results, title="Multi30k: single epochs and averages")
 
 # %% [markdown]
-# All the scores in this table were measured with greedy decoding that may write `<unk>`,
-# before chapter 18 banned it; with the ban, chapter 14 prints 37.82 and 37.62 for the shipped
-# model. The comparisons below are between rows measured the same way.
-#
-# Three things stand out. First, continuing the run helped a little on its own: epochs 16 and
-# 17 score 36.80 and 36.79 on the validation set against the shipped model's 36.06, and all
-# five new epochs score between 37.13 and 37.95 on the test set against 36.66, even though the
-# validation loss rose from 1.4519 to 1.5124. (The loss, with label smoothing, also measures
-# how confident the model is; a model can grow more confident, and be punished for it by the
-# loss, while its greedy choices get better.)
-#
-# Second, single epochs jump around. From epoch 15 to epoch 16 the validation BLEU moved from
-# 35.73 to 36.80, with nothing changed but one more epoch of training. That is the size of the
-# noise any single comparison in this table has to beat.
-#
-# Third, every average scores above every single epoch, on both sets: 36.90 to 37.20 on the
-# validation set against at most 36.80, and 38.18 to 38.70 on the test set against at most
-# 37.95. Against epoch 17, the model one would keep without averaging, the averages gain 0.1 to
-# 0.4 BLEU on the validation set and 1.0 to 1.5 on the test set. We would not trust any one of
-# these differences to a few tenths of a point (the two sets do not even agree on their size),
-# but they all point the same way, as on the sort task. Which window is best these numbers do
-# not settle: two epochs did best on the validation set, five on the test set. The averaged
-# weights are not shipped with the book; `--output` makes them in a few seconds.
+# These scores come from greedy decoding that may write `<unk>`, before chapter 18 banned it (with
+# the ban, chapter 14 prints higher scores for the shipped model); rows are compared only with
+# rows measured the same way. This is one run, a demonstration, and three things show in it.
+# Continuing the run helped a little on its own: three of the five new epochs score above the
+# shipped model on the validation set, and all five on the test set, although the validation loss
+# rose (with label smoothing the loss also punishes confidence, which can grow while the greedy
+# choices get better). Single epochs jump around: from epoch 15 to 16 the validation BLEU moved by
+# about a point, with nothing changed but one more epoch, the noise that any comparison in this
+# table has to beat. And every average scores above every single epoch on both sets; against
+# epoch 17, the model one would keep without averaging, the averages gain under half a point on
+# the validation set and over a point on the test set. The two sets disagree on which window is
+# best, but all the differences point the same way, as on the sort task.
 #
 # ### The same measurement with chapter 18's decoders
 #
-# The word-level run's checkpoints were not kept, so its rows cannot be scored again with the
-# decoders as chapter 18 leaves them: `<unk>` banned, and beam search with the paper's settings
-# beside greedy decoding. Chapter 18 trains a second subword model (chapter 17 introduces subword
-# vocabularies), with untied embeddings, that kept its last five epochs. Here are its single
-# epochs and the averages of its last 2, 3 and 5, scored both ways in half precision on both
-# sets (`book/data/results_multi30k_more.json`, made by `tools/evaluate.py`):
+# The word-level run's checkpoints were not kept, so its rows cannot be scored with the decoders
+# as chapter 18 leaves them (`<unk>` banned, and beam search beside greedy decoding). Chapter 18
+# trains a subword model (chapter 17 builds its vocabulary) with untied embeddings that kept its
+# last five epochs. Here are those epochs and the averages of the last 2, 3 and 5, scored both
+# ways in half precision on both sets (`book/data/results_multi30k_more.json`, by
+# `tools/evaluate.py`):
 
 # %%
 more = book_data("results_multi30k_more.json")["results"]
@@ -684,29 +608,26 @@ untied
 
 # %% [markdown]
 # On the validation set every average beats every single epoch, with both decoders, as in the
-# word-level table. On the test set they do not: the average of the last two epochs is still
-# the best row with both decoders, but the averages of three and five score below epoch 12. What
-# holds on every column is that the averages lie closer together than the single epochs: from
-# epoch 9 to epoch 10 greedy test BLEU fell from 39.19 to 37.43 and came back at epoch 11, a
-# swing no average shows. Averaging takes out much of the noise of a single epoch; whether the
-# result is also better than the run's last epoch varied from run to run on Multi30k, which
-# chapter 18 measures over three runs.
+# word-level table. On the test set not every one does: the average of the last two is still the
+# best row, but the averages of three and five fall below epoch 12. What holds in every column is
+# that the averages lie closer together: the single epochs spread over two points or more, the
+# averages over well under one. Averaging takes out much of a single epoch's noise; whether the
+# result beats the run's last epoch is another question, which chapter 18 asks of its subword runs, and
+# finds no reliable gain at this scale.
 #
 # ```{note}
-# The classic Annotated Transformer sketched model averaging in four lines, `average(model,
-# models)`, that were never called. They could not have run: they asked each model for
-# `m.params()`, which PyTorch modules do not have, and summed with `torch.sum(*ps[1:])`, but
-# `torch.sum` reduces a single tensor and takes its second argument for a dimension, not for a
-# tensor to add. Here the function is
-# tested, reads files without running code from them, checks that the checkpoints belong to
-# one model, and has been run on a real training run.
+# The classic Annotated Transformer sketched model averaging in four lines that were never called
+# and could not have run: they asked each model for `m.params()`, which PyTorch modules do not
+# have, and summed with `torch.sum(*ps[1:])`, which reduces a single tensor. Here the function is
+# tested, reads files without running code from them, and checks that the checkpoints belong to
+# one model.
 # ```
 #
 # ## What we have
 #
-# A function, and a script around it, that turns the last checkpoints of a run into one model
-# at no cost beyond keeping a few files; a reason it works (late iterates scatter around a
-# minimum, and their mean sits nearer its bottom); a reason it must stay within one run (the
-# units of independently trained networks sit in unrelated slots); and measurements of what it
-# gave on two tasks. The models of this book still use a vocabulary of whole words, which turns
-# every rare word into `<unk>`; the next chapter replaces it with subwords.
+# A function, and a script around it, that turns the last checkpoints of a run into one model at
+# no cost beyond keeping a few files; a reason it works (late iterates scatter around a minimum,
+# and their mean sits nearer its bottom); a reason it must stay within one run (independently
+# trained networks keep their units in unrelated slots); a finding on the sort task, over ten
+# runs, and demonstrations on Multi30k. The models so far use a vocabulary of whole words, which
+# turns every rare word into `<unk>`; the next chapter replaces it with subwords.

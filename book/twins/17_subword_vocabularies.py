@@ -1,20 +1,19 @@
 # %% [markdown]
 # # Subword vocabularies
 #
-# The model of chapter 14 reads and writes whole words. Its German vocabulary holds the words
-# seen at least twice in the training captions, its English vocabulary likewise, and every
-# other word becomes `<unk>`. On the way in, the model loses what such a word said; on the way
-# out, it cannot write it at all. The paper avoided both losses. For English-German it cut the
-# text into subword units with byte-pair encoding {cite}`sennrich2016neural`, about 37,000 of
-# them shared by the two languages, and for English-French it used 32,000 word pieces
-# {cite}`wu2016google` (§5.1). Because one vocabulary covered both languages, one matrix could
-# be the source embedding, the target embedding and the generator's projection (§3.4).
+# The model of chapter 14 reads and writes whole words. Its German and English vocabularies hold
+# the words seen at least twice in the training captions, and every other word becomes `<unk>`:
+# on the way in, the model loses what such a word said; on the way out, it cannot write it. The
+# paper avoided both losses. For English-German it cut the text into subword units with
+# byte-pair encoding {cite}`sennrich2016neural`, about 37,000 of them shared by the two
+# languages, and for English-French it used 32,000 word pieces {cite}`wu2016google` (§5.1).
+# Because one vocabulary covered both languages, one matrix could be the source embedding, the
+# target embedding and the generator's projection (§3.4).
 #
 # This chapter measures what word vocabularies cost on Multi30k, writes byte-pair encoding from
-# scratch, and then turns to the maintained tool, sentencepiece {cite}`kudo2018sentencepiece`,
-# to compare vocabulary sizes and to count what one shared vocabulary changes in the model and
-# in the batches. It does not train a translation model on subwords: the last section says what
-# such a run changes, and chapter 18 makes it, with the rest of the paper's recipe.
+# scratch, compares vocabulary sizes with the maintained tool, sentencepiece
+# {cite}`kudo2018sentencepiece`, and counts what one shared vocabulary changes in the model and in
+# the batches.
 
 # %% tags=["setup", "hide-cell"]
 # Setup (hidden in the book): in Colab, install the book's package; everywhere, import what
@@ -55,9 +54,8 @@ enable_book_charts()
 # %% [markdown]
 # ## What a word vocabulary loses
 #
-# First the problem, measured with chapter 14's own pieces: spaCy's tokenizers, and
-# vocabularies of the training words seen at least twice (`min_freq=2`), German and English
-# apart. Everything in this chapter runs on the book's 2-core Xeon CPU without a GPU.
+# First the problem, measured with chapter 14's own pieces: spaCy's tokenizers, and German and
+# English vocabularies of the training words seen at least twice (`min_freq=2`).
 
 # %%
 import time
@@ -93,13 +91,11 @@ for side, language in enumerate(("German", "English")):
 pd.DataFrame(rows)
 
 # %% [markdown]
-# The same captions take almost twice as many distinct words in German as in English (19,207
-# against 10,832), and a smaller share of them occurs twice: 42% of the German words make it
-# into the vocabulary, 57% of the English ones. On the validation set 4.6% of the
-# German tokens and 2.0% of the English ones are unknown. Per token that looks small; per
-# sentence it is not: 41% of the German validation sentences reach the model with at least one
-# `<unk>`, and 21% of the English references contain a word the model can never write. The test
-# set is a little kinder, with the same pattern.
+# German needs almost twice as many distinct words as English for the same captions, and a
+# smaller share of them occurs twice, so fewer make it into the vocabulary. Per token the loss
+# looks small; per sentence it is not: about two in five German validation sentences reach the
+# model with at least one `<unk>`, and about one English reference in five holds a word the model
+# can never write. The test set is a little kinder, with the same pattern.
 #
 # Which German words are lost? Mostly long ones:
 
@@ -123,50 +119,43 @@ assert all(word in lost for word in examples)
 print({word: train_counts[word] for word in examples})
 
 # %% [markdown]
-# Of all German validation tokens, 8% have ten letters or more; of the lost ones, 57%. German
-# writes its compounds as one word (*Eisfischerhütte*, ice-fishing hut;
-# *Trockenblumensortiment*, an assortment of dried flowers), and a compound can be new even when
-# each of its parts is common. Hyphenated compounds add to the count, since spaCy keeps
-# *Roller-Derby-Spielerin* as one token. 69% of the lost tokens never occur in the training
-# text; the rest occur once, one short of `min_freq=2`. A bigger word vocabulary would not fix
-# this: the next compound is always one that nobody has written yet. Subwords change the unit
-# instead. If *Eis*, *fischer* and *hütte* are in the vocabulary, every word made of them can
-# be spelled with them.
+# Long words are rare in the validation text but the majority of the lost ones. German writes its
+# compounds as one word (*Eisfischerhütte*, ice-fishing hut; *Trockenblumensortiment*, an
+# assortment of dried flowers), and a compound can be new even when each of its parts is common;
+# spaCy also keeps hyphenated compounds such as *Roller-Derby-Spielerin* as one token. Most lost
+# tokens never occur in the training text, and the rest occur once, one short of `min_freq=2`. A
+# bigger word vocabulary would not fix this: the next compound is always one that nobody has
+# written yet. Subwords change the unit instead. If *Eis*, *fischer* and *hütte* are in the
+# vocabulary, every word made of them can be spelled with them.
 #
 # ## Byte-pair encoding
 #
-# Byte-pair encoding began as a compression method {cite}`gage1994new`: find the most frequent
-# pair of adjacent bytes, replace it by a new byte, repeat. {cite:t}`sennrich2016neural` turned
-# it into a way to build a vocabulary. Start from characters, so that every word can be spelled;
-# then merge, again and again, the adjacent pair of symbols that occurs most often in the
-# training text, and add the merged symbol to the vocabulary. After a few thousand merges the
-# frequent words are single symbols, and a rare word is spelled with a few frequent pieces:
-# a compound from its parts, an inflected form from its stem and ending.
+# Byte-pair encoding began as a compression method {cite}`gage1994new`: replace the most frequent
+# pair of adjacent bytes by a new byte, and repeat. {cite:t}`sennrich2016neural` turned it into a
+# way to build a vocabulary: start from characters, so that every word can be spelled, then merge,
+# again and again, the adjacent pair of symbols that occurs most often in the training text, and
+# add the merged symbol to the vocabulary. After a few thousand merges the frequent words are
+# single symbols, and a rare word is spelled with a few frequent pieces: a compound from its
+# parts, an inflected form from its stem and ending.
 #
-# The learned model is just the list of merges, in order. Three details make it work:
+# The learned model is the list of merges, in order. Three details make it work:
 #
 # 1. **An end-of-word marker.** Each word is spelled as its characters followed by `</w>`, so
 #    `er</w>` (the ending of *Fahrer*) and `er` (inside *Bergsteiger*) are different symbols, and
-#    a segmented text can be joined back: concatenate the symbols and turn each `</w>` into a
-#    space.
-# 2. **Word counts, not sentences.** Merges never cross a word boundary, so the learner only
-#    needs each distinct word once, with its count. Multi30k's training text has 740,822 tokens
-#    but only 29,007 distinct ones (both languages together), 25 times less to go through.
+#    a segmented text joins back: concatenate the symbols and turn each `</w>` into a space.
+# 2. **Word counts, not sentences.** Merges never cross a word boundary, so the learner needs each
+#    distinct word only once, with its count: far fewer than the tokens of the text.
 # 3. **Counts that are updated, not recounted.** A merge changes only the words that hold the
-#    merged pair. We keep, for every pair, its count and the set of words that hold it; a merge
-#    re-spells those words and adds up how their pairs' counts change. The most frequent pair
-#    comes from a heap of (count, pair) entries: a merge pushes the changed counts anew, and an
-#    entry whose count no longer matches is stale and skipped when it reaches the top.
+#    merged pair, so only those are re-spelled and their pairs recounted; a heap of counts gives
+#    the most frequent pair.
 #
-# When two pairs are equally frequent the one that comes first in Python's string order (by
-# code point: capitals before lower case, `</w>` after `-` and before letters) wins, so the
-# merges do not depend on the order in which the words were counted.
+# Ties go to the pair that comes first in Python's string order (by code point: capitals first),
+# so the merges do not depend on the order in which the words were counted.
 #
-# To apply the merges to a word, new or seen, spell it in characters and `</w>`, then
-# repeatedly merge the adjacent pair that was learned *earliest*, until no learned pair is
-# left. This gives each training word exactly the spelling it had at the end of learning
-# (the tests check that against applying all merges in order, on random corpora), and a word
-# never seen in training still falls apart into pieces that exist, in the worst case its
+# To segment a word, new or seen, spell it in characters and `</w>`, then repeatedly merge the
+# adjacent pair that was learned *earliest*, until no learned pair is left. Each training word
+# gets exactly its spelling at the end of learning (`tests/test_subwords.py` checks that on random
+# corpora), and a word never seen still falls apart into pieces that exist, in the worst case its
 # characters.
 
 # %% tags=["export"]
@@ -297,12 +286,10 @@ print("segmented after the first 3 merges:",
 print("a word never seen:", segment_word("Hunde", toy_ranks), segment_word("Zug", toy_ranks))
 
 # %% [markdown]
-# Only seven merges exist: after the seventh every word is one symbol. A word never seen gets
-# the learned merges that fit it. *Hunde* (dogs) gets *Hu* but not *Hund*: every merge that
-# built *Hund* went through `d</w>`, because in this corpus *Hund* only ever ended a word. That is
-# the end-of-word marker at work; a larger corpus, with *Hunde* and *Hundes* in it, would also
-# learn a *Hund* that is not final. *Zug* (train) shares no learned pair and stays in
-# characters.
+# Only seven merges exist: after the seventh every word is one symbol. A word never seen gets the
+# learned merges that fit it. *Hunde* (dogs) gets *Hu* but not *Hund*: every merge that built
+# *Hund* went through `d</w>`, because in this corpus *Hund* only ever ended a word. That is the
+# end-of-word marker at work. *Zug* (train) shares no learned pair and stays in characters.
 #
 # Now the real corpus: the words of both languages' training text, counted together, since the
 # paper's vocabulary was shared. Eight thousand merges:
@@ -323,15 +310,13 @@ print(f"vocabulary: {len(alphabet)} characters + {END_OF_WORD} + {len(merges):,}
       f"= {len(bpe_symbols):,} symbols")
 
 # %% [markdown]
-# The first merges attach frequent word endings to the end-of-word marker (*n*, *e*, *t*, *s*,
-# *en*, *er*: German inflections and English plurals), make the full stop, a token of its own,
-# one symbol, and join common letter pairs (*in*, *er*, *ch*, *an*). The vocabulary is the alphabet of the
-# training text, the marker and one new symbol per merge: 8,100 symbols for both languages,
-# about as many as chapter 14's German vocabulary alone. (The time printed above depends on
-# what else the shared machine is doing at the moment.)
+# The first merges attach frequent word endings to the end-of-word marker (German inflections and
+# English plurals), make the full stop one symbol, and join common letter pairs. The vocabulary is
+# the alphabet of the training text, the marker and one symbol per merge: for both languages,
+# about as many symbols as chapter 14's German vocabulary alone.
 #
-# The symbols of every training word join back to the word, and the lost compounds now come
-# apart into pieces that occur in the training text:
+# The symbols of every training word join back to the word, and the lost compounds now come apart
+# into pieces that occur in the training text:
 
 # %%
 ranks = {pair: rank for rank, pair in enumerate(merges)}
@@ -344,10 +329,9 @@ for word in examples:
 # Some splits follow the seams of the compound: *Schaufenster + scheibe* (shop window, pane),
 # *Feuerwehr + kleidung* (fire brigade, clothing), *kopf + stein + gepflasterten* (cobbled).
 # Others are merely frequent strings: *Baumwolle* (cotton) keeps *Baum* (tree) but spells *Wolle*
-# (wool) as *wo + lle*, *Straßenkundgebung* (street rally) is cut around the frequent word
-# *und*, and *Eisfischerhütte* keeps only *Eis* whole. Byte-pair encoding knows frequencies, not
-# morphology. Still, each of these pieces has an embedding trained on every word that contains
-# it, where the word vocabulary had one `<unk>` embedding for all of them.
+# (wool) as *wo + lle*, and *Eisfischerhütte* keeps only *Eis* whole. Byte-pair encoding knows
+# frequencies, not morphology. Still, each piece has an embedding trained on every word that
+# contains it, where the word vocabulary had one `<unk>` for all of them.
 #
 # The price is length. Spelled in symbols, a validation sentence is longer than in words:
 
@@ -365,35 +349,31 @@ for side, language in enumerate(("German", "English")):
           f"({len(pieces) / words - 1:+.0%}); {unknown} symbols outside the vocabulary")
 
 # %% [markdown]
-# German sentences grow by a fifth and English ones by a tenth: frequent words stay whole, and
-# only the rare ones are spelled in pieces, more of them in German. No symbol of the validation
-# text is outside the vocabulary, because every character of the validation text also occurs
-# in the training text.
+# German sentences grow by about a fifth and English ones by about a tenth: frequent words stay
+# whole, and only the rare ones are spelled in pieces, more of them in German. No symbol of the
+# validation text is outside the vocabulary, because every character of the validation text also
+# occurs in the training text.
 #
 # ## sentencepiece
 #
-# Our learner is a few dozen lines of Python and shows the idea; in practice one uses a tool.
-# sentencepiece {cite}`kudo2018sentencepiece` implements byte-pair encoding and a second
-# algorithm, the unigram language model {cite}`kudo2018subword`, which starts from a large set
-# of candidate pieces and prunes the ones that least help the likelihood of the training text.
-# It is written in C++ and trains on all of Multi30k in seconds. It also differs from our
-# version in a way that matters for translation: it reads raw sentences, not the output of a
-# word tokenizer. A space is a symbol like any other (shown as `▁`, U+2581, attached to the
-# piece that follows it), so a segmented sentence turns back into text by joining its pieces
-# and replacing `▁` by a space. No language-specific rules are needed in either direction,
-# unlike chapter 14's `detokenize`.
+# In practice one uses a tool. sentencepiece {cite}`kudo2018sentencepiece` implements byte-pair
+# encoding and a second algorithm, the unigram language model {cite}`kudo2018subword`, which
+# starts from a large set of candidate pieces and prunes the ones that least help the likelihood
+# of the training text. It reads raw sentences, not a word tokenizer's output: a space is a symbol
+# like any other (shown as `▁`, U+2581, attached to the piece that follows it), so a segmented
+# sentence turns back into text by joining its pieces and replacing `▁` by a space, with no
+# language-specific rules, unlike chapter 14's `detokenize`.
 #
-# `train_sentencepiece` trains a model in memory (`model_writer` receives the model instead of
-# a file; nothing is written to disk) with these choices:
+# `train_sentencepiece` trains a model in memory (nothing is written to disk) with three choices:
 #
 # * **The book's special ids.** `<s>`, `</s>`, `<blank>` and `<unk>` get ids 0 to 3, as in
-#   `SPECIALS`, so `Batch`, `collate_batch` and the decoding functions work unchanged.
-# * **Lossless.** sentencepiece normally applies a variant of Unicode NFKC normalization and
-#   squeezes repeated spaces; we switch both off, so decoding gives back exactly the input
-#   text. (One exception remains: the symbol `▁` itself in the input comes back as a space.)
+#   `SPECIALS`, so `Batch`, `collate_batch` and the decoders work unchanged.
+# * **Lossless.** We switch off sentencepiece's Unicode normalization and its squeezing of
+#   repeated spaces, so that decoding gives back exactly the input text (except the symbol `▁`
+#   itself, which comes back as a space).
 # * **Every character.** `character_coverage=1.0` gives every character of the training text a
-#   piece, and `byte_fallback=True` spells a character never seen in training as its UTF-8
-#   bytes (256 pieces reserved for them) instead of `<unk>`.
+#   piece, and `byte_fallback=True` spells a character never seen in training as its UTF-8 bytes
+#   (256 reserved pieces) instead of `<unk>`.
 #
 # The two languages go in together, as the sentences of one corpus.
 
@@ -471,14 +451,13 @@ for sentence in (german, english):
 print(sp.encode(german)[:10], "...")
 
 # %% [markdown]
-# The ids start with the book's four specials and the 256 byte pieces; the learned pieces
-# follow. In this validation pair every word is common enough to be one piece. A piece that
-# starts a word carries the `▁` of the space before it; the full stop, which follows its word
-# without a space, has none.
+# The ids start with the book's four specials and the 256 byte pieces; the learned pieces follow.
+# In this validation pair every word is one piece. A piece that starts a word carries the `▁` of
+# the space before it; the full stop, which follows its word without a space, has none.
 #
-# Decoding is lossless: every sentence of the validation and test sets comes back unchanged.
-# The default normalization would have changed one of them, and a character that training
-# never saw becomes bytes rather than `<unk>`:
+# Decoding gives back every sentence of the validation and test sets; the default normalization
+# would have changed one of them, and a character that training never saw becomes bytes rather
+# than `<unk>`:
 
 # %%
 import unicodedata
@@ -495,19 +474,17 @@ print(sp.encode(unseen, out_type=str))
 assert sp.decode(sp.encode(unseen)) == unseen
 
 # %% [markdown]
-# The one sentence that NFKC would change contains a no-break space (U+00A0, in "120 cm"),
-# which NFKC turns into an ordinary space. With sentencepiece's default normalization the
-# decoded sentence would differ from its reference in that character: harmless for most uses,
-# but "lossless" is worth having exactly. The Polish letters and the dog do not occur in
-# Multi30k; they come out as their UTF-8 bytes (two for *Ł*, four for the emoji) and decode back
-# exactly. Without byte fallback each would have been `<unk>`.
+# The one sentence that NFKC would change holds a no-break space (U+00A0, in "120 cm"), which NFKC
+# turns into an ordinary space: harmless for most uses, but "lossless" is worth having exactly.
+# The Polish letters and the dog do not occur in Multi30k; they come out as their UTF-8 bytes and
+# decode back exactly, where without byte fallback each would have been `<unk>`.
 #
 # ## How large a vocabulary?
 #
 # The vocabulary size is the one knob. A small vocabulary spells more words in pieces, so
-# sentences get longer; a large one keeps more words whole. We train byte-pair models of 2,000
-# to 16,000 pieces and one unigram model, and measure each on the validation set against the
-# word vocabularies of chapter 14:
+# sentences get longer; a large one keeps more words whole. We train byte-pair models of 2,000 to
+# 16,000 pieces and one unigram model, and measure each on the validation set against chapter
+# 14's word vocabularies:
 
 # %%
 def subword_row(name: str, model: Any, kind: str) -> dict[str, Any]:
@@ -593,25 +570,22 @@ vocabulary_chart(rows, title="Longer sentences for a smaller vocabulary",
                  subtitle="lines: sentencepiece BPE of 2,000 to 16,000 pieces; points: the others")
 
 # %% [markdown]
-# Every subword vocabulary has no `<unk>` at all on the held-out sets, against 3.1% of the
-# tokens for the word vocabularies (both languages, validation and test). What the size buys is
-# length. With 2,000 pieces a German sentence is 61% longer than in words; with 16,000 it is 13%
-# longer. English, with fewer word forms, grows less at every size. Each doubling of the
-# vocabulary shortens the sentences less than the one before: the frequent words are whole
-# early, and the extra pieces go to rarer and rarer words.
+# No subword vocabulary leaves a `<unk>` on the held-out sets, where the word vocabularies lose a
+# few percent of the tokens. What the size buys is length: look at how much longer a German
+# sentence is than in words, from 2,000 pieces to 16,000. English, with fewer word forms, grows
+# less at every size, and each doubling of the vocabulary shortens the sentences less than the one
+# before: the frequent words are whole early, and the extra pieces go to rarer and rarer words.
 #
-# Our own byte-pair encoding with 8,000 merges comes out close to sentencepiece's with 8,000
-# pieces, although the two differ in detail: ours starts from spaCy's words and marks where they
-# end, sentencepiece starts from raw text, marks where words start, and counts its 256 byte
-# pieces among the 8,000. The unigram model of the same size gives slightly longer sequences
-# here; what it is known for, sampling different segmentations of the same text as a
-# regularizer {cite}`kudo2018subword`, is not used in this chapter.
+# Our byte-pair encoding with 8,000 merges comes out close to sentencepiece's with 8,000 pieces,
+# although ours starts from spaCy's words and marks where they end, while sentencepiece starts
+# from raw text, marks where words start, and counts its 256 byte pieces among the 8,000. The
+# unigram model of the same size gives slightly longer sequences (its sampling of segmentations
+# as a regularizer {cite}`kudo2018subword` is not used here).
 #
-# For the rest of the chapter we keep the byte-pair model with 8,000 pieces for both languages:
-# about the size of chapter 14's German vocabulary alone, German sentences 22% longer and
-# English ones 10% longer than in words, and nothing unknown. It is a reasonable size, not a
-# tuned one. The paper's 37,000 served about 4.5 million sentence pairs, some 155 times
-# Multi30k's 29,000.
+# From here on we keep the byte-pair model with 8,000 pieces for both languages: about the size
+# of chapter 14's German vocabulary alone, sentences somewhat longer, and nothing unknown. It is a
+# reasonable size, not a tuned one; the paper's 37,000 served about 4.5 million sentence pairs,
+# some 155 times Multi30k's 29,000.
 #
 # ## One vocabulary for both languages
 #
@@ -635,19 +609,18 @@ shared_words = sorted((i for i in both if sp.id_to_piece(i).startswith("▁")
 print("word-initial pieces in both:", [sp.id_to_piece(i) for i in shared_words[:14]])
 
 # %% [markdown]
-# About a quarter of the pieces occur in both languages: punctuation and numbers, names
-# (*London*, *McDonald*), words that one language borrowed from the other or both from a third
-# (*Frisbee*, *Hockey*, *Person*, *orange*), and many word fragments. Each of these has one
-# embedding, trained on both languages. The pieces used by neither are the specials, the byte
-# pieces, and some that byte-pair encoding built on the way to longer pieces and that the final
-# segmentation of the training text no longer uses. For a translation model, one vocabulary
-# means that a name or a number has the same id in the source and in the target, so copying it
-# is a matter of producing the id that the encoder read.
+# About a quarter of the pieces occur in both languages: punctuation and numbers, names (*London*,
+# *McDonald*), words borrowed by one language from the other or by both from a third (*Frisbee*,
+# *Hockey*, *Person*, *orange*), and many word fragments. Each has one embedding, trained on both
+# languages. (Those used by neither are the specials, the byte pieces, and pieces built only on
+# the way to longer ones.) For translation, one vocabulary means that a name or a number has the
+# same id in the source and in the target, so copying it is a matter of producing the id that the
+# encoder read.
 #
-# With one vocabulary, `make_model(..., share_embeddings=True)` from chapter 5 can tie all
-# three matrices as the paper did. What that does to the size of chapter 14's CPU model
-# ($N=3$, $d_{\text{model}}=256$, $d_{\text{ff}}=1024$, $h=8$), counted on models that are
-# built but never trained (`parameters()` lists a shared tensor once):
+# With one vocabulary, chapter 5's `make_model(..., share_embeddings=True)` can tie all three
+# matrices as the paper did. What that does to the size of chapter 14's CPU model ($N=3$,
+# $d_{\text{model}}=256$, $d_{\text{ff}}=1024$, $h=8$), counted on untrained models
+# (`parameters()` lists a shared tensor once):
 
 # %%
 config = training_config("cpu")
@@ -682,20 +655,19 @@ for column in table:
 table
 
 # %% [markdown]
-# With word vocabularies, the three vocabulary-sized tables of chapter 14's model (the German
-# embedding, the English embedding, and the generator's weight and bias) hold 5.2 of its 10.8
-# million parameters, almost half. A joint vocabulary of 8,000 without tying would make the
-# model *larger*, because both embedding tables now have 8,000 rows. Tied three ways, one
-# $8{,}000 \times 256$ matrix serves all three uses (the generator's 8,000 biases stay its own),
-# and the model shrinks to 7.6 million parameters, almost 30% fewer than with words. The
-# layers in between, 5,530,624 parameters, are the same in all three models.
+# With word vocabularies, the three vocabulary-sized tables (the German embedding, the English
+# embedding, and the generator's weight and bias) hold almost half of the model's 10.8 million
+# parameters. A joint vocabulary without tying makes the model *larger*, because both embedding
+# tables now have 8,000 rows. Tied three ways, one $8{,}000 \times 256$ matrix serves all three
+# uses (the generator keeps its own biases), and the model shrinks by almost 30%. The layers in
+# between are the same in all three models.
 #
 # ## Longer sentences, fewer of them per batch
 #
-# Chapter 9's batches hold a budget of padded tokens, not a number of sentences: the `cpu`
-# preset gives each batch 1,500 tokens per side. Longer sequences therefore mean fewer
-# sentences per batch, and more batches, so more optimizer steps, per epoch. The training set
-# under both vocabularies, with chapter 14's `max_len=72` and the same sampler and seed:
+# Chapter 9's batches hold a budget of padded tokens, not a number of sentences (the `cpu` preset
+# gives each batch 1,500 tokens per side), so longer sequences mean fewer sentences per batch and
+# more batches, so more optimizer steps, per epoch. The training set under both vocabularies,
+# with chapter 14's `max_len=72` and the same sampler and seed:
 
 # %%
 train_pairs = splits["train"]
@@ -732,34 +704,24 @@ for row in budget_rows:  # the cpu preset's warmup is counted in optimizer steps
           f"{config.warmup / row['batches per epoch']:.1f} epochs")
 
 # %% [markdown]
-# No pair is longer than 72 tokens in either form, so the length filter drops nothing. Each
-# epoch has 8.6% more target tokens to predict, but 12.5% more batches: the budget binds on the
-# longer side of each pair, and the German source grows more than the English target. A batch
-# holds about 85 sentences instead of 95. The padding stays at about 2%: the sampler still
-# groups sentences of similar length. For a fixed number of epochs the run takes 12.5% more
-# optimizer steps, and a warmup counted in steps ends earlier in the run: the `cpu` preset's
-# 1,000 warmup steps would end after 2.9 epochs instead of 3.3.
-#
+# The length filter drops nothing. Each epoch has more target tokens to predict, and
+# proportionally more batches still: the budget binds on the longer side of each pair, and the
+# German source grows more than the English target. The padding stays small, because the sampler
+# still groups sentences of similar length. For a fixed number of epochs the run takes more
+# optimizer steps, and a warmup counted in steps ends earlier in the run.
 
 # %% [markdown]
 # ## Growing chapter 14's run for subwords
 #
-# We stop before training a model on subwords. Chapter 14's `cpu` preset trained for over an
-# hour on one thread; a subword run, with more tokens and more steps per epoch, would not
-# be shorter, and a chapter of this book runs in a minute or two. Chapter 18 reports that run, so
-# this chapter gives no BLEU score for subwords. It does write what the run needs. Chapter 14
-# wrote its configuration and its data functions for two word vocabularies, because that is what
-# it trains; here they grow, by the book's one mechanism (README, "Growing a definition"): the
-# same name defined again, chapter 14's parameters unchanged, the new options with defaults that
-# give chapter 14's behaviour.
+# Chapter 18 trains on subwords; this chapter writes what the run needs. Chapter 14 wrote its
+# configuration and data functions for two word vocabularies; they grow by the book's one
+# mechanism (README, "Growing a definition"): the same name defined again, chapter 14's parameters
+# unchanged, the new options with defaults that give chapter 14's behaviour.
 #
-# **Configuration.** Two fields: `subwords`, the size of one joint sentencepiece vocabulary
-# (0 keeps the two word vocabularies), and `share_embeddings`, which ties the source
-# embedding, the target embedding and the generator as `make_model(..., share_embeddings=True)`
-# did above (§3.4). The preset `cpu_subword` is chapter 14's `cpu` with these two changed, so
-# the vocabulary and the tying are the only differences between the two runs. With the same
-# token budget, that makes 343 instead of 305 steps per epoch and about 85 sentences per batch
-# instead of 95, as measured above.
+# **Configuration.** Two fields: `subwords`, the size of one joint sentencepiece vocabulary (0
+# keeps the two word vocabularies), and `share_embeddings`, which ties the three matrices as above
+# (§3.4). The preset `cpu_subword` is chapter 14's `cpu` with these two changed, so the vocabulary
+# and the tying are the only differences between the two runs.
 
 # %% tags=["export", "extends"]
 from dataclasses import dataclass, replace
@@ -819,11 +781,10 @@ def training_config(name: str, **overrides) -> TrainConfig:
 
 # %% [markdown]
 # **Data.** The run's vocabulary is one sentencepiece model, stored beside the checkpoints as
-# `subwords.model` where the two word vocabularies would be, for resuming and for
-# `load_trained_model` and `translate` to read. It reads raw text: `sp.encode` replaces
-# `tokenize` and `Vocab.encode` on the way in, and `sp.decode` replaces `detokenize` on the way
-# out, with no tokenizer rules. The same model serves both languages, so each function returns
-# it twice where chapter 14 returned a German and an English vocabulary.
+# `subwords.model`, where resuming, `load_trained_model` and `translate` read it. It reads raw
+# text: `sp.encode` replaces `tokenize` and `Vocab.encode` on the way in, and `sp.decode` replaces
+# `detokenize` on the way out. The same model serves both languages, so each function returns it
+# twice where chapter 14 returned a German and an English vocabulary.
 
 # %% tags=["export"]
 import os
@@ -916,12 +877,11 @@ def decode_text(ids: Sequence[int], vocab: Vocab) -> str:
 
 
 # %% [markdown]
-# A small run's worth of it: a joint vocabulary of 500 pieces from the first 400 training
-# pairs, written into a temporary checkpoint folder and read back, then the first validation
-# pair through the grown functions: the sentence whose *Baumwolle* (cotton) chapter 14's word
-# model received as `<unk>`. With so few pieces most words are spelled out in short pieces, but
-# every word reaches the encoder, and the ids decode back to the exact text. The word configuration of the same pairs still gives chapter 14's
-# two vocabularies.
+# A small run's worth: a joint vocabulary of 500 pieces from the first 400 training pairs, written
+# into a checkpoint folder and read back, then the first validation pair, whose *Baumwolle*
+# (cotton) chapter 14's word model received as `<unk>`. With so few pieces most words are spelled
+# in short pieces, but every word reaches the encoder, and the ids decode back to the exact text.
+# The word configuration still gives chapter 14's two vocabularies.
 
 # %%
 import tempfile
@@ -945,42 +905,33 @@ assert vocab_en.itos == Vocab.build([en for _, en in token_pairs], min_freq=2).i
 print(f"words: {len(vocab_de):,} German and {len(vocab_en):,} English ids, as in chapter 14")
 
 # %% [markdown]
-# **Model.** `make_model(V, V, ..., share_embeddings=True)` with `V = len(sp)`: 7.6 instead of
-# 10.8 million parameters, and one table whose rows are trained through the encoder, the decoder
-# and the generator at once. Chapter 22's training worker passes `config.share_embeddings` to
-# `make_model` and reads the vocabulary with `read_vocabularies(..., subwords=config.subwords > 0)`.
+# **Model.** `make_model(V, V, ..., share_embeddings=True)` with `V = len(sp)`, the tied model
+# counted above. The training worker ({doc}`appendix_distributed`) passes `config.share_embeddings` to `make_model` and
+# reads the vocabulary with `read_vocabularies(..., subwords=config.subwords > 0)`.
 #
 # **Translation.** BLEU is computed as before, with sacreBLEU on the decoded text against the
-# untouched references, so a subword model's score is directly comparable with the 37.82 that
-# chapter 14 prints for greedy decoding of the validation set.
+# untouched references, so a subword model's score is directly comparable with chapter 14's.
 #
-# What to expect, without numbers: no `<unk>` in either direction. The 41% of German validation
-# sentences that now lose a word would reach the encoder whole, in pieces the model has seen
-# in other words; rare English words and names could be written piece by piece, and so could
-# words that do not exist, when the pieces are combined badly. {cite:t}`sennrich2016neural`
-# found subword models better than word-level models with a back-off dictionary at translating
-# rare and unseen words, on WMT English-German and English-Russian. Whether the same holds on
-# Multi30k's short, repetitive captions, where only 4.6% of the German tokens are unknown, and
-# whether it shows in BLEU, is what the run would tell.
+# What to expect: no `<unk>` in either direction. German words that are now lost would reach
+# the encoder whole, in pieces seen in other words; rare English words and names could be written
+# piece by piece, and so could words that do not exist, when pieces are combined badly.
+# {cite:t}`sennrich2016neural` found subword models better on rare and unseen words in WMT news
+# translation; whether that shows in BLEU on Multi30k's short captions, chapter 18 measures.
 
 # %% [markdown]
 # ```{note}
 # The classic Annotated Transformer listed byte-pair encoding and shared embeddings among its
-# "additional components" and showed the tying in a block guarded by `if False:`, which never
-# ran and would have failed if it had (it named attributes, `tgt_embeddings` and
-# `generator.lut`, that its model did not have); its Multi30k model kept two word vocabularies.
-# Here the tying is a tested option of `make_model`, and this chapter measures what a shared
-# subword vocabulary changes.
+# "additional components" and showed the tying in a block guarded by `if False:`, which never ran
+# and would have failed (it named attributes that its model did not have); its Multi30k model kept
+# two word vocabularies. Here the tying is a tested option of `make_model`.
 # ```
 #
 # ## What we have
 #
-# Word vocabularies lose 4.6% of the German validation tokens, mostly compounds, and touch 41%
-# of the sentences. `learn_bpe` and `segment_word` learn and apply byte-pair merges in a few
-# dozen lines, and `train_sentencepiece` trains the maintained implementation in memory, with
-# the book's special ids, lossless decoding and no `<unk>`. A joint vocabulary of 8,000 pieces
-# makes sentences 10% to 22% longer, batches 11% smaller in sentences, and, with the three
-# matrices tied, the model almost 30% smaller.
-#
-# The next chapter trains on this vocabulary, with the three matrices tied, and puts the whole
-# recipe of the paper's section 6.1 into one table.
+# Word vocabularies lose a few percent of the German validation tokens, mostly compounds, and
+# touch about two in five of the sentences. `learn_bpe` and `segment_word` learn and apply
+# byte-pair merges in a few dozen lines, and `train_sentencepiece` trains the maintained
+# implementation in memory, with the book's special ids, lossless decoding and no `<unk>`. A joint
+# vocabulary of 8,000 pieces makes sentences longer and batches smaller in sentences, and, with
+# the three matrices tied, the model almost 30% smaller. The next chapter trains on it and puts
+# the paper's whole recipe into one table.

@@ -1,20 +1,18 @@
 # %% [markdown]
 # # Results: the paper's recipe on Multi30k
 #
-# Section 6.1 of the paper {cite}`vaswani2017attention` reports its translation results in one
-# table (Table 2) and gives the recipe behind them in a few sentences: one byte-pair vocabulary
-# shared by source and target (about 37,000 pieces for English-German), the source embedding,
-# the target embedding and the output projection tied into one matrix (§3.4), the weights of
-# the last 5 checkpoints averaged, and beam search with a beam of 4 and a length penalty of
-# $\alpha = 0.6$. Part III of this book took these steps one at a time: chapter 14 trained a
-# model on word vocabularies, chapter 15 added beam search, chapter 16 averaged checkpoints of
-# a longer run, and chapter 17 built the subword vocabulary and counted what it changes, but
-# stopped before training on it.
+# Section 6.1 of the paper {cite}`vaswani2017attention` reports its translation results in
+# Table 2 and gives the recipe behind them in a few sentences: one byte-pair vocabulary shared
+# by source and target (about 37,000 pieces for English-German), the source embedding, the
+# target embedding and the output projection tied into one matrix (§3.4), the last 5
+# checkpoints averaged, and beam search with a beam of 4 and a length penalty of
+# $\alpha = 0.6$. Chapters 14 to 17 built these pieces one at a time: a model on word
+# vocabularies, beam search, checkpoint averaging and the subword vocabulary.
 #
-# This chapter trains the recipe's model with the budget of chapter 14's `cpu` preset, measures
-# two choices in the book's decoders, measures every combination on the validation
-# set and the 2016 Flickr test set, ships the best model, and sets the numbers beside the
-# paper's and beside other published Multi30k figures.
+# This chapter trains the whole recipe at the budget of chapter 14's `cpu` preset, settles two
+# choices in the book's decoders, measures every combination on the validation set and the
+# 2016 Flickr test set, asks which differences are real, and sets the numbers beside published
+# ones.
 
 # %% tags=["setup", "hide-cell"]
 # Setup (hidden in the book): in Colab, install the book's package; everywhere, import what
@@ -63,12 +61,10 @@ for name, (before, after) in changed.items():
     print(f"{name:>17}: {before!r} -> {after!r}")
 
 # %% [markdown]
-# With the vocabulary in the checkpoint folder (`subwords.model` instead of the two
-# `vocab_*.json` files), the training script, `load_trained_model`, `translate` and
-# `tools/translate.py` handle both kinds: `translate` encodes raw German text with the
-# sentencepiece model and decodes the output pieces straight to text, so no tokenizer or
-# detokenizer rules are involved on either side. The run, and the averaging of its last five
-# epochs (chapter 16's tool):
+# The vocabulary travels in the checkpoint folder (`subwords.model`), and the training script,
+# `load_trained_model`, `translate` and `tools/translate.py` handle both kinds of model: a
+# subword model encodes raw German and decodes its pieces straight to text, with no tokenizer
+# rules on either side. The run, and the average of its last five epochs (chapter 16's tool):
 #
 # ```bash
 # python tools/train.py --config cpu_subword --keep-epochs 5 --threads 2
@@ -76,9 +72,8 @@ for name, (before, after) in changed.items():
 #     --output checkpoints/multi30k_cpu_subword/average_08-12.pt
 # ```
 #
-# The shipped folder, `book/models/multi30k_cpu_subword`, keeps the run's notes. Like chapter 14's
-# model it is pre-norm (`make_model`'s default; chapter 14 says why), which its `info.json`
-# records as `"variant": "pre-norm"`:
+# The shipped folder, `book/models/multi30k_cpu_subword`, keeps the run's notes; like chapter
+# 14's model it is pre-norm (chapter 14 says why):
 
 # %%
 import json
@@ -95,20 +90,15 @@ for row in info["history"]:
           f"val loss {row['val_loss']:.4f}{bleu_text} | {row['seconds'] / 60:.1f} min")
 
 # %% [markdown]
-# The losses are per subword piece, so they are not comparable with chapter 14's per-word
-# losses; the greedy validation BLEU after each epoch is. The script computed it for the first
-# 11 epochs and was then stopped and resumed without it (`--resume --bleu-every 0`), to save
-# the time of that greedy pass over the validation set; resuming continues the run exactly
-# (chapter 14). The timer counts training and the validation loss, not those BLEU passes, so
-# the run took longer in wall-clock time than the 1.33 hours printed above, on a 2-core CPU
-# that also ran other work. It is slower per epoch than chapter 14's run for the reasons
-# chapter 17 counted (12.5% more batches, of longer sequences), and it ran on another machine
-# (the hardware line names it), so the two times say little about each other.
+# The losses are per subword piece, so only the greedy validation BLEU compares with chapter
+# 14's run. Look for it rising fast over the first five epochs and still gaining, more slowly,
+# at the end. The run was resumed after epoch 11 without that BLEU pass (resuming continues a
+# run exactly, chapter 14), so epoch 12 has none, and the printed time leaves those passes out.
 #
 # ## One matrix, three uses
 #
-# The loaded model has one embedding matrix. The source embedding, the target embedding and the
-# generator's projection are the same tensor, so the model is smaller than chapter 14's:
+# The loaded model has one embedding matrix: the source embedding, the target embedding and
+# the generator's projection are the same tensor, so the model is smaller than chapter 14's:
 
 # %%
 model, vocab_src, vocab_tgt, config = load_trained_model(name="multi30k_cpu_subword")
@@ -141,24 +131,22 @@ for (de, en), g, b in zip(val[:5], greedy, beam, strict=True):
 # %% [markdown]
 # ## Two choices in the decoders
 #
-# Two choices in the book's decoders matter for the numbers below, and each was measured both
-# ways on the validation set and the test set.
+# Two choices in the book's decoders matter for the numbers below; the table after them
+# measures each both ways, on the validation set and the test set.
 #
-# **Tokens a translation must not contain.** A decoder left to itself may choose `<s>`, the
-# padding token or `<unk>`. A trained model almost never chooses the first two, but chapter
-# 14's word model writes `<unk>` whenever it would rather say a word that its vocabulary lacks,
-# and `<unk>` can never match a reference. `translate`, `beam_translate` and
-# `tools/translate.py` ban all three (`never_generated`): their scores are set to $-\infty$
-# before the choice, so the decoder takes the best real word instead. `allow_unk=True` lets the
-# model write `<unk>`, for studying what it does not know. A subword model never needs `<unk>`:
-# every character has a piece or falls back to bytes.
+# **Tokens a translation must not contain.** A decoder may choose `<s>`, padding or `<unk>`. A
+# trained model almost never picks the first two, but chapter 14's word model writes `<unk>`
+# where it wants a word its vocabulary lacks, and `<unk>` never matches a reference.
+# `translate`, `beam_translate` and `tools/translate.py` ban all three (`never_generated`):
+# their scores are set to $-\infty$ before the choice, so the decoder takes the best real word
+# instead; `allow_unk=True` lifts the ban, for studying what the model does not know. A subword
+# model never needs `<unk>`: every character has a piece or falls back to bytes.
 #
-# **A beam that stays full.** A beam search can let a finished hypothesis keep its slot, so that
-# a beam of 4 narrows to 3, 2 and 1 live hypotheses as outputs finish and the last unfinished
-# ones are searched greedily (`narrowing=True`). The book's beam search keeps 4 unfinished
-# hypotheses at every step instead, as tensor2tensor {cite}`vaswani2018tensor2tensor` and
-# fairseq {cite}`ott2019fairseq` do, and ends a sentence when 4 outputs have finished or none of
-# the live ones can win any more. The table gives each choice both ways:
+# **A beam that stays full.** A beam search can let a finished hypothesis keep its slot, so
+# that a beam of 4 narrows to 3, 2 and 1 live hypotheses as outputs finish (`narrowing=True`).
+# The book's beam search keeps 4 unfinished hypotheses at every step instead, as tensor2tensor
+# {cite}`vaswani2018tensor2tensor` and fairseq {cite}`ott2019fairseq` do, and stops when 4
+# outputs have finished or no live one can win any more.
 
 # %%
 import pandas as pd
@@ -196,31 +184,31 @@ print("word model, greedy with <unk> allowed: outputs containing <unk>:",
 choices
 
 # %% [markdown]
-# Banning `<unk>` matters more for the word model: the outputs that would hold `<unk>` hold
-# a real word instead, which is sometimes the right one, and BLEU rises by one to two points on the
-# two sets. Keeping the beam full changes almost nothing:
-# on both models and both sets the two searches are within a few tenths of a point of each
-# other, and the narrowing one is even slightly ahead. On captions of about a dozen words the
-# hypotheses of a beam tend to finish within a step or two of each other, so the narrowing beam
-# rarely runs narrow for long. We keep the full beam because it is the search that the paper's
-# code ran, and because its outputs do not depend on the order in which hypotheses finish;
-# it is not a gain in BLEU here.
+# Banning `<unk>` lifts the word model's greedy BLEU on both sets, by about a point on the
+# test set and nearly two on validation: the outputs that would hold `<unk>` (about one in four
+# or five, as printed) hold a real word instead, sometimes the right one. The full beam gains
+# nothing: on both models and both sets the narrowing search is slightly ahead, by at most a
+# few tenths. We keep the full beam because it is the search the paper's code ran and its
+# outputs do not depend on the order in which hypotheses finish, not for BLEU.
 #
 # ## The table
 #
-# Every row below is one model and one decoding, translated by `tools/evaluate.py` and scored
-# with sacreBLEU {cite}`post2018call` (cased, detokenized, the 13a tokenizer) against the
-# single reference of each sentence; the signature is printed under the table. The subword
-# models were scored in half precision, as the shipped ones are. The rows marked *untied* are
-# `cpu_subword` trained a second time with `share_embeddings=False`: the same vocabulary, data
-# order and budget, but its own source embedding, target embedding and output projection, so
-# that the table can tell what the vocabulary did from what tying did (it ran on a faster CPU of
-# this book's kind, with the same seed). The last four rows are chapter 21's subword model of
-# half an hour's training ("Thirty minutes on two cores"), at its last epoch and with its last
-# two epochs averaged (the shipped model), scored on the machine that trained it. The word-level row for averaging comes from
-# chapter 16: there was no word-level run of 12 epochs with its last epochs kept, so it is the
-# average of epochs 13 to 17 of the run continued to 17 epochs, scored greedily before the
-# `<unk>` ban; it is marked as such.
+# Every row is one model and one decoding, translated by `tools/evaluate.py` and scored with
+# sacreBLEU {cite}`post2018call` (cased, detokenized, the 13a tokenizer, one reference; the
+# signature is printed under the table); the subword models are scored in half precision, as
+# shipped. Beside this chapter's run:
+#
+# - *untied*: `cpu_subword` trained again with `share_embeddings=False`, so with its own three
+#   matrices but the same vocabulary, data order, seed and budget (on a faster CPU of this
+#   book's kind), to tell what the vocabulary did from what tying did;
+# - *chapter 21*: the half-hour subword model of chapter 21 ("Thirty minutes on two cores"), at
+#   its last epoch and with its last two epochs averaged (the shipped model), scored on the
+#   machine that trained it;
+# - the word model's averaged row: chapter 16's average of epochs 13 to 17 of a 17-epoch run,
+#   scored greedily with `<unk>` allowed, since no 12-epoch word run kept its last epochs.
+#
+# Look for three patterns: the subword rows above the word rows, beam search above greedy
+# decoding in every pair, and the averaged rows on either side of their last epochs.
 
 # %%
 word_info = json.loads((fetch_shipped_model() / "info.json").read_text())
@@ -274,8 +262,8 @@ table
 # %% [markdown]
 # ## The shipped model
 #
-# The best model is chosen on the validation set alone: the test column above was read after
-# the choice and plays no part in it.
+# The best model is chosen on the validation set alone; the test column was read after the
+# choice.
 
 # %%
 candidates = table[~table["decoding"].str.contains("chapter 16")]  # models that exist
@@ -293,34 +281,26 @@ assert config.epochs == 12 and config.subwords == 8000  # the model loaded above
 print("make translate uses:", BEST_SHIPPED_MODEL, "with beam 4, alpha 0.6")
 
 # %% [markdown]
-# Of this chapter's runs the winner is the subword model's last epoch with the paper's beam. It is
-# shipped in half precision (about 15 MB) with its sentencepiece model, its notes and every
-# measurement above (`results.json`), checked by SHA-256 like chapter 14's model; on the test set
-# it scores just above 40. But its 80 minutes of training are long for one sitting, and chapter
-# 21 ("Thirty minutes on two cores") trains the same model on its fast path, with dropout only
-# where the paper puts it, for 11 epochs, and averages the last two: under half an hour of
-# training on a faster CPU of this book's kind, and the best validation score of the table, by
-# less than the seeds of one recipe move a score (chapter 21). That model is what
-# `BEST_SHIPPED_MODEL` names: `make translate` and `tools/translate.py` use it by default, with
-# beam 4 and $\alpha = 0.6$, and a test guards 40 BLEU on the first 200 test sentences.
-#
+# Of this chapter's runs the winner is the subword model's last epoch with the paper's beam. It
+# is shipped in half precision (about 15 MB) with its sentencepiece model, its notes and every
+# measurement above (`results.json`), checked by SHA-256 like chapter 14's model. Best in the
+# whole table, by less than the seeds of one recipe move a score (chapter 21), is chapter 21's
+# model: the same recipe on the fast path, trained for under half an hour and averaged over its
+# last two epochs. `BEST_SHIPPED_MODEL` names it, so `make translate` and `tools/translate.py`
+# use it by default, with beam 4 and $\alpha = 0.6$.
 
 # %% [markdown]
 # ## Which differences are real
 #
-# Each score above is one test set of 1,000 sentences, and a test set is a sample: another
-# thousand captions would give other scores. The paired bootstrap {cite}`koehn2004statistical`
-# asks whether a difference would survive that. It draws 1,000 test sets of 1,000 sentences with
-# replacement from the real one and scores both systems on each drawn set. The spread of the
-# drawn gaps around their mean shows how far chance alone moves the gap between two systems; the
-# p-value is the share of drawn sets on which it moved that far from the mean by at least the
-# real gap, the chance that two equally good systems would differ this much. The drawn sets also
-# give each score a 95% interval. We use
-# sacreBLEU's own implementation (`sacrebleu --paired-bs`, here through its Python API, with its
-# fixed seed), on the stored test translations (`book/data/test_outputs_multi30k.json`, written
-# by `tools/evaluate.py --keep-outputs`) of the word model, the tied and the untied subword
-# models, and chapter 21's model at its last epoch and averaged. The tied run's averaged
-# weights were not kept, so its averaging rows are not tested here.
+# A test set of 1,000 sentences is a sample: another thousand captions would give other scores.
+# The paired bootstrap {cite}`koehn2004statistical` draws 1,000 test sets of that size, with
+# replacement, from the real one and scores both systems on each. The spread of the drawn gaps
+# shows how far chance alone moves the gap between two systems; the p-value is the share of
+# drawn sets on which the gap moved from its mean by at least the real gap. The drawn sets also
+# give each score a 95% interval. We use sacreBLEU's implementation (`sacrebleu --paired-bs`,
+# through its Python API, with its fixed seed) on the stored test translations
+# (`book/data/test_outputs_multi30k.json`, from `tools/evaluate.py --keep-outputs`). The tied
+# run's averaged weights were not kept, so its averaging rows are not tested.
 
 # %% tags=["export"]
 from collections.abc import Sequence
@@ -394,21 +374,19 @@ assert (gaps[real] > 0).all() and p_values[real].max() < 0.01  # and the real ga
 significance
 
 # %% [markdown]
-# Chance alone moves each score by about one and a half points from one drawn test set to
-# another (the ± columns), so a lead of a few tenths on this test set is not a finding by
-# itself. Six gaps are real on this test set: the subword model's lead over the word model with
-# both decodings, the beam's gain for the subword model, chapter 21's averaged weights against
-# its last epoch with both decodings, and, the question the untied run was trained for, the
-# untied subword model's lead over the word model. Chance moved none of them that far in the
-# 1,000 draws, or almost none (the smallest p-value that 1,000 samples can give is 1/1,001,
-# about 0.001). Five gaps are not established, and the cell asserts both groups: the word
-# model's gain from the beam, the untied run's average against its last epoch (a few tenths
-# below it with both decodings), and tying itself: the tied and the untied subword models score
-# within a tenth of a point of each other on this test set. The bootstrap answers only for this
-# test set and these trained models; another training seed is a second source of variation
-# that it does not see (chapter 19 measures that one).
+# Read the ± columns first: chance alone moves each score by about one and a half points, so a
+# lead of a few tenths on this test set is not a finding by itself. Six gaps are real, and the
+# cell asserts them: the subword model's lead over the word model with both decodings, the
+# untied subword model's lead too (the question that run was trained for), the beam's gain for
+# the subword model, and chapter 21's averaged weights against its last epoch with both
+# decodings. Five are not established: the word model's gain from the beam, the untied run's
+# average against its last epoch with both decodings, and tying itself, where the tied and
+# untied models score within a tenth of a point of each other. The bootstrap answers only for
+# this test set and these trained models; another training seed is a source of variation that
+# it does not see (chapter 19 measures that kind).
 #
-# Three runs have averaged rows. The average minus the last epoch, in BLEU points:
+# For each run that the table shows both averaged and at its last epoch, the average minus the last
+# epoch, in BLEU points:
 
 # %%
 runs = {  # run -> (vocabulary, last epoch, averaged weights), as the table names them
@@ -438,23 +416,22 @@ assert (averaging_gains["test BLEU"] > 0).sum() == 3  # half of them on the test
 averaging_gains
 
 # %% [markdown]
-# On the validation set the average beat the last epoch in five of the six pairs and lost once,
-# in the tied run with the beam; on the test set it won three times and lost three times. So
-# averaging is not a reliable gain at this scale, and the pattern of the tied run (its average
-# helps greedy decoding and hurts the beam) does not repeat in the other two runs. The runs
-# also average differently (the last five epochs of a run on chapter 14's schedule, the last
-# two of chapter 21's run), and each is one seed, so these rows cannot say what decides it.
+# Look at the signs: on validation the average wins five of the six pairs, on the test set only
+# half, and the tied run's pattern (its average helps greedy decoding and hurts the beam) does
+# not repeat in the others. Averaging is not a reliable gain at this scale. The runs
+# also average differently (five epochs of chapter 14's schedule, or the last two of chapter
+# 21's), and each is one seed, so these rows cannot say what decides it.
 #
 # ## What the subword model gets wrong
 #
-# A word model can only write words of its vocabulary. A subword model can write any string,
-# and when it joins pieces badly it writes words that do not exist: the first example above
-# turned *Baumwolle* (cotton) into "hungge". We count, in each system's test translations, the
-# outputs that contain a word never seen in the English training text (letters only, ignoring
-# case), the length of the outputs against the references, and what comes through of the
-# numbers written in digits in the German sources and of the names: the capitalized words that a
-# source and its reference share exactly (the reference's first word left out), such as
-# *Boston*, *Frisbee* or *New York*, which a translation should copy as they are.
+# A word model can only write words of its vocabulary. A subword model can write any string, and
+# when it joins pieces badly it makes up words: the first example above turned *Baumwolle*
+# (cotton) into "hungge". In each system's test translations the cell counts the outputs with a
+# word never seen in the English training text (letters only, ignoring case), the length
+# against the references, and what comes through of the numbers written in digits in the
+# German sources and of the names: the capitalized words that a source and its reference share
+# exactly (the reference's first word left out), such as *Boston*, *Frisbee* or *New York*,
+# which a translation should copy as they are.
 
 # %% tags=["export"]
 import string
@@ -510,6 +487,9 @@ subword_runs = [name for name in dict.fromkeys(failures["model"]) if name != "wo
 for name in subword_runs:  # one greedy output in 8 to 15 makes up a word; the beam about halves it
     assert 1000 / 15 < rates[name, "greedy"] < 1000 / 8, name
     assert rates[name, "beam4"] < 0.6 * rates[name, "greedy"], name
+lengths = failures.set_index(["model", "decoding"])["length / reference length"]
+assert all(lengths[name, "beam4"] < lengths[name, "greedy"] for name in ["words", *subword_runs])
+assert lengths.between(0.94, 1.06).all()  # within about 6% of the references' length
 for word, row in numbers:
     if word not in outputs["subwords-last", "beam4"][row].split():
         print(f"{word:>4} lost by the subword beam: {outputs['subwords-last', 'beam4'][row]}")
@@ -524,27 +504,24 @@ for row in mended[:4]:
 
 
 # %% [markdown]
-# The word model never makes up a word, by construction; its failure is `<unk>`, or (with
-# `<unk>` banned) a wrong but real word. About one greedy translation in nine of the tied
-# subword model holds a made-up word (of the other subword runs, one in ten to one in fourteen),
-# often where the source has a rare word or a name: the model spells an English-looking word
-# piece by piece and gets it wrong. In every subword run beam search about halves that count: a
-# badly joined word is improbable as a whole, and a beam compares whole continuations.
-# The examples above are sentences where greedy decoding made up a word and the beam did not,
-# though not every repair is right (the snowmobiles become campers). It is one more reason,
-# besides BLEU, to decode with the beam. The lengths sit within 5% of the references'. Numbers
-# and names are a weak spot of both models. The test sources hold only a handful of numbers
-# written in digits, and the references keep every one, but the models drop or garble several,
-# as the lines above the table show for the subword beam. Names fare worse: every system keeps
-# about one in six of them, nearly all words that are common in the training captions
-# (*Frisbee*, *New York*). The word model cannot write a name that its vocabulary lacks; the
-# subword model could spell any name, but mostly spells them wrong (its greedy decoder wrote "A
-# bouuifier runs" for a Boston terrier, which its beam got right).
+# The word model never makes up a word, by construction; its failure is `<unk>` or, with
+# `<unk>` banned, a wrong real word. In the subword runs between about one greedy output in nine
+# and one in fourteen holds a made-up word, often where the source has a rare word or a name,
+# and in every run the beam about halves that count (the cell asserts both): a badly joined
+# word is improbable as a whole, and a beam compares whole continuations. The examples above are
+# sentences that greedy decoding garbled and the beam did not, though not every repair is right
+# (the snowmobiles become campers). The beam's outputs are also a little shorter than greedy
+# decoding's in every run, all of them within about 6% of the references' length. Numbers and
+# names are a weak spot of every system: the references keep every number written in digits,
+# the models drop or garble several (the lines above the table), and every system keeps only
+# about one name in six, mostly words common in the training captions (*Frisbee*, *New York*).
+# The subword model could spell any name, but mostly spells them wrong: "A bouuifier runs" for
+# a Boston terrier.
 
 # %% [markdown]
 # ## Beside the paper and other published figures
 #
-# For context only, here are numbers that are *not* comparable with the table above, and why.
+# For context only: numbers that are *not* comparable with the table above, and why.
 
 # %%
 def spacy_tokens(text: str) -> str:
@@ -579,62 +556,45 @@ context
 # The paper's figures are for another task: English into German and French news, with 4.5
 # and 36 million training pairs against Multi30k's 29,000 short image captions, models of 65
 # and 213 million parameters trained for 12 hours and 3.5 days on 8 GPUs, and BLEU computed on
-# tokenized text (with compound words split, for German). Multi30k's captions are short,
-# literal and repetitive, so higher scores on them say nothing about news translation.
+# tokenized text. Multi30k's captions are short, literal and repetitive, so higher scores on
+# them say nothing about news translation.
 #
-# The tutorial figures are closer, but scored differently. Ben Trevett's Transformer tutorial
-# {cite}`trevett2021seq2seq` trains a model of about this size on Multi30k German to English
-# and reports BLEU on lowercased spaCy tokens with greedy decoding. Scored that way, lowercase
-# and tokenized, our shipped model's greedy test translations score about half a point more
-# than with cased, detokenized sacreBLEU; on these captions the scoring moves the number less
-# than the model does, but it moves it, and two numbers are comparable only when both the
-# data and the scoring agree.
-# The OPUS-MT model {cite}`tiedemann2020opus,opusmt2022big` is a large general-purpose
-# translator trained on other data; its model card reports sacreBLEU on the same test set but
-# not its decoding settings. Of the other well-known versions, neither the classic Annotated
-# Transformer {cite}`huang2022annotated` nor PyTorch's own translation tutorial reports a BLEU
-# score for Multi30k.
+# Ben Trevett's Transformer tutorial {cite}`trevett2021seq2seq` trains a model of about this
+# size on Multi30k German to English and reports BLEU on lowercased spaCy tokens with greedy
+# decoding. Scored that way, this chapter's model's greedy test translations gain about half a
+# point over cased, detokenized sacreBLEU: less than the models differ, but enough that two
+# numbers compare only when both the data and the scoring agree. The OPUS-MT model
+# {cite}`tiedemann2020opus,opusmt2022big` is a large general-purpose translator trained on
+# other data; its model card reports sacreBLEU on the same test set but not its decoding.
+# Neither the classic Annotated Transformer {cite}`huang2022annotated` nor PyTorch's own
+# translation tutorial reports a BLEU score for Multi30k.
 #
 # ## What the numbers show, and what they do not
 #
-# - **The subword vocabulary helps; tying makes the model smaller, not better; the beam
-#   clearly helps the subword model.** The tied subword model beats the word model with every
-#   decoding and weights on both sets, with 30% fewer parameters: at the same budget and
-#   decoding, by 1.58 up to 2.81 points at epoch 12, gaps the paired bootstrap finds real on the
-#   test set; with averaged weights, by about 2.9 on the validation set but only about 1.1 on
-#   the test set, against a word-level average that comes from a longer run and allows `<unk>`.
-#   The subword run changed more than the vocabulary (one joint vocabulary, three-way tying and
-#   12.5% more optimizer steps per epoch came together), and the untied run takes tying out:
-#   with its three separate matrices it has more parameters than the word model (11.7 M against
-#   10.8 M), and it still leads the word model by 2.64 points with the beam on the test set, a
-#   gap the bootstrap finds real, while at epoch 12 it scores within a tenth of a point of the
-#   tied model on the test set, and on the validation set a little below it (with averaged
-#   weights, a little above). So the gain came with the vocabulary (the
-#   pieces, the joint vocabulary and the extra steps, which these runs do not separate), and
-#   tying bought a model of 7.6 M parameters instead of 11.7 M at no measured cost, which is
-#   what §3.4 of the paper uses it for. Beam search raises every score in the table, but on the
-#   test set the bootstrap finds its gain real only for the subword models. Both agree with the
-#   paper's choices.
-# - **Averaging is not a reliable gain here.** Over the three runs with averaged rows it helped
-#   on the validation set five times in six and on the test set three times in six. Chapter
-#   21's average of two epochs beats that run's last epoch on the test set by margins the
-#   bootstrap finds real, for that run; the untied run's average of five scores a few tenths
-#   below its last epoch there, and the tied run's average helps greedy decoding and hurts the
-#   beam. Chapter 16's averages, taken at epochs 13 to 17 of a run that had levelled off,
-#   helped greedy decoding; they were not decoded with the beam.
-# - **What they do not show.** Each run is one training run with one seed, scored once; a
-#   difference of a few tenths of a point is within what another seed or another epoch would
-#   move (chapter 16 saw a point between neighbouring epochs). The choice among rows was made
-#   on the validation set, so the test column is an honest estimate for the chosen row only.
-#   The word model's averaging row comes from a different, longer run. And the paper's own
-#   claims, made for WMT, are not tested by Multi30k.
+# - **The subword vocabulary helps; tying makes the model smaller, not better.** At epoch 12
+#   the tied subword model beats the word model with both decodings on both sets, with about
+#   30% fewer parameters, by gaps the bootstrap finds real on the test set. The untied run,
+#   with more parameters than the word model, still leads it by a real gap with the beam and
+#   scores within a tenth of a point of the tied model on the test set. So the gain came with
+#   the vocabulary (the pieces, the joint vocabulary and the extra optimizer steps per epoch,
+#   which these runs do not separate), and tying bought a model of 7.6 M parameters instead of
+#   11.7 M at no measured cost, which is what §3.4 of the paper uses it for.
+# - **The beam helps; averaging is not a reliable gain here.** Beam search raises every score
+#   in the table, though on the test set the bootstrap finds its gain real for the subword
+#   model and not for the word model. Averaging won on the test set for chapter 21's run, by
+#   real margins, and lost for the untied run.
+# - **What they do not show.** Each row is one training run with one seed: a difference of a
+#   few tenths is within what another seed or another epoch would move (the validation BLEU
+#   above moves by a point or more between some neighbouring epochs). The rows were chosen on
+#   the validation set, so the test column is an honest estimate for the chosen row only. The
+#   word model's averaged row comes from a longer run. And Multi30k does not test the paper's
+#   claims, which were made for WMT.
 #
 # ## What we have
 #
 # The training script, `load_trained_model` and `translate` work with a joint sentencepiece
 # vocabulary and tied embeddings (`--config cpu_subword`); decoding never produces `<s>`,
 # padding or `<unk>`, and beam search keeps its beam full. The paper's recipe, at the budget of
-# chapter 14's model, gives a model that is shipped; chapter 21's half-hour run of it on the
-# fast path scores a little higher on validation and is what `make translate` uses. The next
-# chapter turns from the recipe to the paper's table of model
+# chapter 14's model, gives a shipped model; chapter 21's half-hour run of it is what
+# `make translate` uses. The next chapter turns from the recipe to the paper's table of model
 # variations.

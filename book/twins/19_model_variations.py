@@ -4,17 +4,16 @@
 # Which parts of the Transformer matter, and how much? Section 6.2 of the paper answers with an
 # ablation study, its Table 3 {cite}`vaswani2017attention`. Starting from the base model, it
 # changes one thing at a time, trains each variant for the same 100,000 steps on
-# English-German, and reports perplexity and BLEU on the development set, newstest2013. The
-# rows come in five groups: (A) the number of heads $h$, with $d_k = d_v = d_{model}/h$ so that
-# the computation stays the same; (B) a smaller key size $d_k$; (C) smaller and bigger models;
-# (D) dropout and label smoothing; (E) learned positional embeddings instead of sinusoids.
+# English-German, and reports perplexity and BLEU on newstest2013. The rows come in five
+# groups: (A) the number of heads $h$, with $d_k = d_v = d_{model}/h$ so that the computation
+# stays the same; (B) a smaller key size $d_k$; (C) smaller and bigger models; (D) dropout and
+# label smoothing; (E) learned positional embeddings instead of sinusoids.
 #
 # One such run took the authors 12 hours on eight GPUs. This chapter runs the same kind of
 # experiment in miniature, on the sort task of chapter 13: twelve variants, each trained from
-# five seeds under two CPUs' float kernels. It adds to `make_model` the two knobs that Table 3 turns
-# and `make_model` lacks, measures every variant after the same number of steps, and compares
-# what it finds with the paper, row by row: which findings the miniature reproduces, which it
-# does not, and why a toy task can disagree.
+# five seeds under two sets of float kernels. It adds to `make_model` the two knobs that
+# Table 3 turns and `make_model` lacks, and compares what the miniature finds with the paper,
+# row by row.
 
 # %% tags=["setup", "hide-cell"]
 # Setup (hidden in the book): in Colab, install the book's package; everywhere, import what
@@ -89,17 +88,14 @@ paper
 # %% [markdown]
 # Read as findings:
 #
-# - (A) One head is worst: 0.9 BLEU below the best setting. Many heads help, up to a point:
-#   32 heads of width 16 are worse again than 16 heads of width 32.
-# - (B) Shrinking only the key size $d_k$ hurts. The paper reads this as a sign that deciding
-#   which positions match is not easy, and that a richer compatibility function than the dot
-#   product might pay off.
-# - (C) Bigger is better, by and large: a wider model or a wider feed-forward layer lowers
-#   perplexity and raises BLEU, and the small models lose the most (two layers instead of six
-#   cost 2.1 BLEU). Eight layers lower perplexity a little, but not BLEU.
-# - (D) Dropout matters a great deal (24.6 BLEU without it). Label smoothing trades: it
-#   teaches the model to be less sure, which costs perplexity (4.67 without it, 4.92 with it)
-#   but gains BLEU (25.3 without it, 25.8 with it).
+# - (A) One head is worst, 0.9 BLEU below the best setting; many heads help, up to a point:
+#   32 heads of width 16 are worse again than 16 of width 32.
+# - (B) Shrinking only the key size $d_k$ hurts: deciding which positions match is not easy,
+#   the paper suggests, and a richer compatibility function than the dot product might pay off.
+# - (C) Bigger is better, by and large: a wider model or feed-forward layer lowers perplexity
+#   and raises BLEU, and two layers instead of six cost the most (2.1 BLEU).
+# - (D) Dropout matters a great deal (24.6 BLEU without it). Label smoothing trades: it costs
+#   perplexity (4.67 without it, 4.92 with it) but gains BLEU (25.3 without it, 25.8 with it).
 # - (E) Learned positions and sinusoids give nearly the same result.
 #
 # ## Two knobs that `make_model` lacks
@@ -108,13 +104,11 @@ paper
 # lives in the loss, so rows A, C and D need nothing new. Two rows do.
 #
 # Row B changes $d_k$ alone. Our `MultiHeadedAttention` (chapter 3), like the paper's base
-# model, splits $d_{model}$ into $h$ heads and so ties $d_k = d_v = d_{model}/h$: one number
-# decides both. Row B keeps $d_v = 64$ and narrows only the queries and keys, which is why its
-# parameter count drops (58 million for $d_k = 16$, against 65). `KeySizeAttention` is a
-# `MultiHeadedAttention` whose query and key projections have their own width: $W^Q$ and $W^K$
-# map $d_{model}$ to $h \cdot d_k$, $W^V$ and $W^O$ keep $h \cdot d_v = d_{model}$. The
-# `attention` function of chapter 3 needs no change, since it takes $d_k$ from the queries and
-# lets the values have any width.
+# model, ties $d_k = d_v = d_{model}/h$. Row B keeps $d_v = 64$ and narrows only the queries
+# and keys, which is why its parameter count drops (58 million for $d_k = 16$, against 65).
+# `KeySizeAttention` is a `MultiHeadedAttention` whose $W^Q$ and $W^K$ map $d_{model}$ to
+# $h \cdot d_k$, while $W^V$ and $W^O$ keep $h \cdot d_v = d_{model}$. Chapter 3's `attention`
+# needs no change: it takes $d_k$ from the queries and lets the values have any width.
 
 # %% tags=["export"]
 import torch
@@ -156,7 +150,7 @@ class KeySizeAttention(MultiHeadedAttention):
 
 
 # %% [markdown]
-# Two checks. With $d_k = d_{model}/h$ and the same weights, it must compute exactly what
+# Two checks. With $d_k = d_{model}/h$ and the same weights it must compute exactly what
 # `MultiHeadedAttention` computes; with a narrower $d_k$ the scores are still one
 # $(n_q \times n_k)$ matrix per head, and the output keeps its width.
 
@@ -178,14 +172,13 @@ for module in (standard, narrow):
 
 # %% [markdown]
 # Row E swaps the position signal. `make_model` builds each embedding as
-# `nn.Sequential(Embeddings, PositionalEncoding)`, so the second item can be replaced:
-# by the `LearnedPositionalEmbedding` of chapter 4, or, for a control row that Table 3 does
-# not have, by a plain dropout, which leaves the model with no position signal at all.
+# `nn.Sequential(Embeddings, PositionalEncoding)`, so the second item can be replaced: by
+# chapter 4's `LearnedPositionalEmbedding`, or, for a control row that Table 3 does not have,
+# by a plain dropout, which leaves the model no position signal at all.
 #
 # `make_variant` builds a model with `make_model` and then turns these two knobs. New
 # attention matrices get `make_model`'s Xavier initialization; a learned position table keeps
-# PyTorch's $\mathcal{N}(0, 1)$ start, the same scale as the sinusoids it replaces (whose
-# entries lie in $[-1, 1]$).
+# PyTorch's $\mathcal{N}(0, 1)$ start, the scale of the sinusoids it replaces.
 
 # %% tags=["export"]
 import torch
@@ -239,8 +232,8 @@ def _xavier(module: nn.Module) -> nn.Module:
 # %% [markdown]
 # A check against the paper: its row B counts 58 million parameters for $d_k = 16$ and 60
 # million for $d_k = 32$, against 65 million for the base model. Counting on PyTorch's `meta`
-# device (shapes without storage) with chapter 5's `count_parameters`, and the paper's shared vocabulary of about
-# 37,000 tokens and tied embeddings:
+# device (shapes without storage) with chapter 5's `count_parameters`, with the paper's shared
+# vocabulary of about 37,000 tokens and tied embeddings:
 
 # %%
 with torch.device("meta"):
@@ -255,45 +248,37 @@ for d_k, paper_count in ((64, 65), (32, 60), (16, 58)):
 
 # %% [markdown]
 # Our base model has 63.1 million parameters where the paper has 65 (chapter 5 explains the
-# gap), but the parameters that row B removes agree: 7.1 million for $d_k = 16$ and 4.7
-# million for $d_k = 32$, which the paper rounds to 7 and 5.
+# gap), but the parameters that row B removes agree with the paper's, which rounds them to
+# millions.
 #
 # ## The miniature
 #
 # **Task.** The sort task of chapter 13: a source of 1 to 10 random digits, its target the same
-# digits in increasing order. It is hard enough that a small model is still far from perfect
-# after a few hundred steps, so variants that learn at different speeds end up at different
-# places. The test set is 500 sequences of 4 to 10 digits from their own seed; training never
-# sees them.
+# digits in increasing order. A small model is still far from perfect after a few hundred
+# steps, so variants that learn at different speeds end up at different places. The test set
+# is 500 sequences of 4 to 10 digits that training never sees.
 #
-# **Base model.** Chapter 13's model at half the width, so that each training run takes
-# seconds: $N = 2$, $d_{model} = 32$, $d_{ff} = 64$, $h = 4$ heads of $d_k = d_v = 8$, with the
-# paper's regularization, $P_{drop} = 0.1$ and $\epsilon_{ls} = 0.1$.
+# **Base model.** Chapter 13's model at half the width: $N = 2$, $d_{model} = 32$,
+# $d_{ff} = 64$, $h = 4$ heads of $d_k = d_v = 8$, $P_{drop} = 0.1$ and $\epsilon_{ls} = 0.1$.
 #
 # **Variants.** One change each, mirroring the paper's groups: (A) $h$ = 1, 2 and 8 with
 # $d_k = d_v = d_{model}/h$; (B) $d_k = 2$, a quarter of the base, as the paper's 16 is a
-# quarter of 64; (C) $N = 1$, $d_{model}$ = 16 and 64 (with $d_{ff} = 2 d_{model}$ and
-# $d_k = d_{model}/h$); (D) no dropout, no label smoothing; (E) learned positions, and the
-# control without positions.
+# quarter of 64; (C) $N = 1$, $d_{model}$ = 16 and 64 (with $d_{ff} = 2 d_{model}$); (D) no
+# dropout, no label smoothing; (E) learned positions, and a control without positions.
 #
-# **Training.** Each run takes the same 250 optimizer steps of 32 sequences, with Adam and the
-# schedule of chapter 10 as in chapter 13 (`factor=0.5`, 100 warmup steps). The schedule scales
-# the learning rate with $d_{model}^{-1/2}$, as the paper's does, so wider models take smaller
-# steps.
+# **Training.** Each run takes the same 250 optimizer steps of 32 sequences, with Adam and
+# chapter 10's schedule (`factor=0.5`, 100 warm-up steps), on one CPU thread. The schedule
+# scales the learning rate with $d_{model}^{-1/2}$, so wider models take smaller steps.
 #
 # **Measures.** The held-out loss is the cross-entropy per target token on the test set,
-# without smoothing, so that rows trained with and without label smoothing are measured alike;
-# its exponential is the perplexity. Exact-match accuracy is the share of test sequences that
-# greedy decoding sorts exactly, up to and including `</s>` (chapter 12's `exact_matches`), our
-# stand-in for BLEU.
+# without smoothing, so that rows with and without label smoothing are measured alike; its
+# exponential is the perplexity. Our
+# stand-in for BLEU is exact-match accuracy: the share of test sequences that greedy decoding
+# sorts exactly (chapter 12's `exact_matches`).
 #
-# **Seeds.** Every row is trained twice, with seeds 0 and 1. A seed fixes both the
-# initialization and the stream of training batches, so that under one seed every row sees the
-# same data. Two seeds are few; the next section pools them over all rows to estimate the
-# noise.
-#
-# The runs use one CPU thread: the matrices of so small a model are too small to share among
-# threads with profit, and one thread also keeps the numbers reproducible from run to run.
+# **Seeds.** Every row is trained from five seeds, 0 to 4, each under two sets of float
+# kernels: ten runs per row. A seed fixes both the initialization and the stream of training
+# batches, so under one seed and one kernel set every row sees the same data.
 
 # %% tags=["export"]
 import functools
@@ -370,7 +355,7 @@ def train_variation(change: dict, seed: int) -> dict:
 
 def train_norm(norm_first: bool, warmup: bool, seed: int) -> float:
     """Held-out loss of the miniature without dropout or smoothing, post- or pre-norm, with or
-    without warm-up, at twice the variations' peak learning rate (factor 2)."""
+    without warm-up, at four times the variations' peak learning rate (factor 2, not 0.5)."""
     torch.manual_seed(seed)
     V = MINIATURE_VOCAB
     model = make_model(V, V, N=2, d_model=32, d_ff=64, h=4, dropout=0.0, norm_first=norm_first)
@@ -378,13 +363,12 @@ def train_norm(norm_first: bool, warmup: bool, seed: int) -> float:
 
 
 # %% [markdown]
-# The twelve rows, in the paper's groups, are `MINIATURE_VARIATIONS` in the cell above. One
-# training run of each row is a demonstration, not a finding: another seed, or another CPU's
-# float kernels, sends a run along a different path. So `tools/seeds.py model_variations`
-# trains every row from seeds 0 to 4, each under this CPU's own kernels and under the set one
-# level below (what a reader with an older CPU gets), and stores all 120 runs with the command
-# and the machine in `book/data/seeds_model_variations.json`. This page trains seed 0 once more,
-# to show the machinery at work, and reads its table from the stored sweep.
+# The twelve rows are `MINIATURE_VARIATIONS` above. One run of a row is a demonstration, not a
+# finding: another seed, or another CPU's float kernels, sends it along a different path. So
+# `tools/seeds.py model_variations` trains every row from the five seeds, under this CPU's own
+# kernels and under the set one level below (what an older CPU gets), and stores the runs in
+# `book/data/seeds_model_variations.json`. This page trains seed 0 once more, to show the
+# machinery at work, and reads its table from the sweep.
 
 # %%
 torch.set_num_threads(1)  # tiny matrices: a second thread costs more than it saves
@@ -414,11 +398,10 @@ for name in ("h=1, d_k=d_v=32", "d_model=16, d_k=d_v=4"):
 # ## The miniature Table 3
 #
 # For each row, over its ten stored runs: the mean, lowest and highest held-out loss and
-# exact-match accuracy, and in how many of its ten runs it did better than the base model's run
-# with the same seed and kernels. A pair shares the data (the seed fixes the stream of training
-# batches) and the arithmetic, so the pair's difference is the row's effect plus the noise of
-# one run. A row that beats the base model in all ten pairs, or loses in all ten, is a finding
-# of this miniature; a split such as 6 of 10 is not.
+# exact-match accuracy, and in how many of its runs it did better than the base model's run
+# with the same seed and kernels. A pair shares the data and the arithmetic, so its difference
+# is the row's effect plus the noise of one run. A row that beats the base model in all ten
+# pairs, or loses in all ten, is a finding of this miniature; a split such as 6 of 10 is not.
 
 # %%
 import math
@@ -457,9 +440,9 @@ print(f"{len(runs)} runs: {len(runs) // 12} per row, seeds 0-4 under the kernels
 table
 
 # %% [markdown]
-# The same runs as pictures: each run a point, coloured by the kernels it ran with, and each
-# row's mean a black tick. Look for the rows whose points all lie on one side of the base
-# model's: they are the findings; the others overlap it.
+# The same runs as pictures: each run a point, coloured by its kernels, and each row's mean a
+# black tick. Look for the rows whose points all lie on one side of the base model's: they are
+# the findings; the others overlap it.
 
 # %%
 seeds_chart(runs, metric="loss", value_format=".2f",
@@ -472,29 +455,29 @@ seeds_chart(runs, metric="exact",
 # %% [markdown]
 # ## What the miniature reproduces, and what it does not
 #
-# Seven rows differ from the base model in held-out loss in all ten pairs, under both kernel
-# sets and all five seeds; the other four split their pairs, which means no difference was
-# found, not that there is none. A rerun elsewhere gives other digits but, for the seven, very
-# likely the same side. Row by row against the paper:
+# The rows with 10 or 0 under "lower loss" differ from the base model in every one of their
+# pairs; the others split their pairs, which means no difference was found, not that there is none. Row by row against
+# the paper:
 #
-# - **(A) Heads: reproduced in part.** One head is worse than four in every pair (0.451 nats
-#   against the base model's 0.390, and 25.4% exact against 36.0%), as in the paper. Eight
-#   heads of width 4 are better in every pair (0.340, 44.0%). Two heads lie between and split.
-#   The paper's other finding, that too many heads hurt, does not appear: up to the narrowest
-#   heads tried here, more heads did better.
+# - **(A) Heads: reproduced in part.** One head is worse than four in every pair, in loss and
+#   in exact matches, as in the paper; eight heads of width 4 are better in every pair, and two
+#   heads split. That too many heads hurt does not appear: up to width 4, more heads did better.
 # - **(B) Key size: not reproduced.** With $d_k = 2$ the loss is lower in 4 of 10 pairs: no
 #   difference found.
-# - **(C) Size: half.** The narrowest model, $d_{model} = 16$, is worse in every pair (0.450). One
-#   layer instead of two splits (4 of 10), and so does $d_{model} = 64$ (8 of 10) with four times
-#   the parameters: bigger was not reliably better at this budget.
-# - **(D) Regularization: the opposite for dropout, half for label smoothing.** Without dropout
-#   the model is far better in every pair: 0.218 nats and 71.7% exact, twice the base model's
-#   accuracy. Without label smoothing the held-out loss is lower in every pair (0.306), as in the
-#   paper, where smoothing hurt perplexity; exact matches rise in only 8 of 10 pairs (37.0%), so
-#   the gain that smoothing brought the paper in BLEU has no clear counterpart here.
-# - **(E) Positions: not reproduced.** Learned positions beat sinusoids in every pair (0.335,
-#   46.1% exact), where the paper found them equal. The control shows that positions do matter
-#   on this task: without any, the loss is higher in every pair (0.437).
+# - **(C) Size: half.** The narrowest model, $d_{model} = 16$, is worse in every pair. One layer
+#   splits its pairs, and so does $d_{model} = 64$ with nearly four times the parameters:
+#   bigger was not reliably better at this budget.
+# - **(D) Regularization: the opposite for dropout, half for label smoothing.** Without
+#   dropout the model is far better in every pair, with about twice the base model's exact
+#   matches. Without label smoothing the loss is lower in every pair, as the paper's perplexity
+#   was; exact matches rise in only 8 of 10 pairs, no counterpart of the paper's BLEU gain.
+# - **(E) Positions: not reproduced.** Learned positions beat sinusoids in every pair, where
+#   the paper found them equal. Without any positions (the control) the loss is higher in
+#   every pair: on this task they matter.
+#
+# One likely reason for row E, which this page does not test: over a sequence of at most 11
+# positions, most of the sinusoids of $d_{model} = 32$ barely turn, so they tell neighbouring
+# positions apart poorly, while a learned table gives each position a vector of its own:
 
 # %%
 omega = 10000.0 ** (-torch.arange(0, 32, 2) / 32)  # the 16 frequencies for d_model = 32
@@ -507,22 +490,21 @@ print(f"{quarter} of 16 frequencies turn by more than a quarter turn over 11 pos
 # With $d_{model} = 512$ and sentences of dozens of tokens, the paper's sinusoids had many more
 # frequencies to work with.
 #
-# **Noise.** A run this short is sensitive: the ten runs of the $d_{model} = 64$ row span 0.333
-# to 0.413 nats, more than any other row's. That is why a row's verdict rests on ten pairs, and
-# why a split means "no difference found", not "no difference".
+# **Noise.** A run this short is sensitive: look at each row's lowest and highest loss,
+# furthest apart for $d_{model} = 64$. That is why a verdict rests on ten pairs.
 
 # %% [markdown]
 # ## Post-norm against pre-norm, with and without warm-up
 #
-# Chapters 2, 5 and 10 made a claim that they supported only with gradients at initialization:
-# the paper's post-norm model needs the learning-rate warm-up, and the pre-norm model that this
-# book builds by default depends on it less {cite}`xiong2020layer`. Here is the experiment
-# itself, in the miniature's terms: the same sort task and test set, $N = 2$, $d_{model} = 32$,
-# $d_{ff} = 64$, $h = 4$, no dropout and no label smoothing, 250 steps of 32 sequences, five
-# seeds under two kernel sets (`tools/seeds.py norm_warmup`; this page reruns seed 0). Four rows: post-norm or pre-norm (chapter 5's `make_model(..., norm_first=...)`),
-# each with chapter 10's schedule (100 warm-up steps) and without warm-up, which starts at the
-# schedule's peak and decays from there exactly as the warmed-up schedule does after step 100.
-# The peak is twice the one above (`factor=2`), a learning rate that the warm-up makes safe.
+# Chapters 2, 5 and 10 claimed, from gradients at initialization only, that the paper's
+# post-norm model needs the learning-rate warm-up and that this book's pre-norm default
+# depends on it less {cite}`xiong2020layer`. Here is the experiment, in the miniature's terms:
+# the base model without dropout or label smoothing, five seeds under two kernel sets
+# (`tools/seeds.py norm_warmup`; this page reruns seed 0). Four rows: post-norm or pre-norm
+# (chapter 5's `make_model(..., norm_first=...)`), each with chapter 10's schedule and without
+# warm-up, which starts at the schedule's peak and decays from there as the warmed-up schedule
+# does after step 100. The peak is four times the variations' (`factor=2` against 0.5), a
+# learning rate that the warm-up makes safe.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -559,40 +541,34 @@ seeds_chart(norm_runs, metric="loss", value_format=".2f",
             title="Held-out loss per token after 250 steps, five seeds x two kernel sets")
 
 # %% [markdown]
-# What breaks is the post-norm model without warm-up, in every run: in eight of its ten its
-# loss stays at 2.35 to 2.40, about $\ln 11$, the loss of a model that has learned nothing
-# about the input and guesses uniformly among the ten digits and `</s>`; the other two (seed 4,
-# under both kernel sets) end at 1.94, still far above every other row. Its first full-size
-# steps throw it into a state it does not leave in 250 steps. With the warm-up, the same model
-# learns (0.43 to 0.53). The pre-norm model learns in both cases: without warm-up it slows down
-# rather than breaking (0.79 to 0.94), and with it does better in every pair (0.20 to 0.36).
-# The cell asserts these verdicts on the stored runs, and the cell before it asserts the same
-# bounds on this machine's seed 0. This is the difference that the gradients at initialization
-# in chapter 5 predict, on a model of only two layers per stack; there the post-norm gradients
-# grow from the first layer to the last, which suggests a larger difference in a deeper model,
-# but this miniature does not test that.
+# What breaks is the post-norm model without warm-up, in every run: in eight of its ten the
+# loss ends near $\ln 11$, the loss of a model that guesses uniformly among the ten digits and
+# `</s>`; the other two (seed 4, under both kernel sets) end lower but far above every other
+# row. Its first full-size steps throw it into a state it does not leave in 250 steps. With the
+# warm-up, the same model learns. The pre-norm model learns in both cases: without warm-up it
+# slows down rather than breaking, and with warm-up it does better in every pair. The cell
+# asserts these verdicts on the stored runs, as the cell before it does on this machine's seed
+# 0. Chapter 5's gradients at initialization predict this difference, and grow from the first
+# post-norm layer to the last, which suggests a larger difference in a deeper model; this
+# two-layer miniature does not test that.
 
 # %% [markdown]
 # ```{note}
 # The classic Annotated Transformer did not try the variations of Table 3, and its
 # `MultiHeadedAttention` ties $d_k = d_v = d_{model}/h$, so row B could not be built from it.
-# `KeySizeAttention` and `make_variant` add the missing knobs without changing the model of
-# Part I.
 # ```
 #
 # ## What we have
 #
 # Two knobs on top of `make_model`: `KeySizeAttention`, which gives queries and keys their own
-# width (and removes the parameters that the paper's row B removes, 7.1 million for
-# $d_k = 16$), and `make_variant`, which builds any row of Table 3 and can swap the position
-# signal. With them, a miniature Table 3: twelve variants of a small sorting Transformer, each
-# trained from five seeds under two kernel sets. At 250 steps, in every pair of runs, it
-# reproduces three of the paper's findings: one head is worse than several, a much narrower
-# model is worse, and label smoothing raises perplexity. It contradicts two, on this task:
-# dropout hurts on fresh data, and learned positions beat sinusoids on short sequences. The rest split their pairs: no difference found. The paper's
-# conclusions come from a large corpus and long runs; a miniature tests the machinery and
-# shows what a short, cheap experiment can and cannot tell.
+# width, and `make_variant`, which builds any row of Table 3 and can swap the position signal.
+# With them, a miniature Table 3 of twelve variants, each trained from five seeds under two
+# kernel sets. At 250 steps, in every pair of runs, it reproduces three of the paper's findings
+# (one head is worse than four, a much narrower model is worse, label smoothing raises
+# perplexity) and contradicts two on this task (dropout hurts on fresh data, learned positions
+# beat sinusoids on short sequences); the other rows split their pairs. A miniature tests the
+# machinery and shows what a short, cheap experiment can and cannot tell; the paper's
+# conclusions come from a large corpus and long runs.
 #
-# One experiment of the paper is left, and it is the one furthest from translation. The next
-# chapter trains the same `make_model`, without any change, to parse English sentences into
-# trees (§6.3), with the trees written as sequences of brackets.
+# One experiment of the paper is left, the one furthest from translation: the next chapter
+# trains the same `make_model`, unchanged, to parse English sentences into trees (§6.3).

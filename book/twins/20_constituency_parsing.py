@@ -3,21 +3,19 @@
 #
 # Section 6.3 of the paper {cite}`vaswani2017attention` asks whether the Transformer is a
 # translation model or a general one. It takes a task that looks nothing like translation:
-# constituency parsing, finding the phrase structure of an English sentence, which noun phrase
-# is the subject, which prepositional phrase hangs off which verb. The output is a tree, not a
-# sentence; it is strongly constrained (brackets must balance, every word must appear once),
-# and it is longer than the input. Following Vinyals et al. {cite}`vinyals2015grammar`, the
-# paper writes each tree as a sequence of bracket tokens and trains the ordinary
-# sequence-to-sequence model on pairs of sentence and sequence, with no change to the model. A
-# 4-layer Transformer with $d_{model} = 1024$, trained on the 40,000 sentences of the Wall
-# Street Journal part of the Penn Treebank {cite}`marcus1993building`, reached 91.3 F1 on its
-# test section, and 92.7 with 17 million extra sentences parsed by other systems.
+# constituency parsing, finding the phrase structure of an English sentence. The output is a
+# tree, strongly constrained (brackets must balance, every word must appear once) and longer
+# than the input. Following Vinyals et al. {cite}`vinyals2015grammar`, the paper writes each
+# tree as a sequence of bracket tokens and trains the ordinary sequence-to-sequence model on
+# pairs of sentence and sequence. A 4-layer Transformer with $d_{model} = 1024$, trained on the
+# 40,000 sentences of the Wall Street Journal part of the Penn Treebank
+# {cite}`marcus1993building`, reached 91.3 F1 on its test section, and 92.7 with 17 million
+# extra sentences parsed by other systems.
 #
-# This chapter builds that pipeline in miniature: it reads NLTK's free 10% sample of the
-# treebank, turns trees into sequences and back, scores parses the way the standard `evalb`
-# tool does, trains the book's own `make_model` on a CPU for a minute or two, and parses with
-# the beam search of chapter 15. The numbers will be far below 91.3, and the last sections say
-# why and what the miniature does show.
+# This chapter builds that pipeline in miniature, on NLTK's free sample of the treebank, with
+# the book's own `make_model` trained on a CPU for a minute or two and chapter 15's beam
+# search. The numbers will be far below 91.3; the last sections say why, and what the
+# miniature does show.
 
 # %% tags=["setup", "hide-cell"]
 # Setup (hidden in the book): in Colab, install the book's package; everywhere, import what
@@ -64,16 +62,15 @@ enable_book_charts()
 #
 # The Penn Treebank is licensed by the LDC; NLTK distributes a sample of it, the files
 # `wsj_0001` to `wsj_0199` (3,914 sentences, about a tenth of the WSJ part), for non-commercial
-# use {cite}`bird2009natural`. The book never ships it. As with Multi30k (appendix {doc}`appendix_data`),
-# the code looks for `treebank.zip` in a folder (an argument, the `PTB_SAMPLE_DIR` environment variable,
-# `../shared/data/ptb-sample` next to the repository, or a cache folder), downloads it from the
-# NLTK data repository when it is missing, and checks its SHA-256 with the infrastructure
-# appendix's `download_file` and `sha256_of`.
+# use {cite}`bird2009natural`. The book never ships it: `load_ptb_sample` finds `treebank.zip`
+# the way appendix {doc}`appendix_data` finds Multi30k (an argument, `PTB_SAMPLE_DIR`,
+# `../shared/data/ptb-sample` or a cache folder), and downloads and checks it when it is
+# missing.
 #
 # Each `.mrg` file holds trees written as nested brackets, `(NP (DT the) (NN board) )`: a label,
 # then the children, where the innermost brackets pair a part-of-speech tag with a word. A
-# reader for this needs no library: split the text into `(`, `)` and the strings between them,
-# and keep a stack of the brackets that are open.
+# reader needs no library: split the text into `(`, `)` and the strings between them, and keep
+# a stack of the open brackets.
 
 # %% tags=["export"]
 import os
@@ -166,12 +163,11 @@ print(first.label, "->", first.children[0].label, "->",
 # %% [markdown]
 # ## Cleaning the trees
 #
-# The treebank records more than a parser is asked for. Labels carry function tags
-# (`NP-SBJ` is a noun phrase that is the subject; `PP-CLR`, `NP-TMP`) and co-indexes
-# (`NP-SBJ-1`); empty elements (tag `-NONE-`) mark traces of moved phrases, words that are not
-# there. The usual preprocessing, which the parsing results in the paper assume, strips the
-# function tags, deletes the empty elements and every constituent left empty by that, and drops
-# the outer `TOP` bracket. What remains are phrase labels over the real words.
+# The treebank records more than a parser is asked for. Labels carry function tags (`NP-SBJ` is
+# a noun phrase that is the subject) and co-indexes (`NP-SBJ-1`); empty elements (tag `-NONE-`)
+# mark traces of moved phrases, words that are not there. The usual preprocessing, which the
+# paper's parsing results assume, strips the function tags, deletes the empty elements and
+# every constituent left empty by that, and drops the outer `TOP` bracket.
 
 # %% tags=["export"]
 def base_label(label: str) -> str:
@@ -231,27 +227,20 @@ print(f"{len(labels)} phrase labels:", " ".join(sorted(labels)))
 # A depth-first walk writes a tree as tokens: `(NP` opens a noun phrase, `)` closes the
 # innermost open one, and a token stands for each word where it occurs. Vinyals et al.
 # {cite}`vinyals2015grammar` read the words and wrote every leaf as one symbol, `XX`, so that
-# the output holds only the phrase structure, the part that is scored. We change the input,
-# for a reason of budget. A model that reads *words* must learn what "the" or "board" do from
-# a few thousand sentences and a minute of CPU, and ours learned much less that way (roughly
-# 16 dev F1 with words against 39 with tags, in trials outside this page with 15 epochs of
-# the model below, masked leaves being in between at 30). So our input is the sentence's gold
-# part-of-speech tags, `NNP NNP VBZ ...`, and the output writes each leaf as its tag, which the
-# model copies from the input, so that it has something to align with while it counts the
-# leaves. Tags are not scored, so the output gives nothing away; the input, though, is easier
-# than the paper's. The model parses tag sequences, as early treebank parsers did, and our
-# number is not the number of a parser that reads raw text. Our closing brackets are unlabeled,
-# a choice of ours: the paper does not describe its linearization, and Vinyals et al. label
-# each closing bracket with its phrase (`)NP`). Unlabeled closers keep the output vocabulary
-# small, and leave the model to count.
+# the output holds only the phrase structure, the part that is scored. We change the input, for
+# a reason of budget: a model that reads *words* must learn what "the" or "board" do from about
+# 1,400 short sentences and a minute of CPU. Our input is the sentence's gold part-of-speech
+# tags, `NNP NNP VBZ ...`, and the output writes each leaf as its tag, copied from the input, so
+# that the model has something to align with while it counts leaves. Tags are not scored, but
+# the input is easier than the paper's: the model parses tag sequences, as early treebank
+# parsers did, not raw text. Our closing brackets are unlabeled, to keep the output vocabulary
+# small (Vinyals et al. write `)NP`; the paper does not describe its own).
 #
-# Turning a predicted sequence back into a tree needs care, because nothing forces a model to
-# balance its brackets. `delinearize` places the sentence's words on the leaves in order and
-# repairs what is broken: a `)` with nothing open is dropped, brackets still open at the end
-# are closed, an empty constituent is dropped, leaves beyond the sentence's length are
-# dropped, words the output never placed are attached to the root, and several roots are
-# joined under an `S`. It reports whether any repair was needed: the fraction of outputs that
-# needed none is the *well-formed* fraction.
+# Nothing forces a model to balance its brackets, so `delinearize` places the sentence's words
+# on the leaves in order and repairs what is broken: it drops a stray `)`, an empty constituent
+# and leaves beyond the sentence's length, closes brackets still open at the end, attaches
+# words never placed to the root, and joins several roots under an `S`. It reports whether any repair was needed: the share of outputs that needed none is
+# the *well-formed* fraction.
 
 # %% tags=["export"]
 from collections.abc import Sequence
@@ -320,9 +309,8 @@ print(repaired.well_formed, " ".join(linearize(repaired.tree)))
 # Sentences of one article share names, topics and constructions, so a split that scatters an
 # article's sentences across training and test would flatter the model. We split by file, as
 # the standard WSJ splits split by section: `wsj_0001`–`wsj_0159` for training,
-# `wsj_0160`–`wsj_0179` for development, `wsj_0180`–`wsj_0199` for test. A few short
-# sentences occur word for word in two articles; a sentence already in an earlier split is
-# dropped from the later one.
+# `wsj_0160`–`wsj_0179` for development, `wsj_0180`–`wsj_0199` for test. A sentence that occurs
+# word for word in an earlier split is dropped from the later one.
 
 # %% tags=["export"]
 PTB_SAMPLE_SPLITS = {"train": (1, 159), "dev": (160, 179), "test": (180, 199)}
@@ -356,18 +344,15 @@ assert not (seen[0] & seen[1] or seen[0] & seen[2] or seen[1] & seen[2])
 # %% [markdown]
 # ## Scoring a parse: labeled bracket F1
 #
-# A parse is scored by its brackets. Each constituent is a labeled span, (label, first word,
-# last word); precision is the fraction of the predicted spans that are in the gold tree,
-# recall the fraction of the gold spans that were predicted, F1 their harmonic mean, all
-# totalled over the corpus. The standard tool is `evalb` {cite}`sekine1997evalb`, run with
-# the parameter file `COLLINS.prm`, and its parameters say what does not count: the `TOP`
-# bracket (which we dropped already), empty elements, and the punctuation tags `,` `:` `` ``
-# `` `''` and `.`, whose words are deleted before the spans are numbered, so a phrase does not
-# lose a match by including or excluding a final comma. It also treats `PRT` and `ADVP` as one
-# label. Tags are not constituents and are not scored. Our predicted trees carry tags copied by
-# the model, so punctuation is found by the gold tags, which is what `evalb` sees when the two
-# agree. Repeated identical spans (a unary `NP` over an `NP` after punctuation is removed)
-# are matched as a multiset, as `evalb` does.
+# A parse is scored by its brackets. Each constituent is a labeled span (label, first word,
+# last word); precision is the share of the predicted spans that are in the gold tree, recall
+# the share of the gold spans that were predicted, F1 their harmonic mean, all totalled over
+# the corpus. The standard tool, `evalb` {cite}`sekine1997evalb` with the parameter file
+# `COLLINS.prm`, leaves out the `TOP` bracket, empty elements and the punctuation tags `,` `:`
+# `` `` `` `''` and `.`, whose words are deleted before the spans are numbered (a phrase does
+# not lose a match by including a final comma), and treats `PRT` and `ADVP` as one label. Tags
+# are not scored. We find punctuation by the gold tags, and match repeated identical spans as a
+# multiset, as `evalb` does.
 
 # %% tags=["export"]
 from collections import Counter
@@ -465,18 +450,14 @@ for name, parse in [("same tree", gold_tree), ("PP on S", attached_to_s), ("no P
 # %% [markdown]
 # ## Training `make_model` to parse
 #
-# The model is chapter 5's `make_model`, with no change for the task: the source is the tag
-# sequence, the target the linearized tree, and the two vocabularies are built from the
-# training trees as chapter 9 built them from captions. Training is chapter 14's recipe at a
-# small scale: Adam with the warm-up schedule of chapter 10, label smoothing 0.1 (chapter 11),
-# batches of similar lengths under a token budget (chapter 9). The paper's model had 4 layers
-# and $d_{model} = 1024$; ours has 2 layers and $d_{model} = 128$, and to fit the CPU we train
-# and evaluate only on sentences of at most 20 words (`evalb` itself reports a subset of
-# short sentences next to the full score).
+# The model is chapter 5's `make_model`, unchanged: the source is the tag sequence, the target
+# the linearized tree, and the two vocabularies are built from the training trees as chapter 14
+# built them from captions. Training is chapter 14's recipe at a small scale. The paper's model had 4 layers and $d_{model} = 1024$; ours has 2 layers and
+# $d_{model} = 128$, and to fit the CPU we train and evaluate only on sentences of at most 20
+# words (`evalb` itself reports such a subset next to the full score).
 #
-# Decoding uses the beam search of chapter 15 with the paper's settings for this task: beam
-# size 21 in the paper, 4 here for time, length penalty $\alpha = 0.3$, and an output of at
-# most the input length plus 300 tokens.
+# Decoding uses chapter 15's beam search with the paper's settings for this task (beam size 21,
+# here 4 for time; length penalty $\alpha = 0.3$; at most the input length plus 300 tokens).
 
 # %% tags=["export"]
 import torch
@@ -566,16 +547,12 @@ for name, (_, score, well_formed) in results.items():
     assert well_formed > 0.02, f"{name}: only {well_formed:.1%} of the outputs are well formed"
 
 # %% [markdown]
-# In the run stored with this page the model reached about 42 F1 on the development sentences
-# and about 46 on the test sentences, and most of its outputs needed at least one of the
-# repairs of `delinearize`: a bracket too many or too few, a leaf too many or too few (only
-# 12.1% of the development outputs and 23.5% of the test outputs came out well formed).
-# Another machine's run prints other scores; the cell asserts only that both F1 scores exceed
-# 0.15 (15 in the percentages printed) and that more than 2% of the outputs are well formed. A
-# repaired output still scores the brackets it got right, which is why F1 can lie far above
-# the well-formed fraction, as it does here. The pictures below, from the same stored run, put
-# a few predicted trees beside the gold ones; in the predicted trees the tags are the model's
-# output (copied from its input), the words come from the sentence, and every phrase is the
+# Look at F1 and the well-formed share side by side. F1 is far above the baselines below, but the
+# well-formed share is small: most outputs needed at least one repair of `delinearize` (a
+# bracket or a leaf too many or too few). A repaired output still scores the brackets it got
+# right, which is why F1 lies far above the well-formed share. This is one run; the cell
+# asserts only floors. The pictures below put a few predicted trees beside the gold ones: in a
+# predicted tree the words come from the sentence, and the tags and every phrase are the
 # model's.
 
 # %% tags=["export"]
@@ -649,8 +626,8 @@ for i in [i for i, t in enumerate(short["dev"]) if len(tree_words(t)) <= 8][:3]:
 # A score means little without the score of a parser that knows nothing. Two such parsers need
 # no training: a *flat* one puts every word under one `S`, and a *right-branching* one nests
 # each word's right-hand rest in a new bracket, `(S w1 (NP w2 (NP w3 ...)))`, labelled with the
-# most common phrase label of the training trees. English leans to the right, so the second is a
-# classic baseline. Both are scored like the model, on the same sentences.
+# most common phrase label of the training trees, a classic baseline since English leans to
+# the right. Both are scored like the model, on the same sentences.
 
 # %%
 def flat_tree(tree: Tree) -> Tree:
@@ -683,19 +660,19 @@ assert all(score.f1 < results[name][1].f1 for (name, _), score in baselines.item
 #
 # ## Decoding that cannot break a tree
 #
-# Most of the model's outputs needed a repair. Nothing in beam search knows what a tree is; it
-# only follows the model's probabilities, and a small model that has seen 1,401 trees has not
-# learned to close every bracket it opens or to write exactly one leaf per word. A decoder can
-# know it instead. At each step, the tokens that would make a well-formed tree impossible are
-# banned before the choice, as `<unk>` was banned in chapter 15:
+# Most of the model's outputs needed a repair. Beam search knows nothing of trees; it follows
+# the model's probabilities, and a small model that has seen 1,401 trees has not learned to
+# close every bracket it opens or to write exactly one leaf per word. A decoder can know it
+# instead. At each step, the tokens that would make a well-formed tree impossible are banned
+# before the choice, as `<unk>` was in chapter 15:
 #
 # - a leaf only inside a bracket and only while words remain (any tag: tags are not scored, and
 #   `delinearize` puts the sentence's words on the leaves in order);
 # - `)` only when the innermost bracket has a child, and the outermost one only after the last
 #   word;
 # - an opening bracket only while words remain to fill it, only one root, and at most twice as
-#   many brackets as words (the cell below prints the most that a training tree has): without a
-#   limit, a model pushed off the path it preferred can open brackets without end;
+#   many brackets as words (the cell below prints the most a training tree has), or a model
+#   pushed off its preferred path can open brackets without end;
 # - the end only when every bracket is closed and every word placed, and each step only if the
 #   tokens still needed (the remaining leaves and closing brackets) fit into the length limit.
 #
@@ -802,31 +779,26 @@ for name in ("dev", "test"):
 
 # %% [markdown]
 # Every constrained output is a tree, as the cell asserts. The fair comparison for its F1 is
-# plain greedy decoding, the same search without the rules; whether the rules also raise F1 is a
-# question for more than one run. They repair an output before the fact, where `delinearize`
-# repairs it after, and both keep the brackets the model got right. In the run stored with this
-# page the constrained decoder scored above plain greedy decoding and below the beam, on both
-# sets. Combining the two ideas, a beam whose every hypothesis obeys the rules, is the obvious
-# next step.
+# plain greedy decoding, the same search without the rules; in this run it falls between greedy
+# decoding and the beam on both sets. The rules repair an output before the fact, where
+# `delinearize` repairs it after, and both keep the brackets the model got right; whether the
+# rules also raise F1 is a question for more than one run. A beam whose every hypothesis obeys
+# the rules is the obvious next step.
 
 # %% [markdown]
 # ## How F1 grows with data
 #
-# The paper's 91.3 F1 came from about 40,000 training sentences of every length, some 28
-# times our 1,401 short ones; from a model with four layers of $d_{model} = 1024$, roughly a
-# hundred times our parameters if its feed-forward layers were as wide as the big model's;
-# and from training on GPUs. We cannot close
-# that gap, but we can see which way data pushes. The cell below trains the same small model,
-# for the same 12 epochs, on a quarter and on half of our training sentences (a random subset
-# each), and scores it on the development sentences beside the full run. Fewer sentences also
-# means fewer optimizer steps, as it would with a fixed number of epochs on any corpus.
+# The paper's 91.3 F1 came from about 40,000 training sentences of every length, some 28 times
+# our 1,401 short ones; from a model of four layers of $d_{model} = 1024$, roughly a hundred
+# times our parameters; and from training on GPUs. We cannot close that gap, but we can see
+# which way data pushes. The cell below trains the same model, for the same 12 epochs, on a
+# quarter and on half of our training sentences (random subsets), and scores it on the
+# development sentences beside the full run (fewer sentences also means fewer steps).
 #
-# One such run is a demonstration. The sweep (`make seeds`, which runs `tools/seeds.py
-# parse_data`) trained the three sizes from three seeds, each seed drawing its own subsets, each
-# under this CPU's own kernels and the kernel set one level below, one thread per run: six runs
-# of each size, stored in `book/data/seeds_parse_data.json`. The cell below reruns seed 0 under
-# this page's settings, and asserts what every stored run met; the cell after it reads the
-# sweep.
+# One such run is a demonstration. The sweep (`tools/seeds.py parse_data`) trained the three
+# sizes from three seeds, each drawing its own subsets, under this CPU's own kernels and the
+# set one level below, and stored the runs in `book/data/seeds_parse_data.json`. The cell below
+# reruns seed 0 and asserts what every stored run met; the cell after it reads the sweep.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -877,32 +849,30 @@ seeds_chart(sweep["runs"], metric="F1", title="Dev F1 against training sentences
 #
 # ## What this miniature shows, and what it does not
 #
-# It shows the paper's point in working code: the translation model of this book, unchanged,
-# learns to produce trees. Sequences of brackets are just another target language; beam search
-# and the output limit carry over; most of the work specific to parsing lives outside the
-# model, in the linearization, the repair and the scoring. It also suggests that an attention
-# model needs data to learn the constraint that a tree is well formed: in every run of the
-# sweep, more of the development outputs were well formed with all the sentences than with a
-# quarter (the cell asserts it and prints the means), and all of them are still far from the
-# near-perfect outputs of a real parser, which is what the constrained decoder above supplies. The paper makes a related point about data:
-# trained on the 40,000 WSJ sentences alone, the recurrent sequence-to-sequence parser of
-# Vinyals et al. reached 88.3 F1 (the paper's Table 4), below the Berkeley parser's 90.4, while
-# the Transformer's 91.3 is above it, though still below the best parser of that table trained
-# on the same data (91.7, a recurrent neural network grammar).
+# It shows the paper's point in working code, with a caveat. The translation model of this
+# book, unchanged, learns the phrase structure well enough to beat both baselines by more than
+# twenty points of F1; sequences of brackets are just another target language, and beam search
+# and the output limit carry over. But it does not learn to write trees: with all the
+# sentences, about one development output in ten came out well formed in the sweep, and the
+# rest become trees only through `delinearize`'s repairs or the constrained decoder's rules.
+# Most of the work specific to parsing lives outside the model, in the linearization, the
+# repair, the constraints and the scoring. Writing well-formed trees seems to take data: in
+# every run of the sweep more development outputs were well formed with all the sentences than
+# with a quarter (the cell asserts it). The paper makes a related point: on the 40,000 WSJ
+# sentences alone, the recurrent parser of Vinyals et al. reached 88.3 F1 (its Table 4), below
+# the Berkeley parser's 90.4, while the Transformer's 91.3 is above it, though below the best
+# parser there trained on the same data (91.7, a recurrent neural network grammar).
 #
 # It does not show how good a Transformer parser is. Our F1 is on short sentences, from gold
-# tags rather than words, after a minute or two of training a model of about a million
-# parameters; none of that is the paper's setting, and the number is not comparable to 91.3,
-# nor to the parsers of the paper's Table 4. What the chart supports, and the cell asserts, is
-# a direction, not an extrapolation: more data helps at this scale. Reproducing 91.3 needs the
-# licensed treebank's 40,000 sentences, the paper's model size and hours on an accelerator.
+# tags, after a minute or two of training a model of about a million parameters; it is not
+# comparable to 91.3 or to the parsers of Table 4. Reproducing 91.3 needs the licensed treebank's 40,000 sentences,
+# the paper's model size and hours on an accelerator.
 #
 # ## What we have
 #
 # A complete, if small, parsing pipeline around the unchanged model: a reader for the
 # treebank's bracketed files, the cleaning that parsing results assume, linearization and a
 # repairing delinearization (tested on all 3,914 trees of the sample), a file-based split, an
-# `evalb`-style scorer tested on hand-made trees, two baselines, training with `make_model`,
-# decoding with chapter 15's beam search or under constraints that always give a tree, and
-# pictures of the trees it predicts. The next chapter turns from
-# what the model can learn to how fast it runs: chapter 21 makes it fast.
+# `evalb`-style scorer, two baselines, training with `make_model`, decoding with chapter 15's
+# beam search or under constraints that always give a tree, and pictures of predicted trees.
+# The next chapter turns from what the model can learn to how fast it runs.

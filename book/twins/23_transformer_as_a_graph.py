@@ -2,18 +2,17 @@
 # # The Transformer as a graph
 #
 # Every attention layer in this book so far has been a dense matrix product: a score for every
-# query and every key, then a mask that throws most of them away again. Padding, the causal
-# mask of the decoder and the restricted attention of the paper's section 4 all say the same
-# thing in different words: *which positions may talk to which*. That is a graph. Tokens are
-# nodes, an allowed (query, key) pair is a directed edge from the key's node to the query's
-# node, and attention is a rule for passing messages along the edges.
+# query and every key, then a mask that throws most of them away. Padding, the decoder's causal
+# mask and the restricted attention of the paper's section 4 all say *which positions may talk
+# to which*. That is a graph: tokens are nodes, an allowed (query, key) pair is a directed edge
+# from the key's node to the query's node, and attention is a rule for passing messages along
+# the edges.
 #
 # The Deep Graph Library's tutorial on the Transformer {cite}`wang2019dgl` built the whole
 # model this way. This chapter keeps the idea and drops the dependency: a few PyTorch scatter
-# operations are enough to compute attention on any edge list, and we check that they give
-# exactly what the dense `attention` of chapter 3 gives. The payoff is a different way to see
-# cost. A dense layer pays for $n_q \times n_k$ scores whatever the mask says; a graph layer
-# pays for its edges, so a sparser pattern is cheaper by construction.
+# operations compute attention on any edge list, and we check that they give exactly what
+# chapter 3's dense `attention` gives. The payoff is a different view of cost: a dense layer
+# pays for $n_q \times n_k$ scores whatever the mask says, a graph layer only for its edges.
 
 # %% tags=["setup", "hide-cell"]
 # Setup (hidden in the book): in Colab, install the book's package; everywhere, import what
@@ -63,11 +62,11 @@ enable_book_charts()
 # ## From masks to edges
 #
 # Number the tokens of a batch one after the other, so that position $i$ of sentence $b$ is
-# node $b \cdot n + i$. A mask of shape (batch, $n_q$, $n_k$) then turns into an edge list
-# directly: every `True` entry $(b, i, j)$ is an edge from key node $b \cdot n_k + j$ to query
-# node $b \cdot n_q + i$. Query and key nodes may be different sets (in the decoder's attention
-# over the encoder output they are target and source tokens), so we keep two numberings and
-# store each edge as a pair (source node, destination node).
+# node $b \cdot n + i$. Every `True` entry $(b, i, j)$ of a (batch, $n_q$, $n_k$) mask is then
+# an edge from key node $b \cdot n_k + j$ to query node $b \cdot n_q + i$. Query and key nodes
+# may be different sets (in the decoder's attention over the encoder output they are target
+# and source tokens), so we keep two numberings and store each edge as a pair (source node,
+# destination node).
 
 # %% tags=["export"]
 import math
@@ -85,13 +84,12 @@ def mask_to_edges(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # %% [markdown]
-# The three ways the model uses attention become three kinds of graph. The encoder's
-# self-attention connects every real source token with every other (a complete graph on each
-# sentence, with self-loops). The decoder's self-attention connects each target token with
-# itself and with the tokens before it. The attention over the memory connects every source
-# token of a sentence with every target token of the same sentence, in one direction. Here
-# are the three for a batch of one sentence with four source tokens, the last of them padding,
-# and three target tokens.
+# The three ways the model uses attention become three kinds of graph: the encoder's
+# self-attention joins every real source token with every other (with self-loops), the
+# decoder's joins each target token with itself and the tokens before it, and the attention
+# over the memory joins every source token of a sentence with every target token of the same
+# sentence, in one direction. Here are the three for one sentence of four source tokens, the
+# last of them padding, and three target tokens.
 
 # %%
 n_src, n_tgt = 4, 3
@@ -141,12 +139,9 @@ import altair as alt
 alt.hconcat(*(graph_chart(mask, title=name) for name, mask in graphs.items()))
 
 # %% [markdown]
-# The padded source token (position 3) is still a node, since every position of the padded
-# batch keeps its node so that node ids stay simple arithmetic (`b * n + i`), but no edge
-# leaves it, in either graph that reads the source: no query ever reads it, and no score is
-# computed for it as a key. (As a query it still receives edges in the encoder, as its row does
-# in the dense mask; its output is computed and never used.) In the dense version it gets a
-# score like every other key, and is then given the lowest score the number type can hold so
+# The padded source token (position 3) keeps its node, so that node ids stay simple arithmetic
+# (`b * n + i`), but no query reads it: no edge leaves it. The dense version scores it like
+# every other key and then overwrites the score with the lowest value the number type holds, so
 # that softmax sends its weight to zero. Later in this chapter we pack sentences so that
 # padding has no node at all.
 #
@@ -161,11 +156,10 @@ alt.hconcat(*(graph_chart(mask, title=name) for name, mask in graphs.items()))
 # 3. send the message $a_{ij} v_j$ along the edge;
 # 4. sum the messages that arrive at node $i$.
 #
-# Steps 2 and 4 are reductions over "the edges that arrive at node $i$". In PyTorch that is a
-# scatter: `index_add_` sums values into the rows an index names, and `scatter_reduce` with
-# `"amax"` takes a maximum the same way (we subtract each node's maximum score before
-# exponentiating, for the same numerical reason that `softmax` does). Heads ride along as an
-# extra dimension.
+# Steps 2 and 4 reduce over the edges that arrive at node $i$, which PyTorch does with
+# scatters: `index_add_` sums values into the rows an index names, and `scatter_reduce` with
+# `"amax"` takes a maximum the same way (each node's maximum score is subtracted before
+# exponentiating, as `softmax` does). Heads ride along as an extra dimension.
 
 # %% tags=["export"]
 def graph_attention(
@@ -202,9 +196,9 @@ def graph_attention(
 
 
 # %% [markdown]
-# The check: project a random batch into heads, run the dense `attention` of chapter 3 with a
-# mask, run `graph_attention` on the edges of the same mask, and compare. We try all three
-# kinds of graph, with two sentences of different lengths and four heads.
+# The check: project a random batch into heads, run chapter 3's dense `attention` with a mask
+# and `graph_attention` on the edges of the same mask, and compare, for all three kinds of
+# graph, with two sentences of different lengths and four heads.
 
 # %%
 torch.manual_seed(0)
@@ -232,20 +226,19 @@ for name, (n_q, n_k, mask) in masks.items():
     assert torch.allclose(dense, sparse, atol=1e-6)
 
 # %% [markdown]
-# The two agree to float rounding (within $10^{-6}$, the tolerance the cell checks: a few
-# float32 rounding steps). (The dense version can disagree only where a query has no
-# allowed key at all: it then spreads its weight evenly over the masked keys, while the graph
-# version, with no edge arriving, returns zeros. Neither case occurs in the model, since every
-# query may at least see itself or a real source token.)
+# The two agree to float rounding. (They could disagree only where a query has no allowed key
+# at all: the dense version then spreads its weight evenly over the masked keys, while the
+# graph version, with no edge arriving, returns zeros. Neither happens in the model, since
+# every query may at least see itself or a real source token.)
 #
 # ## What the graph view buys
 #
 # Counting edges makes the cost of each kind of attention concrete. For one sentence of $n$
-# tokens, full self-attention has $n^2$ edges and the causal decoder about half as many,
-# $n(n+1)/2$. Section 4 of the paper proposes *restricted* self-attention, where each
-# position sees only a neighbourhood of size $r$ around itself; that is a band of about
-# $(2r+1)\,n$ edges, linear in $n$. The dense implementation would compute all $n^2$ scores
-# and mask most of them; the graph implementation computes the band only.
+# tokens, full self-attention has $n^2$ edges and the causal decoder $n(n+1)/2$. Section 4 of
+# the paper proposes *restricted* self-attention, where each position sees only a
+# neighbourhood of size $r$ around itself: a band of about $(2r+1)\,n$ edges, linear in $n$.
+# The dense implementation computes all $n^2$ scores and masks most of them; the graph
+# implementation computes the band only.
 
 # %%
 def band_mask(n: int, r: int) -> torch.Tensor:
@@ -273,17 +266,12 @@ line_chart(edge_counts, x="n:Q", y="edges:Q", color="pattern:N", x_scale={"type"
 
 
 # %% [markdown]
-# On a log-log chart the full and causal patterns rise with slope 2 and the restricted one
-# with slope 1: at 512 tokens the band has 15 times fewer edges than the causal graph and 30
-# times fewer than the full one. The price is the one the paper names: a path between two
-# distant positions now needs about $n/r$ layers instead of one.
-#
-# A graph layer is not automatically faster on real hardware. Dense matrix products are what
-# GPUs and CPU vector units are built for, and gathers and scatters move memory around
-# irregularly, so for the short, fully connected sentences of machine translation the dense
-# form wins. The graph form shines when the pattern is genuinely sparse, which is why the
-# sparse and local attention variants that followed the paper are implemented with
-# specialised kernels rather than masks.
+# On the log-log chart the full and causal patterns rise with slope 2 and the restricted one
+# with slope 1, so the gap widens with every doubling of $n$. The price is the one the paper
+# names: a path between two distant positions now needs about $n/r$ layers instead of one.
+# Fewer scores are not automatically less time, either: dense matrix products are what GPUs
+# and CPU vector units are built for, while gathers and scatters move memory irregularly. The
+# timing at the end of this chapter shows where the balance tips.
 
 # %% [markdown]
 # ## The whole model on a graph
@@ -291,10 +279,10 @@ line_chart(edge_counts, x="n:Q", y="edges:Q", color="pattern:N", x_scale={"type"
 # The examples above kept padded tokens as nodes, because node ids were computed from the
 # padded batch. A graph does not need padding at all. Put the tokens of all sentences one after
 # the other, so that sentences of 5, 9 and 7 tokens become 21 nodes, and give each node two
-# labels: the sentence it belongs to and its position in that sentence. Edges then join only
-# nodes of the same sentence, and the three kinds of attention differ only in which pairs they
-# join: every pair (encoder self-attention, attention over the memory), or each node with the
-# nodes at or before its own position (decoder self-attention).
+# labels: its sentence and its position in that sentence. Edges then join only nodes of the
+# same sentence, and the three kinds of attention differ only in which pairs they join: every
+# pair (encoder self-attention, attention over the memory), or each node with the nodes at or
+# before its own position (decoder self-attention).
 
 # %% tags=["export"]
 def packed_positions(lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -326,14 +314,13 @@ def packed_edges(
 
 # %% [markdown]
 # (`packed_edges` finds the edges through a boolean matrix over all pairs of nodes, the
-# simplest correct way to write it; for a large batch one would build each sentence's block
-# on its own.) The layers of the model need no change to run on nodes. The linear maps, the
-# feed-forward network, layer norm and the residual connections act on each position
-# separately, so they take a (nodes, d_model) tensor as happily as a (batch, n, d_model) one.
-# Only three steps look at more than one position or at the batch's shape: attention, which
-# becomes `graph_attention` on the edges with the layer's own projections; the split into
-# heads, which becomes a reshape of each node's vector; and the positional encoding, which is
-# read at each node's own position.
+# simplest correct way; a large batch would build each sentence's block on its own.) The
+# layers need no change to run on nodes. The linear maps, the feed-forward network, layer norm
+# and the residual connections act on each position separately, so they take a
+# (nodes, d_model) tensor as happily as a (batch, n, d_model) one. Only three steps look
+# across positions or at the batch's shape: attention, which becomes `graph_attention` with
+# the layer's own projections; the split into heads, a reshape of each node's vector; and the
+# positional encoding, read at each node's own position.
 
 # %% tags=["export"]
 from torch import nn
@@ -408,10 +395,9 @@ def graph_transformer(
 
 # %% [markdown]
 # The check runs the model that chapter 14 trained on Multi30k and the book ships. Three
-# validation sentence pairs, the shortest, a middle one and the longest German sentence of the
-# first hundred, go through it twice: the usual way, as a
-# padded batch with masks, and as packed graphs with no padding node. We compare the decoder's
-# output at every real target position.
+# validation pairs (the shortest, a middle one and the longest German sentence of the first
+# hundred) go through it twice: as a padded batch with masks, and as packed graphs with no
+# padding node. We compare the decoder's output at every real target position.
 
 # %%
 torch.set_num_threads(1)  # small matrices: a second thread would mostly wait
@@ -434,22 +420,21 @@ print(f"decoder output equal at every real position within 1e-4: {gap < 1e-4}")
 assert gap < 1e-4, gap
 
 # %% [markdown]
-# The outputs agree to float rounding, position by position, and the graph never holds a
-# padding node. For a batch of similar lengths the saving is small; for sentences of very
-# different lengths the padded batch pays for `batch × longest` positions in every layer and
-# `batch × longest²` scores in every self-attention, the packed graph for the real tokens and
-# the real pairs only. (Chapter 9's token-budget batches attack the same waste from the other
-# side, by grouping sentences of similar length.) The tests also check the gradients of the
-# two forms against each other, so the packed graph could be trained as it stands, once
-# attention dropout is added to `graph_attention`.
+# The outputs agree to float rounding at every real position, and the graph holds no padding
+# node. For sentences of very different lengths the padded batch pays for `batch × longest`
+# positions in every layer and `batch × longest²` scores in every self-attention, the packed
+# graph for the real tokens and pairs only (chapter 9's token-budget batches attack the same
+# waste by grouping sentences of similar length). The tests also check the two forms'
+# gradients against each other, so the packed graph could be trained as it stands, once
+# `graph_attention` gains attention dropout.
 #
 # ## A sparse pattern: a window and a few global tokens
 #
-# The restricted attention of section 4 pays for its linear cost with long paths between
-# distant positions. Later sparse models {cite}`beltagy2020longformer,zaheer2020big` fixed this
-# by adding a few *global* tokens that see every position and that every position sees: any
-# two positions are then two hops apart, through a global token, and the edge count stays
-# linear, $(2r+1)\,n$ for the window plus about $2gn$ for $g$ global tokens.
+# Restricted attention pays for its linear cost with long paths between distant positions.
+# Later sparse models {cite}`beltagy2020longformer,zaheer2020big` added a few *global* tokens
+# that see every position and that every position sees: any two positions are then two hops
+# apart, and the edge count stays linear, $(2r+1)\,n$ for the window plus about $2gn$ for $g$
+# global tokens.
 
 # %% tags=["export"]
 def window_global_mask(n: int, r: int, n_global: int) -> torch.Tensor:
@@ -465,11 +450,10 @@ def window_global_mask(n: int, r: int, n_global: int) -> torch.Tensor:
 
 
 # %% [markdown]
-# How much time do the saved scores buy? We time one attention layer of 4 heads of width 16
-# on one sentence of growing length: the dense `attention` of chapter 3 with no mask (what a
-# dense model pays whatever the mask), against `graph_attention` on the edges of a window of
-# $r = 8$ with two global tokens. The times are this machine's and change from run to run and
-# machine to machine; the chart shows their trend.
+# What do the saved scores buy in time? We time one attention layer of 4 heads of width 16 on
+# one sentence of growing length: chapter 3's dense `attention` with no mask (what a dense
+# model pays whatever the mask), against `graph_attention` on a window of $r = 8$ with two
+# global tokens. The times are this machine's and vary from run to run; look at their trend.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -514,29 +498,28 @@ line_chart(timings, x="n:Q", y="ms:Q", color="attention:N", x_scale={"type": "lo
            title="One attention layer, 4 heads")
 
 # %% [markdown]
-# For short sentences the dense product wins: it is one large matrix multiplication, which is
-# what a CPU's vector units are built for, while the graph gathers and scatters rows of memory
-# edge by edge. As sentences grow, the dense cost grows with $n^2$ and the graph's with $n$,
-# so the lines cross, at a length that depends on the machine (a few hundred tokens here,
-# in the run stored with this page). Multi30k's sentences, at about 15 tokens, are far
-# below it: for the sentences of machine translation the paper's dense attention is the right
-# choice, which is the paper's own argument in section 4.
+# For short sentences the dense product wins: it is one large matrix multiplication, while the
+# graph gathers and scatters memory edge by edge. As sentences grow, the dense cost grows with
+# $n^2$ and the graph's with $n$, so the lines cross, at a length that depends on the machine:
+# in the run stored with this page, between 512 tokens (where dense attention is still faster)
+# and 1024. Multi30k's captions, at about a dozen words, lie far below the crossing: for machine
+# translation the paper's dense attention is the right choice, as its section 4 argues.
 
 # %% [markdown]
 # ## Does the sparse pattern still learn?
 #
-# Fewer edges are only worth having if the model can still do its job with them. We train the
-# small sort model of chapter 13 with the same data, seed and budget twice: once with full
+# Fewer edges are only worth having if the model can still do its job with them. We train
+# chapter 13's small sort model with the same data, seed and budget twice: once with full
 # encoder self-attention, once with a window of $r = 1$ plus one global token (the first
 # position). The pattern goes in through the encoder's mask, so the rest of the model, the
-# training loop and the decoding are those of chapter 13, unchanged. With sequences of at most
-# 10 digits the window leaves 4 to 5 edges per query instead of up to 10, and after two
-# layers a position still sees its neighbours' neighbours and, through the global token,
-# something of every digit.
+# training loop and the decoding are chapter 13's. On sequences of at most 10 digits the
+# window leaves each query 3 or 4 edges instead of up to 10 (the global token itself sees
+# all), yet after two layers a position sees its neighbours' neighbours and, through the
+# global token, something of every digit.
 #
 # One pair of runs is a demonstration, not a comparison: another seed, or another CPU whose
 # float kernels round differently, sends training down another path. The cell below trains the
-# pair from seed 0; the comparison comes after it, from a sweep over several seeds.
+# pair from seed 0; the comparison comes from a sweep over seeds.
 
 # %% tags=["export"]
 class SparseEncoder(nn.Module):
@@ -592,11 +575,10 @@ assert sort_accuracy[True] >= 0.75, sort_accuracy
 print("both sort at least 75 % of the test sequences exactly, as every run of the sweep did")
 
 # %% [markdown]
-# The sweep (`make seeds`, which runs `tools/seeds.py`; the appendix describes it) trained the
-# same pair from five seeds, each once with the CPU's own kernels and once with the kernel set
-# one level below, one thread per run: twenty runs in all, stored in
-# `book/data/seeds_sparse_sort.json` with the machine they ran on. Every run is a point below,
-# coloured by its kernels; the black tick is each variant's mean.
+# The sweep (`make seeds`; the appendix describes it) trained the same pair from five seeds,
+# each under the CPU's own kernels and under the set one level below: twenty runs, stored in
+# `book/data/seeds_sparse_sort.json`. Every run is a point below, coloured by its kernels; the
+# black tick is each variant's mean.
 
 # %%
 sweep = book_data("seeds_sparse_sort.json")
@@ -620,25 +602,22 @@ assert 0 < sum(g > 0 for g in gaps) < len(gaps), gaps  # neither wins every pair
 print("the means differ by less than 2 points and neither variant wins every pair")
 
 # %% [markdown]
-# At this budget the window costs nothing measurable: the two means are within a fraction of a
-# point of each other, each variant beats the other in some pairs of runs and loses in others,
-# and the spread between seeds, several points either way, is far larger than the gap between
-# the means. Which variant "wins" a single run depends on the seed and on the CPU's kernels,
-# which is why the seed-0 pair above can come out either way on another machine. Sorting needs
-# each output position to know how many of every digit the input holds; the window gathers that
-# through the global token and over two layers, full attention in one step, and the attention
-# over the memory is full in both models. On sequences of ten tokens a sparse pattern saves
-# nothing worth having; it is the long sequences of the timing chart where it earns its place.
+# At this budget the window costs nothing measurable: the two means lie within a fraction of a
+# point, each variant wins some pairs of runs and loses others, and the spread between seeds is
+# far larger than the gap between the means, so the seed-0 pair above can come out either way
+# on another machine. Sorting needs each output position to know how many of every digit the
+# input holds; the window gathers that through the global token over two layers, full
+# attention in one step. On sequences of ten tokens a sparse pattern saves nothing worth
+# having; its place is the long sequences of the timing chart.
 
 # %% [markdown]
 # ## What we have
 #
-# `mask_to_edges` and `graph_attention` rebuild attention from edges and scatters, and the
-# check above shows them equal to the dense `attention` for every kind of attention in the
-# Transformer, and `graph_transformer` runs a whole trained model on packed sentences with no
-# padding node, equal to the padded dense model at every real position. Counting edges makes
-# the cost of a pattern visible, and timing it shows where a sparse pattern starts to pay: far
-# beyond the sentence lengths of machine translation. A window with one global token learns to
-# sort as well as full attention at the same budget, within the spread of twenty runs. The sort task of
-# chapter 13 came from the same graph tutorial. The next chapter stays beyond the paper and
-# looks at what trained attention heads attend to.
+# `mask_to_edges` and `graph_attention` rebuild attention from edges and scatters, equal to the
+# dense `attention` for every kind of attention in the Transformer, and `graph_transformer`
+# runs a whole trained model on packed sentences with no padding node, equal to the padded
+# model at every real position. Counting edges makes the cost of a pattern visible, and timing
+# it shows that a sparse pattern starts to pay far beyond the sentence lengths of machine
+# translation. Over twenty runs, a window with one global token sorts as well as full
+# attention at the same budget. The next chapter looks at what trained attention heads attend
+# to.

@@ -2,27 +2,22 @@
 # # What the model attends to
 #
 # Every attention layer computes, for each query position, a row of weights that sums to 1:
-# how much of each key position's value it takes. Those rows are the one part of a Transformer
-# that comes with labels attached, a token on each axis, so it is tempting to read them as the
-# model's reasons. This chapter draws them for the translation model of chapter 14, every layer
-# and every head of all three kinds of attention, and then watches them form while the small
-# copying model of chapter 12 learns.
+# how much of each key position's value it takes. Those rows come with labels attached, a
+# token on each axis, so it is tempting to read them as the model's reasons. This chapter draws
+# them for chapter 14's translation model, every layer and head of all three kinds of
+# attention, and then watches them form while chapter 12's copying model learns.
 #
-# What can the pictures tell us? They show where information *can* flow in one step, and how
-# the model spreads that flow: a head that puts almost all of its weight on the previous token
-# moves that token's content forward; a head that spreads its weight evenly computes an average.
-# What they cannot tell us on their own is *why* the model produced its output.
-# {cite:t}`jain2019attention` found that quite different attention weights can often give the
-# same prediction, and that attention often disagrees with gradient-based measures of which
-# inputs matter; {cite:t}`wiegreffe2019attention` answered that this does not make attention
-# meaningless, only that "explanation" needs a definition and a test, and that weights learned
-# jointly with the model are harder to replace than the first study suggested. Two more reasons
-# for care are specific to the Transformer. A value vector is not a token: above the first
-# layer, position $j$ already holds a mixture of the whole sentence, so a weight on "Hund" in
-# layer 3 is a weight on whatever layer 2 left at that position {cite}`abnar2020quantifying`.
-# And the residual connections carry each position's own vector past the attention, so a head
-# may matter little even where its weights look striking. We will read the maps as what they
-# are: a record of where each head looked, for one input.
+# The pictures show where information *can* flow in one step and how a head spreads it: a head
+# with almost all its weight on the previous token moves that token's content forward, one
+# that spreads its weight evenly averages. They cannot tell on their own *why* the model
+# produced its output: quite different weights can often give the same prediction
+# {cite}`jain2019attention`, though "explanation" needs a definition and a test before that
+# settles anything {cite}`wiegreffe2019attention`. Two cautions are specific to the
+# Transformer. Above the first layer a value vector is not a token but a mixture of the
+# sentence, so a weight on "Hund" in layer 3 is a weight on whatever layer 2 left at that
+# position {cite}`abnar2020quantifying`. And the residual connections carry each position's
+# own vector past the attention, so a head may matter little even where its weights look
+# striking. We read the maps as what they are: where each head looked, for one input.
 
 # %% tags=["setup", "hide-cell"]
 # Setup (hidden in the book): in Colab, install the book's package; everywhere, import what
@@ -70,37 +65,31 @@ enable_book_charts()
 # %% [markdown]
 # ## Capturing the weights
 #
-# Chapter 3's `MultiHeadedAttention` already keeps the weights of its last call in `.attn`, a
-# detached tensor of shape (batch, $h$, $n_q$, $n_k$). A Transformer has three kinds of
-# attention, and each layer has its own modules for them:
+# Chapter 3's `MultiHeadedAttention` keeps the weights of its last call in `.attn`, a detached
+# tensor of shape (batch, $h$, $n_q$, $n_k$). Each layer has its own modules for the three
+# kinds of attention:
 #
 # * **encoder self-attention** (`encoder.layers[l].self_attn`): source positions look at
-#   source positions, an $n_{src} \times n_{src}$ map per head;
+#   source positions;
 # * **decoder self-attention** (`decoder.layers[l].self_attn`): target positions look at
-#   themselves and earlier target positions, $n_{tgt} \times n_{tgt}$, zero above the diagonal
-#   because of the causal mask;
+#   themselves and earlier target positions;
 # * **decoder-to-source attention** (`decoder.layers[l].src_attn`): target positions look at
-#   the encoder's output, $n_{tgt} \times n_{src}$. This is the one that can align words.
+#   the encoder's output. This is the one that can align words.
 #
-# One forward pass fills all of them. When the model translates, greedy decoding calls the
-# decoder once per output token, and each call overwrites `.attn`; but the decoder is causal, so
-# one pass over the finished output, *teacher-forced* on the tokens the model itself produced,
-# computes exactly the weights that each step used. We run that pass in evaluation mode (no
-# dropout), stack the layers, and cut each sentence of a padded batch back to its real length,
-# so that no row or column belongs to padding.
-#
-# The appendix {doc}`appendix_infrastructure` writes this down as `attention_maps`, which
-# returns one `AttentionMaps` per sentence, together with `attention_records` and
-# `attention_chart`, which turn the maps into the charts below; chapters 12 and 13 used them on
-# the copy and sort models. Here we use the same three functions on translation.
+# Greedy decoding calls the decoder once per output token, and each call overwrites `.attn`.
+# But the decoder is causal, so one pass over the finished output, *teacher-forced* on the
+# tokens the model itself produced, computes exactly the weights that each step used. The
+# appendix {doc}`appendix_infrastructure` writes this pass as `attention_maps`, which returns
+# one `AttentionMaps` per sentence, cut back to its real length; `attention_records` and
+# `attention_chart` turn the maps into the charts below, as they did for chapters 12 and 13.
 
 # %% [markdown]
-# For translation we want the maps behind the model's own output. `translation_attention`
-# tokenizes German sentences, translates them greedily with chapter 14's `translate_batch`, and
-# makes the teacher-forced pass over what came out. Source tokens are labelled with the words
-# as written, so a word the vocabulary lacks shows up as itself rather than as `<unk>`. The
-# decoder's rows are labelled with the token at that position, which is the token *before* the
-# one it chooses: the row `<s>` is where the model picks its first word.
+# `translation_attention` tokenizes German sentences, translates them greedily with chapter
+# 14's `translate_batch`, and makes the teacher-forced pass over what came out. Source tokens
+# are labelled with the words as written, so a word the vocabulary lacks shows up as itself
+# rather than as `<unk>`. Each decoder row is labelled with the token at that position, which
+# is the token *before* the one it chooses: the row `<s>` is where the model picks its first
+# word.
 
 # %% tags=["export"]
 from collections.abc import Sequence
@@ -139,10 +128,10 @@ def translation_attention(
     )
 
 # %% [markdown]
-# We load the model that chapter 14 trained on Multi30k and shipped with the book (3 layers of
-# 8 heads each, in both stacks) and translate two sentences of the validation set, which the
-# model never trained on. The first repeats a word, "Hund", which lets us see whether the
-# model tells the two apart; in the second the German verb comes last.
+# We load the model that chapter 14 trained and the book ships (3 layers of 8 heads in both
+# stacks) and translate two validation sentences, which it never trained on. The first repeats
+# a word, "Hund", which lets us see whether the model tells the two apart; in the second the
+# German verb comes last.
 
 # %%
 torch.set_num_threads(1)  # one sentence at a time: small matrices, a second thread only waits
@@ -161,13 +150,12 @@ for i, m in zip(chosen, maps, strict=True):
 # %% [markdown]
 # ## From matrices to a chart
 #
-# A heatmap in altair wants long-form data: one row per cell, with the fields that place it
-# and colour it. Here a cell is one (kind, layer, head, query position, key position) with its
-# weight. Positions, not tokens, place the cells, because tokens repeat: the two "Hund" of the
-# first sentence must stay two columns. Tokens are only labels. To keep the book's pages light
-# we round weights to 3 decimals and, for the charts, leave out cells below 1%, which a colour
-# scale from 0 to 1 would draw as white anyway (the first row and column are always kept, so
-# every token stays on the axes). The appendix's `attention_records` makes these rows.
+# A heatmap in altair wants long-form data: one row per cell, here one (kind, layer, head,
+# query position, key position) with its weight. Positions, not tokens, place the cells,
+# because tokens repeat: the two "Hund" must stay two columns. To keep the pages light,
+# `attention_records` rounds weights to 3 decimals and leaves out cells below 1%, which the
+# colour scale would draw white anyway (the first row and column are always kept, so every
+# token stays on the axes).
 
 # %%
 records = []
@@ -180,15 +168,10 @@ for record in records[:3]:
     print(record)
 
 # %% [markdown]
-# `attention_chart` (in the appendix) draws all of them as one heatmap and lets the reader choose
-# which map to see. Each choice is a Vega-Lite parameter bound to a widget (a menu for the
-# kind, sliders for layer and head, buttons for the sentence) and a filter keeps the cells of the chosen map. The data is
-# embedded once, as CSV, about a quarter of the size of the same rows as JSON objects. The
-# categories on each axis are "position token" strings, sorted by position; the axes print
-# only the token.
-#
-# Pick a sentence, a kind, a layer and a head. The chart opens on the first sentence's encoder
-# self-attention in layer 1, head 1; hover over a cell for its tokens and weight.
+# `attention_chart` draws them all as one heatmap, with a widget for each choice: a menu for
+# the kind, sliders for layer and head, buttons for the sentence. It opens on the first
+# sentence's encoder self-attention in layer 1, head 1; hover over a cell for its tokens and
+# weight.
 
 # %% tags=["chart-rows-vary"]
 attention_chart(records, controls=("sentence", "kind", "layer", "head"))
@@ -197,7 +180,7 @@ attention_chart(records, controls=("sentence", "kind", "layer", "head"))
 # ## Reading the maps
 #
 # The decoder-to-source maps are the easiest to read, because translation has a notion of
-# alignment: which German word an English word renders. Averaged over the 8 heads of a layer,
+# alignment: which German word an English word renders. With the heads of a layer averaged,
 # the German token that gets the most weight when the model chooses each English token is:
 
 # %%
@@ -230,23 +213,19 @@ for position, token in enumerate(first.src_tokens):
               + ", ".join(f"{first.src_tokens[j]} at {j} {weights[j]:.2f}" for j in top))
 
 # %% [markdown]
-# In both sentences the alignment is the one a bilingual reader would draw, and it is not
-# monotone. In the second, the model writes "fallen" and "asleep" while looking at
-# "eingeschlafen", the last German word, in all three layers, and only then turns back to
-# "auf" and "Sofa" (and in layer 3 "dem") for "on the couch". In the first, "after" is found at
-# "hinterher", again the last German word. The final period is chosen while looking at
-# `</s>` rather than at the German ".". Layer 1 is the vaguest: its heads spread their weight
-# more, and the most-weighted source token for "A" and for `</s>` is `<s>`. In the chart,
-# choose sentence 2, decoder-to-source attention, layer 2, head 1, the sharpest head of that
-# kind: nearly one dark cell per row, an alignment table read one row early (the row labelled
-# "man" is the step that writes "has", and it looks at "ist").
+# In both sentences the alignment is the one a bilingual reader would draw, reordering
+# included. In the second, the model writes "fallen" and "asleep" while looking at
+# "eingeschlafen", the last German word, and only then turns back to "auf" and "Sofa" for "on
+# the couch"; in the first, "after" is found at "hinterher", again the last word. The final
+# period is chosen while looking at `</s>`, not at the German ".". Layer 1 is the vaguest: its heads
+# spread their weight more. In the chart, choose sentence 2, decoder-to-source attention, layer 2, head 1, the sharpest head
+# of that kind: nearly one dark cell per row, an alignment table read one row early (the row
+# labelled "man" is the step that writes "has", and it looks at "ist").
 
 # %% [markdown]
-# In layer 1 each "Hund" looks mostly at itself (0.61 and 0.52), with some weight on its
-# neighbours. In layer 2 the second one looks most at "dem" (0.23), its own article, while the
-# first splits its weight between itself and the start of the sentence. In layer 3 each
-# looks most at its own adjective: "brauner" (0.32) for the first, "schwarzen" (0.23) for the
-# second. Identical tokens with
+# Follow each "Hund" up the layers. In layer 1 each looks mostly at itself, with some weight on
+# its neighbours; higher up the two part ways, and in layer 3 each looks most at its own
+# adjective, "brauner" for the first and "schwarzen" for the second. Identical tokens with
 # identical embeddings gather different context, because the positional encodings make their
 # queries and keys differ. That is what the decoder needs in order to write "brown dog" and
 # "black dog" in the right places, though the weights alone do not show that it uses them so.
@@ -255,14 +234,13 @@ for position, token in enumerate(first.src_tokens):
 #
 # Two numbers describe a map's rows well enough to compare heads. The **entropy** of a row,
 # $H = -\sum_j a_{ij} \log_2 a_{ij}$ bits, is 0 when the query takes everything from one key
-# and $\log_2 n$ when it spreads evenly over $n$ keys (3.3 bits for 10). The **mean distance**
-# $\sum_j a_{ij} \lvert i - j \rvert$ says how far from its own position a query looks: 1 for a
-# head that always looks at a neighbour, 0 for one that looks at itself. For decoder-to-source
-# attention the "distance" compares a target position with a source position, which is
-# meaningful only because German and English sentences here have similar lengths and order; a
-# small value means the head follows the diagonal. We average both over every row of the first
-# 200 validation sentences, translated by the model, so that the numbers describe heads rather
-# than one sentence.
+# and $\log_2 n$ when it spreads evenly over $n$ keys. The **mean distance**
+# $\sum_j a_{ij} \lvert i - j \rvert$ says how far from its own position a query looks: 0 for a
+# head that looks at itself, 1 for one that always looks at a neighbour. For decoder-to-source
+# attention it compares a target with a source position, which means something only because
+# German and English captions have similar lengths and order: a small value says the head
+# follows the diagonal. Both are averaged over every row of the first 200 validation
+# sentences, as the model translates them, so that they describe heads, not one sentence.
 
 # %% tags=["export"]
 import itertools
@@ -351,9 +329,9 @@ attention_summary_chart(summary)
 
 # %% [markdown]
 # The summary says how sharp a head is and how far it looks, not *where*. A few patterns are
-# worth measuring directly: the share of a query's weight on the previous position, on its own
-# position, on the next, on the source's `</s>`, and on punctuation (`.` and `,`). For each kind
-# and pattern, the head with the largest share, and the mean over all heads of that kind:
+# worth measuring directly: the share of a query's weight on the previous position, its own,
+# the next, the source's `</s>`, and punctuation (`.` and `,`). For each kind and pattern, the
+# head with the largest share, and the mean over all heads of that kind:
 
 # %%
 def pattern_share(maps: list[AttentionMaps], kind: str, picks) -> torch.Tensor:
@@ -389,24 +367,21 @@ for kind in ATTENTION_KINDS:
               f"{head + 1} {share.max():.2f}, mean of heads {share.mean():.2f}")
 
 # %% [markdown]
-# What the numbers say about our model:
+# What to look for in these numbers:
 #
-# * **The encoder looks near first, then wide.** The mean entropy of its heads grows from 1.02
-#   bits in layer 1 to 2.52 bits in layer 3, and the mean distance from 1.60 to 4.47 positions.
-#   Layer 1 holds heads defined by relative position: head 5 puts half of its weight (0.50) on
-#   the previous token, head 4 0.29 on the next one, head 1 0.51 on the token itself. Heads of
-#   this kind were also among the few that mattered most in the translation models of
-#   {cite:t}`voita2019analyzing`. Layer 3's broadest head (head 6, 2.96 bits) spreads its
-#   weight about as much as an even split over eight tokens would.
-# * **The decoder looks at itself, then further back.** Its sharpest head, layer 1 head 6,
-#   puts about 0.7 of its weight on its own position, and head 5 of the same layer about a
-#   third on the previous one; the mean distance grows from 1.78 in layer 1 to 3.16 in layer 3.
+# * **The encoder looks near first, then wide.** Both the mean entropy of its heads and their
+#   mean distance grow from layer 1 to layer 3. Layer 1 holds heads defined by relative
+#   position: one puts about half of its weight on the previous token, another about half on
+#   the token itself, a third leans on the next one. Such heads were also among the few that
+#   mattered most in the translation models of {cite:t}`voita2019analyzing`. Layer 3's
+#   broadest head spreads its weight about as much as an even split over eight tokens would.
+# * **The decoder looks at itself, then further back.** Its sharpest head, in layer 1, puts
+#   most of its weight on its own position, and its mean distance grows with depth.
 # * **The decoder-to-source attention aligns in layers 2 and 3, not in layer 1.** Layer 1's
-#   heads are the broadest (mean 2.06 bits, up to 2.52), layers 2 and 3 are sharp (1.18 and
-#   1.30 bits). The strongest head on the monotone diagonal, layer 2 head 1, puts about a third
-#   of its weight there on average: a word order that is mostly, but not entirely, the same in both
-#   languages (a target row $i$ chooses the word after position $i$, so the diagonal of the
-#   alignment is the key at $i + 1$, which the table calls "next").
+#   heads are the broadest; layers 2 and 3 are sharp. The strongest head on the monotone
+#   diagonal puts only about a third of its weight there: the word order is mostly, but not
+#   entirely, the same in both languages (row $i$ chooses the word after position $i$, so the
+#   diagonal of the alignment is the key at $i + 1$, which the table calls "next").
 # * **No head parks on `</s>` or on punctuation.** {cite:t}`clark2019what` found heads in BERT
 #   that put most of their weight on the separator token and on punctuation, a way to do
 #   nothing. Here no head averages more than about a tenth of its weight on `</s>` or on `.`
@@ -415,9 +390,8 @@ for kind in ATTENTION_KINDS:
 # %% [markdown]
 # ## Your own sentence
 #
-# Change the sentence and run the cell; the chart is drawn again in Jupyter, VS Code and Colab
-# alike. The model knows the vocabulary of Multi30k's image
-# captions: people, animals, clothes, places and what they do there. To keep this page light
+# Change the sentence and run the cell. The model knows the vocabulary of Multi30k's image
+# captions: people, animals, clothes, places and what they do there. To keep the page light
 # the chart holds only the decoder-to-source attention; pass all three kinds to
 # `attention_records` to see the rest.
 
@@ -432,13 +406,13 @@ attention_chart(attention_records(mine, kinds=("cross",), min_weight=0.01),
 # %% [markdown]
 # ## Watching attention being learned
 #
-# The maps of a trained model are the end of a story. To see its beginning we train the copy
-# model of chapter 12 again, with the same settings and seeds, and every so often capture its
+# The maps of a trained model are the end of a story. To see its beginning we train chapter
+# 12's copy model again, with the same settings and seeds, and every so often capture its
 # decoder-to-source attention on one held-out sequence. To copy, the decoder must find, for
-# each output position, the source position it should read. The sequence we watch repeats its
-# symbols (3 3 3 6 6 6 0 0 7 5), so the model cannot find the right position by looking for a
-# matching symbol: it has to count. We feed the decoder the correct copy at every snapshot
-# (teacher forcing), so that the rows mean the same thing before and after training.
+# each output position, the source position to read. The sequence we watch repeats its symbols
+# (3 3 3 6 6 6 0 0 7 5), so the model cannot find the right position by looking for a matching
+# symbol: it has to count. The decoder is fed the correct copy at every snapshot (teacher
+# forcing), so that the rows mean the same thing before and after training.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -500,7 +474,7 @@ assert copies >= 95, copies
 
 # %% [markdown]
 # The chart opens before training, on the head that copies best at the end; the buttons step
-# through training, and the other controls pick any other layer and head.
+# through training, and the other controls pick any layer and head.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -510,37 +484,31 @@ attention_chart(frames, controls=("step", "layer", "head"), width=260, height=26
                 initial={"layer": final_layer, "head": final_head})
 
 # %% [markdown]
-# Before training, every head puts about 0.1 of its weight on the position to copy, what ten
-# equal shares of the ten source positions would give. For the first 20 steps, while the
-# warmup keeps the learning rate small, that barely changes. Then
-# the diagonal forms, and the count of exact copies follows it. In the run stored with this page
-# (another machine's run differs in the details), at step 100 no head puts more than 0.34 of its
-# weight on the right position and the model copies 28 of the 100 test sequences; at step 200
-# the best head is at 0.64 and the model copies 78. When it copies all 100, the best heads of
-# layer 1 put about 0.9 of their weight on the position to copy, while the heads of layer 2 stay
-# blurrier and share their weight with the neighbouring positions.
-# Nothing in the symbols tells the three 3s apart; what does is the positional encoding of
-# chapter 4, which queries and keys both carry.
+# Before training, every head puts about a tenth of its weight on the position to copy, what
+# an even split over the ten source positions gives, and the first steps, while the warm-up
+# keeps the learning rate small, barely change that. Then the diagonal forms, and the count of
+# exact copies rises with it: read the printout's copies and per-head weights together. By the time the
+# model copies every test sequence, the best heads of layer 1 put most of their weight on the
+# position to copy, while the heads of layer 2 stay blurrier. This is one run, a
+# demonstration; another CPU's kernels give other steps and weights. Nothing in the symbols
+# tells the three 3s apart; what does is chapter 4's positional encoding, which queries and
+# keys both carry.
 #
 # ```{note}
 # The classic Annotated Transformer drew a separate small chart for each of a selection of
-# layers and heads, each carrying its own copy of the data. Here one chart holds every layer
-# and head once and widgets pick the map, so the page stays light and nothing is left out.
+# layers and heads, each with its own copy of the data. Here one chart holds every layer and
+# head once and widgets pick the map, so the page stays light and nothing is left out.
 # ```
 #
 # ## What we have
 #
 # Tools to look inside a trained Transformer: every attention weight of every layer and head,
-# captured in one pass over the model's own translation, as long-form records and as one
-# interactive chart; a summary that ranks heads by how sharp they are and how far they look;
-# and a view of attention forming during training. On our translation model they showed heads
-# in the lowest encoder layer that look at fixed neighbours, encoder heads that widen with
-# depth, and a decoder-to-source attention whose upper layers draw a word alignment, reordering
-# included; on the copy task, a diagonal that sharpens as the count of exact copies rises.
+# captured in one pass and drawn as one interactive chart; a summary that ranks heads by how
+# sharp they are and how far they look; and a view of attention forming during training. They
+# showed positional heads low in the encoder, encoder heads that widen with depth, and an
+# alignment, reordering included, in the upper layers of the decoder-to-source attention.
 #
-# What the maps cannot show, as the first section warned, is what the model would do with
-# other weights. Testing that means intervening: switching heads off and measuring the
-# translations, or tracing how information flows through the residual stream across layers
-# {cite}`abnar2020quantifying`. The tools of this chapter give those experiments their
-# pictures. The next chapter turns to what came after the paper, and the conclusion then
-# looks back over what the book built and measured.
+# What the maps cannot show is what the model would do with other weights. Testing that means
+# intervening: switching heads off and measuring the translations, or tracing how information
+# flows through the residual stream {cite}`abnar2020quantifying`. The next chapter turns to
+# what came after the paper.

@@ -1,58 +1,47 @@
 # %% [markdown]
 # # What came after
 #
-# The paper's model was built for translation: an encoder reads the source, a decoder writes
-# the target. Within two years the same parts had been taken apart and put back together in
-# two simpler shapes that now carry most of the field, and a handful of small changes to the
-# layers had become standard. This chapter names them, ties each one to the chapter of this
-# book it changes, and builds the most common of them, a decoder-only language model, from
-# the book's own layers: small enough to train on the English half of Multi30k in a few
+# The paper's model was built for translation. Within two years its parts had been put back
+# together in two simpler shapes that now carry most of the field, and a handful of small
+# changes to the layers had become standard. This chapter names them, ties each to the
+# chapter of this book it changes, and builds the most common, a decoder-only language model,
+# from the book's own layers, small enough to train on Multi30k's English captions in a few
 # minutes on a CPU.
 #
 # ## Three shapes from one set of parts
 #
-# * **Encoder-decoder**, this book's model. Still the natural shape when input and output are
-#   different sequences: translation, summarization, speech to text. T5 {cite}`raffel2020exploring`
-#   cast every text task as text-to-text in this shape.
+# * **Encoder-decoder**, this book's model: still the natural shape when input and output are
+#   different sequences (translation, summarization, speech to text). T5
+#   {cite}`raffel2020exploring` cast every text task as text-to-text in this shape.
 # * **Encoder only.** BERT {cite}`devlin2019bert` keeps the encoder stack, with no causal mask,
-#   and trains it to fill in tokens that were hidden from its input (*masked language
-#   modelling*). Every position sees the whole sentence in both directions, which suits
-#   understanding tasks (classification, tagging, retrieval) and rules out generating text one
-#   token at a time.
-# * **Decoder only.** GPT {cite}`radford2018improving,radford2019language,brown2020language` keeps
-#   the decoder's causal self-attention and drops the cross-attention: there is no source to
-#   attend to. It is trained on one task, predicting the next token of ordinary text, and a
-#   translation, an answer or a program is just a continuation of a prompt. This is the shape
-#   of today's large language models.
+#   and trains it to fill in tokens hidden from its input (*masked language modelling*). Every
+#   position sees the whole sentence, which suits understanding tasks (classification, tagging,
+#   retrieval) and rules out generating text one token at a time.
+# * **Decoder only.** GPT {cite}`radford2018improving,radford2019language,brown2020language`
+#   keeps the decoder's causal self-attention and drops the cross-attention. Trained to predict
+#   the next token of ordinary text, it treats a translation, an answer or a program as the
+#   continuation of a prompt. This is the shape of today's large language models.
 #
 # ## Changes to the layers that became standard
 #
-# Each of these replaces one piece of the model built in Part I; the model is otherwise the
-# one of the paper.
-#
-# * **Pre-norm** (chapter 2): layer norm before each sublayer instead of after the residual
-#   sum {cite}`xiong2020layer`. It trains without warm-up and in deep stacks; chapter 19 shows
-#   the paper's post-norm stuck without warm-up. This book uses pre-norm by default.
+# * **Pre-norm** (chapter 5): layer norm before each sublayer instead of after the residual
+#   sum {cite}`xiong2020layer`; it trains without warm-up and in deep stacks (chapter 19 shows
+#   post-norm stuck without warm-up). This book uses it by default.
 # * **Learned and rotary positions** (chapter 4): learned position vectors (GPT, BERT; chapter
 #   19's row E) and, later, *rotary* positions {cite}`su2021roformer`, which rotate queries and
 #   keys inside attention instead of adding a signal to the embeddings. Built below.
 # * **RMSNorm** {cite}`zhang2019root` (chapter 2's `LayerNorm`): divide by the root mean square
-#   of the features and drop the mean subtraction and the bias; cheaper, and as good in
-#   practice.
-# * **Gated feed-forward layers** such as SwiGLU {cite}`shazeer2020glu` (chapter 4's
-#   `PositionwiseFeedForward`): the hidden layer is the product of two projections, one passed
-#   through a smooth activation, which gates the other; $d_{ff}$ is shrunk by about a third to
-#   keep the parameter count.
-# * **Key/value caching** (chapter 21): when generating, each step's keys and values are kept
-#   instead of recomputed, so a step costs one position, not the whole prefix.
-# * **Efficient attention kernels** (chapter 21): FlashAttention {cite}`dao2022flashattention`
-#   computes exact attention in tiles that stay in fast on-chip memory and never writes the
-#   $n \times n$ weights out; PyTorch's `scaled_dot_product_attention` picks such a kernel.
+#   of the features, with no mean subtraction and no bias; cheaper, and as good in practice.
+# * **Gated feed-forward layers** such as SwiGLU {cite}`shazeer2020glu` (chapter 4): the hidden
+#   layer is the product of two projections, one passed through a smooth activation, which gates
+#   the other.
+# * **Key/value caching and fused attention kernels** (chapter 21), such as FlashAttention
+#   {cite}`dao2022flashattention`, which computes exact attention in tiles that stay in fast
+#   on-chip memory and never writes the $n \times n$ weights out.
 #
-# Sizes changed more than anything else: the paper's big model has 213 million parameters
-# (chapter 5), GPT-3 175 billion {cite}`brown2020language`. Most of what made that possible is
-# engineering outside the model (data, parallel training, mixed precision) rather than a new
-# layer.
+# Sizes changed most: the paper's big model has 213 million parameters (chapter 5), GPT-3 175
+# billion {cite}`brown2020language`, mostly through engineering outside the model (data,
+# parallel training, mixed precision) rather than new layers.
 
 # %% tags=["setup", "hide-cell"]
 # Setup (hidden in the book): in Colab, install the book's package; everywhere, import what
@@ -101,14 +90,14 @@ enable_book_charts()
 # {cite}`su2021roformer` leave the embeddings alone and put position into the one place where
 # it is compared: the dot product of a query and a key. Split a vector of width $d_k$ into
 # $d_k/2$ pairs of features and read each pair as a point in the plane. At position $m$,
-# rotate pair $i$ by the angle $m\,\theta_i$, with the frequencies of the sinusoidal encoding,
+# rotate pair $i$ by the angle $m\,\theta_i$, with the sinusoidal encoding's frequencies
 # $\theta_i = 10000^{-2i/d_k}$. A rotation keeps lengths, and the dot product of two rotated
 # points depends only on the angle between them, so
 #
 # $$\langle R_m q, R_n k \rangle = \langle q, R_{n-m} k \rangle :$$
 #
-# the score of query $m$ against key $n$ depends on the content of both and on their
-# *offset* $n - m$, never on where the pair sits in the sentence. Values are not rotated.
+# the score of query $m$ against key $n$ depends on their contents and on their *offset*
+# $n - m$, never on where the pair sits in the sentence. Values are not rotated.
 
 # %% tags=["export"]
 import math
@@ -177,26 +166,24 @@ print(f"positions (3, 7): {score(3, 7):.4f}   (103, 107): {score(103, 107):.4f} 
 assert abs(score(3, 7) - score(103, 107)) < 1e-3 and abs(score(3, 7) - score(3, 8)) > 1e-3
 
 # %% [markdown]
-# `RotaryMultiHeadedAttention` is chapter 3's `MultiHeadedAttention` with that one line added:
-# queries and keys of every head are rotated by their positions after the projections. It has
-# the same weights, so the model's parameter count does not change.
+# `RotaryMultiHeadedAttention` is chapter 3's `MultiHeadedAttention` with that one line
+# added: every head's queries and keys are rotated by their positions after the projections.
+# The weights are the same, so the parameter count does not change.
 
 # %% [markdown]
 # ## A decoder-only language model from the book's parts
 #
 # A decoder layer without its attention over the memory is an encoder layer with a causal
 # mask: self-attention and a feed-forward network, each in a residual sublayer. So the book's
-# `Encoder` and `EncoderLayer` build a GPT-shaped model as they stand, given the decoder's
-# `subsequent_mask`. The model reads tokens $x_1 \dots x_n$ and at every position predicts
-# the next token; with the causal mask, the prediction at position $t$ sees $x_1 \dots x_t$
-# only.
+# `Encoder` and `EncoderLayer`, given the decoder's `subsequent_mask`, build a GPT-shaped model
+# as they stand. It reads tokens $x_1 \dots x_n$ and at every position predicts the next token;
+# with the causal mask, the prediction at position $t$ sees $x_1 \dots x_t$ only.
 #
 # By default the output layer has no matrix of its own: it scores each word with the word's
 # embedding vector, so one (vocabulary, $d_{model}$) matrix serves both ends of the model
-# {cite}`press2017using`. The paper ties its embeddings the same way (§3.4, chapter 17 ties
-# them for translation), and so did GPT-2. With a vocabulary of a few thousand words and
-# $d_{model} = 128$, that matrix is most of a small model, so tying removes a large share of its
-# parameters; `tie_embeddings=False` keeps the two apart.
+# {cite}`press2017using`, as in the paper (§3.4; chapter 17 ties them for translation) and in
+# GPT-2. With a vocabulary of a few thousand words and $d_{model} = 128$, that matrix is most
+# of a small model; `tie_embeddings=False` keeps the two apart.
 
 # %% tags=["export"]
 
@@ -271,30 +258,29 @@ for positions in ("sinusoidal", "rotary"):
 # %% [markdown]
 # ## Training on Multi30k's English captions
 #
-# The data is the English side of Multi30k's training split (29,000 image captions, chapter
-# 9), tokenized by spaCy as in chapter 14, with a vocabulary of the words seen at least twice
-# (`multi30k_captions`). Each caption becomes `<s> words </s>` and captions of similar length
-# share a batch. We measure *perplexity* on the validation split: the exponential of the mean
-# negative log-likelihood per token, the number of equally likely choices that would leave the
-# model as uncertain as it is. Predicting `</s>` counts as a token; `<unk>` counts as the word
-# it replaced would, which flatters a word-level model a little.
+# The data is the English side of Multi30k's training split (chapter 9), tokenized by spaCy as
+# in chapter 14, with a vocabulary of the words seen at least twice (`multi30k_captions`). Each
+# caption becomes `<s> words </s>`, and captions of similar length share a batch. We measure
+# *perplexity* on the validation split: the exponential of the mean negative log-likelihood per
+# token, the number of equally likely choices that would leave the model as uncertain as it
+# is. Predicting `</s>` counts as a token; `<unk>` counts as the word it replaced would, which
+# flatters a word-level model a little.
 #
-# The training recipe is the one most decoder-only models have used since GPT-2, not the
-# paper's (chapter 10). It differs in three places:
+# The recipe is the one most decoder-only models have used since GPT-2, not the paper's
+# (chapter 10):
 #
 # * **AdamW** {cite}`loshchilov2019decoupled`: Adam with *decoupled* weight decay, which shrinks
 #   every weight matrix by a small fraction at each step, outside the gradient. Added to the
 #   loss as an L2 term instead, the decay would pass through Adam's division by each weight's
-#   running gradient scale, and the weights with the largest gradients would hardly decay at
-#   all. Biases and layer-norm gains are not decayed, and $\beta_2 = 0.95$ (the paper: 0.98)
-#   lets the estimate of the gradient's scale forget old batches sooner.
+#   gradient scale, and the weights with the largest gradients would hardly decay. Biases and
+#   layer-norm gains are not decayed, and $\beta_2 = 0.95$ (the paper: 0.98) lets the estimate
+#   of the gradient's scale forget old batches sooner.
 # * **Warm-up, then cosine decay** {cite}`loshchilov2017sgdr`: the rate rises linearly for 200
-#   steps, then follows half a cosine from its peak down to a tenth of it at the last step
-#   (`cosine_rate`). The paper's inverse square root never ends; this schedule knows the run's
-#   length, and the last steps, taken at a low rate, settle the weights.
-# * **Gradient clipping**: before each step, when the norm of all the gradients together
-#   exceeds 1, they are scaled down together to norm 1, so that one unusual batch cannot throw
-#   the weights far.
+#   steps, then follows half a cosine down to a tenth of its peak at the last step
+#   (`cosine_rate`). Unlike the paper's inverse square root, this schedule knows the run's
+#   length, and the last steps, at a low rate, settle the weights.
+# * **Gradient clipping**: when the norm of all the gradients together exceeds 1, they are
+#   scaled down together to norm 1, so that one unusual batch cannot throw the weights far.
 #
 # `caption_language_model` puts data, model and recipe together for one seed, which fixes both
 # the initial weights and the order of the batches.
@@ -455,9 +441,9 @@ print("both validation perplexities between 25 and 35, rotary below sinusoidal, 
 # %% [markdown]
 # A uniform guess over the vocabulary would have a perplexity equal to its size, over 6,000;
 # after two passes both models are down to about thirty choices per word. One pair of runs is a
-# demonstration, not a comparison, so the same training was swept over three seeds, each under
-# this CPU's own kernels and the set one level below (`make seeds`, `tools/seeds.py caption_lm`,
-# stored in `book/data/seeds_caption_lm.json`), with a third variant beside the two: sinusoidal
+# demonstration, not a comparison, so the sweep (`make seeds`, stored in
+# `book/data/seeds_caption_lm.json`) trained the same models from three seeds, each under this
+# CPU's own kernels and the set one level below, with a third variant beside them: sinusoidal
 # positions with untied embeddings. The asserts above hold for every run of it.
 
 # %%
@@ -490,41 +476,39 @@ print("in every pair of runs, rotary positions below sinusoidal ones, and untied
 
 
 # %% [markdown]
-# Both differences hold in every pair of runs (the same seed under the same kernels), under both
-# kernel sets. The untying gap is larger than any variant's spread between seeds; the rotary gap
-# is not larger than the sinusoidal variant's own spread, and it shows because the runs are
-# paired: the seed that gave one variant its worst run gave the other its worst run too.
+# Both differences hold in every pair of runs (the same seed under the same kernels). The
+# untying gap is larger than any variant's spread between seeds; the mean rotary gap is smaller
+# than the sinusoidal variant's own spread, and it shows because the runs are paired: the seed
+# and kernels that gave one variant its worst run gave the other its worst run too.
 #
-# * **Rotary positions beat the sinusoidal encoding here**, by 0.9 to 1.9 perplexity
-#   points in the pairs. That is more than one might expect on captions of about a dozen words,
-#   since rotary positions were introduced above all for long sequences and for lengths beyond
-#   those of training. The sweep says that they win at this size and budget, not why; one
-#   possible reason is that the sinusoidal signal is added to the very vectors that the tied
-#   output layer scores words with, while rotary positions leave the embeddings alone.
-# * **Tying costs perplexity at this size**: untying lowers it by 3.0 to 4.2 points, for
-#   about 0.77 million more parameters. The default stays tied, as in the paper and in GPT-2,
-#   whose models are deeper and whose vocabularies are larger: there the one matrix saves far
-#   more, and a rare word's vector learns from every output prediction, not only from the few
-#   inputs where the word occurs {cite}`press2017using`. For a two-layer model trained for two
-#   passes, a separate output matrix is worth its size. A recipe is a starting point to measure,
-#   not a guarantee.
+# * **Rotary positions beat the sinusoidal encoding here**, by about one to two perplexity points
+#   in each pair, more than one might expect on captions of about a dozen words, since rotary
+#   positions were introduced above all for long sequences. The sweep says that they win at
+#   this size and budget, not why; one possible reason is that the sinusoidal signal is added to
+#   the very vectors that the tied output layer scores words with, while rotary positions leave
+#   the embeddings alone.
+# * **Tying costs perplexity at this size**: untying lowers it by three points or more in each
+#   pair, for one more (vocabulary, $d_{model}$) matrix, about 0.79 million parameters (the
+#   difference of the two counts printed above). The default stays tied, as in the paper and
+#   in GPT-2, whose larger vocabularies save far more with one matrix, and where a rare word's
+#   vector learns from every output prediction, not only from the few inputs where the word
+#   occurs {cite}`press2017using`. For a two-layer model trained for two passes, a separate
+#   output matrix is worth its size: a recipe is a starting point to measure, not a guarantee.
 
 # %% [markdown]
 # ## Sampling: temperature, top-k and top-p
 #
-# A language model gives a distribution over the next token; generating text means choosing
-# from it, appending the choice and asking again. Greedy choice (chapter 5's `greedy_decode`)
-# repeats itself; sampling is more varied. Three knobs shape the distribution first:
-# *temperature* divides the scores before the softmax (below 1 it sharpens the distribution
-# toward the likeliest words, above 1 it flattens it); *top-k* keeps only the $k$ likeliest
-# words; *top-p*, or nucleus sampling {cite}`holtzman2020curious`, keeps the fewest likeliest
-# words whose probabilities add up to at least $p$. Both cut off the long tail of unlikely
-# words that make samples go wrong, but top-p adapts to the context: where a few words carry
-# almost all the probability the nucleus is small, and where many words are plausible it is
-# wide, while a fixed $k$ cuts too much in one place and too little in the other.
+# Generating text means choosing a next token from the model's distribution, appending it and
+# asking again. Greedy choice (chapter 5's `greedy_decode`) repeats itself; sampling is more
+# varied, and three knobs shape the distribution first. *Temperature* divides the scores before
+# the softmax: below 1 it sharpens the distribution, above 1 it flattens it. *Top-k* keeps only
+# the $k$ likeliest words; *top-p*, or nucleus sampling {cite}`holtzman2020curious`, keeps the
+# fewest likeliest words whose probabilities add up to at least $p$. Both cut off the long tail
+# of unlikely words that make samples go wrong, but top-p adapts to the context: its nucleus
+# is small where a few words carry almost all the probability and wide where many are
+# plausible, while a fixed $k$ cuts too much in one place and too little in the other.
 #
-# Each new token needs the model's prediction at one new position only. Running the whole
-# prefix again would cost $1 + 2 + \dots + n$ positions for $n$ tokens; `lm_step` keeps every
+# Each new token needs the model's prediction at one new position only. `lm_step` keeps every
 # layer's keys and values, as chapter 21's `decode_step` does for the translation decoder, and
 # passes only the new position through the layers. With rotary positions the new query and key
 # are rotated by their own position before the key joins the cache; a rotation depends on
@@ -660,26 +644,22 @@ for temperature, top_k, top_p in ((0.5, None, None), (1.0, None, None), (1.0, 10
 
 # %% [markdown]
 # Low temperature gives safe, typical captions. At temperature 1 and above the samples wander
-# further from the typical caption and the grammar slips more often; top-k and top-p keep each
-# choice among the likelier words, and top-p does it with a nucleus whose size follows the
-# context (in the run stored with this page the sizes differ severalfold between the four
-# prefixes, and the cell asserts more than twofold). Not every guess about where the nucleus is
-# narrow holds: in this run more words stayed in play after "A man is riding a" than after
-# "A". A model of about a million parameters that has read
-# 29,000 captions twice writes plausible captions and little else, but the loop is the one
-# every chatbot runs: the same next-token prediction, one cached position per new token.
+# further and the grammar slips more often; top-k and top-p keep each choice among the likelier
+# words, and top-p's nucleus follows the context, as the sizes above show (the cell asserts that
+# they differ more than twofold). Not every guess about where the nucleus is narrow holds: in
+# the stored run more words stay in play after "A man is riding a" than after "A". A model of
+# about a million parameters that has read the captions twice writes plausible captions and
+# little else, but the loop is the one every chatbot runs: the same next-token prediction, one
+# cached position per new token.
 #
 # ## What we have
 #
 # A decoder-only language model built from the book's encoder layers and the decoder's causal
-# mask, with tied embeddings and rotary positions as a drop-in replacement for the sinusoidal
-# encoding, trained on a CPU in a few minutes with the recipe of today's language models
-# (AdamW, warm-up and cosine decay, clipping), and sampled one cached position per token with
-# temperature, top-k and top-p. And a map from this book's chapters to what changed after 2017:
-# the shapes (encoder-only, decoder-only) and the layer changes (pre-norm, learned and rotary
-# positions, RMSNorm, gated feed-forward layers, caching, fused attention kernels).
-# The next chapter builds one more descendant of the paper's model, the Universal Transformer,
-# whose depth adapts to each position; the conclusion then looks back over the whole book.
+# mask, with tied embeddings and rotary positions, trained on a CPU in a few minutes with
+# today's recipe (AdamW, warm-up and cosine decay, clipping) and sampled one cached position
+# per token; and a map from this book's chapters to what changed after 2017. The next chapter
+# builds one more descendant of the paper's model, the Universal Transformer, whose depth
+# adapts to each position.
 #
 # ## Exercises
 #

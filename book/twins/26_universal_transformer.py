@@ -1,15 +1,14 @@
 # %% [markdown]
 # # The Universal Transformer: depth that adapts
 #
-# The paper's encoder is six different layers, each applied once. Every position of every
-# sentence gets exactly the same amount of computation, whether it is a comma or the word the
-# whole sentence turns on. The Universal Transformer {cite}`dehghani2019universal` changes two
-# things. It applies *one* layer again and again, with the same weights at every step, so
-# depth becomes a loop rather than a stack, the way a recurrent network loops over time. And
-# it lets each position decide when to stop looping, with the *adaptive computation time*
-# (ACT) of {cite:t}`graves2016adaptive`: positions that are easy stop early, hard ones take
-# more steps. The graph tutorial that chapter 23 follows built this model and trained it on
-# the sort task; we build it from the book's own layers and train it on chapter 13's task.
+# The paper's encoder is six different layers, each applied once, so every position gets the
+# same computation, whether it is a comma or the word the sentence turns on. The Universal
+# Transformer {cite}`dehghani2019universal` changes two things. It applies *one* layer again
+# and again, with the same weights at every step, so that depth becomes a loop rather than a
+# stack. And it lets each position decide when to stop, with the *adaptive computation time*
+# (ACT) of {cite:t}`graves2016adaptive`: easy positions stop early, hard ones take more steps.
+# The graph tutorial that chapter 23 follows trained this model on the sort task; we build it
+# from the book's own layers and train it on chapter 13's task.
 
 # %% tags=["setup", "hide-cell"]
 # Setup (hidden in the book): in Colab, install the book's package; everywhere, import what
@@ -57,19 +56,19 @@ enable_book_charts()
 # ## Adaptive computation time
 #
 # At step $t$ every position that is still running adds the position signal of chapter 4 and
-# a *timestep* signal (the same sinusoids, indexed by $t$), so the shared layer can tell steps
-# apart. A halting unit, a linear map and a sigmoid, then gives the position a probability
-# $p_t$ of stopping now. The position keeps running while the sum of its probabilities stays
-# below $1 - \epsilon$; at the step where the sum would pass it (or at the last allowed
-# step) it halts, and that step's weight is the *remainder* $R = 1 - \sum_{t' < t} p_{t'}$
-# instead of $p_t$. The weights of a position's steps therefore sum to exactly 1, and its
-# output is the weighted sum of the states after each of its steps. Once halted, a position's
-# state is frozen: the other positions still attend to it, but it is not updated again.
+# a *timestep* signal (the same sinusoids, indexed by $t$), so that the shared layer can tell
+# steps apart. A halting unit, a linear map and a sigmoid, then gives the position a
+# probability $p_t$ of stopping now. The position keeps running while the sum of its
+# probabilities stays below $1 - \epsilon$; at the step where the sum would pass it (or at the
+# last allowed step) it halts, and that step's weight is the *remainder*
+# $R = 1 - \sum_{t' < t} p_{t'}$ instead of $p_t$. The weights of a position's steps therefore
+# sum to exactly 1, and its output is the weighted sum of its states after each step. A halted
+# position's state is frozen: the other positions still attend to it, but it is not updated.
 #
-# The loop needs one more thing to learn when to stop: a price for thinking. The *ponder cost*
-# of a position is $N + R$, its number of steps plus its remainder. $N$ is a count and has no
-# gradient, but $R$ does, and it pushes the halting unit toward stopping sooner. The loss adds
-# the ponder cost, averaged over real positions, times a small weight $\tau$.
+# To learn when to stop, the loop needs a price for thinking. The *ponder cost* of a position
+# is $N + R$, its number of steps plus its remainder. $N$ is a count with no gradient, but $R$
+# has one, and it pushes the halting unit toward stopping sooner. The loss adds the ponder
+# cost, averaged over real positions, times a small weight $\tau$.
 
 # %% tags=["export"]
 from collections.abc import Callable
@@ -346,14 +345,13 @@ def universal_sort_run(
 
 # %% [markdown]
 # Three runs from seed 0, with the same data and budget (60 epochs of 20 batches of 64
-# sequences): the Universal Transformer with at most 4 steps and $\tau = 10^{-4}$; the same with
-# a hundred times the ponder weight, $\tau = 10^{-2}$; and chapter 13's Transformer, two
-# different layers in each stack, as the baseline. With $d_{model} = 64$ in all three, the
-# Universal Transformer has about half the baseline's parameters (one layer per stack
-# instead of two, plus the two halting units); at up to 4 steps it may spend up to twice the
-# baseline's compute per position, and spends less when its positions halt early.
-# `universal_sort_run` builds and trains each variant, and measures it on the held-out
-# sequences; the mean steps are read with teacher forcing, over the real positions.
+# sequences): the Universal Transformer with at most 4 steps and $\tau = 10^{-4}$; the same
+# with a hundred times the ponder weight; and chapter 13's Transformer, two different layers
+# in each stack. With $d_{model} = 64$ in all three, the Universal Transformer has about half
+# the Transformer's parameters (one layer per stack instead of two, plus two halting units);
+# at up to 4 steps it may spend up to twice the Transformer's compute per position, less when
+# its positions halt early. The mean steps are read with teacher forcing, over the real
+# positions.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -383,16 +381,13 @@ print("token accuracy: both Universal Transformers at least 90 %, the Transforme
       " as in every run of the sweep below; fewer steps with the larger ponder weight")
 
 # %% [markdown]
-# One run of each is a demonstration. Whether one shared layer does the work of two is a
-# comparison, and this one turns over from seed to seed and from CPU to CPU: the same seed-0
-# Universal Transformer that sorts 97 % of tokens with one CPU's kernels may sort 92 % with
-# another's. So the comparison rests on a sweep (`make seeds`, `tools/seeds.py`, described in
-# the appendix): every variant trained from three seeds, each with the CPU's own kernels and
-# with the set one level below, one thread per run, stored in
-# `book/data/seeds_universal_sort.json`. Beside the three runs above it has two baselines that
-# say what the adaptive depth itself contributes: the same model with halting switched off, so
-# that every position takes all 4 steps, and the shared layers applied once (one step, no
-# recurrence at all).
+# One run of each is a demonstration, and this comparison turns over from seed to seed and from
+# CPU to CPU: the seed-0 Universal Transformer sorts 97% of tokens under the AMD EPYC's own
+# kernels and 92% under the set one level below. So the comparison rests on a sweep
+# (`make seeds`, stored in `book/data/seeds_universal_sort.json`): every variant from three
+# seeds, each under the CPU's own kernels and the set one level below, with two more baselines
+# that isolate what adaptive depth contributes: halting switched off, so that every position
+# takes all 4 steps, and the shared layers applied once (no recurrence at all).
 
 # %%
 sweep = book_data("seeds_universal_sort.json")
@@ -425,30 +420,30 @@ print("the five means lie within 2 points and every range overlaps the Transform
       "run the larger ponder weight takes fewer steps, and the decoder more than the encoder")
 
 # %% [markdown]
-# The sweep does not support "one shared layer sorts better than two different ones", nor the
-# reverse. The five means lie within two points of each other and every range overlaps the
-# others: at this budget the seed and the CPU's kernels move a run by more than the choice of
-# model does. The most telling row is the one-step baseline: one shared layer per stack, applied
-# once, sorts as well as anything here, with half the Transformer's parameters and no recurrence.
-# Sorting ten digits needs no depth once attention has gathered the counts, so this task cannot
-# show what adaptive depth buys; a task that needs many steps of reasoning could (the Universal
-# Transformer's own paper used algorithmic tasks and bAbI). The 99.5 % token accuracy that the
-# graph tutorial reported for this task sits within the range of our runs, not as a bar that
-# every run clears.
+# The sweep finds no difference between one shared layer and two different ones, in either
+# direction: the five means lie within two points, every variant's range overlaps the
+# Transformer's, and paired with the Transformer run of the same seed and kernels each variant
+# wins some pairs and loses others. The seed and the CPU's kernels move a run more than the
+# choice of model does. The most telling row is the one-step baseline: one shared layer per
+# stack, applied once, does no worse than anything here. Sorting ten digits needs no depth once
+# attention has gathered the counts, so this task cannot show what adaptive depth buys; a task
+# that needs many steps of reasoning could (the Universal Transformer's own paper used
+# algorithmic tasks and bAbI). The 99.5 % token accuracy that the graph tutorial reported for
+# this task lies within the range of our runs.
 #
-# What does hold in every one of the six pairs of runs is how ACT spends its steps. The larger
-# ponder weight takes fewer steps, in the encoder and in the decoder. And the decoder ponders
-# more than the encoder: with $\tau = 10^{-4}$ the encoder's positions stop after one or two steps
-# (1.55 on average over the six runs) while the decoder's take about three of their four (3.05). The decoder's halting unit does learn, as
-# the larger weight shows (it brings the decoder down to under two steps without a measurable
-# loss of accuracy), but a price of $10^{-4}$ per step is too small against the token loss to
-# push it further: a decoder position must predict the next digit from a prefix and the memory,
-# and extra steps there cost almost nothing in the loss.
+# What holds in every one of the six pairs of runs is how ACT spends its steps. The larger
+# ponder weight takes fewer steps, in both stacks, and the decoder ponders more than the
+# encoder: with $\tau = 10^{-4}$ the encoder's positions stop after one or two steps on
+# average, the decoder's take about three of their four. The decoder's halting unit does
+# learn, as the larger weight shows (it brings the decoder under two steps with no measurable
+# loss of accuracy), but a price of $10^{-4}$ per step is small against the token loss, and a
+# decoder position, which must predict the next digit, loses almost nothing by taking extra
+# steps.
 #
 # ## How many steps each position takes
 #
 # The steps of the encoder's positions for a few test sequences, as the seed-0 model with the
-# small ponder weight leaves them after decoding:
+# small ponder weight leaves them:
 
 # %% tags=["export", "hide-cell"]
 from typing import Any
@@ -487,8 +482,8 @@ print("encoder steps of the first test sequence:", [c["steps"] for c in cells if
 steps_chart(cells)
 
 # %% [markdown]
-# And how the mean number of steps moved during training, in the encoder and the decoder, on
-# 200 test sequences read with teacher forcing:
+# And how the mean number of steps moved during training, in each stack, on 200 test sequences
+# read with teacher forcing:
 
 # %% tags=["chart-rows-vary"]
 rows = [dict(r, run=name) for name, run in runs.items() for r in run["history"]]
@@ -496,17 +491,17 @@ line_chart(rows, x="epoch:Q", y="mean steps:Q", color="run:N", column="stack:N",
            title="Mean ACT steps per position during training", width=260, height=200)
 
 # %% [markdown]
-# ACT's halting unit learns quickly to stop most positions early: the ponder cost rewards
-# every step saved, and sorting ten digits does not need much depth once attention has
-# gathered the counts. How far each run went is in the chart above and differs from machine to
-# machine; what holds across runs is the direction, fewer steps for a larger ponder weight.
+# Look for the direction, which every run of the sweep shares: the larger ponder weight ends
+# with fewer steps in both stacks. How fast and how far each curve falls differs from machine
+# to machine.
 #
 # ## What we have
 #
 # `AdaptiveComputationTime` applies a shared layer to each position until its halting
 # probabilities reach 1, with remainders, a weighted output, frozen halted positions and a
 # ponder cost; `UniversalTransformer` puts one encoder and one decoder layer of chapter 2 in
-# such loops behind the `EncoderDecoder` interface. On the sort task it does as well as
-# chapter 13's model with half the parameters, and so does a single shared layer applied once:
-# the task is too shallow to show what adaptive depth buys, while it does show ACT's halting
-# units answering their price, in every run of the sweep. The conclusion, next, looks back over the whole book.
+# such loops behind the `EncoderDecoder` interface. On the sort task the sweep finds no
+# difference in token accuracy between it, chapter 13's Transformer with about twice its
+# parameters, and one shared layer applied once: the task is too shallow to show what adaptive
+# depth buys, but it shows ACT's halting units answering their price in every run. The
+# conclusion, next, looks back over the whole book.

@@ -361,7 +361,7 @@ def length_histogram(pairs: Sequence[tuple[Sequence[str], Sequence[str]]], *, ti
 # (`multi30k_cpu`), chapter 18's subword model (`multi30k_cpu_subword`) and chapter 21's
 # half-hour subword model (`multi30k_cpu_fast_dropout`). `export_for_shipping`
 # makes such a folder from a training checkpoint. It keeps the weights in half precision, which
-# halves the file and changes few if any translations (chapter 22 measures it on a small model),
+# halves the file and changes few if any translations ({doc}`appendix_distributed` measures it on a small model),
 # stores tied weights once, and writes an `info.json` with the configuration, the variant
 # (pre-norm or post-norm, read from the weights), the command, the training time, the hardware
 # and the history of the run. `load_trained_model` converts the weights back to float32 and
@@ -558,7 +558,7 @@ def load_trained_model(
     return model.to(device).eval(), vocab_src, vocab_tgt, config
 
 # %% [markdown]
-# Both shipped models, every file checked against its checksum:
+# The three shipped models, every file checked against its checksum:
 
 # %%
 import json

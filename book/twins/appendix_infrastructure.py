@@ -24,13 +24,18 @@ if "google.colab" in sys.modules:
 from the_annotated_transformer import (
     BOOK_REPOSITORY,
     BOOK_REPOSITORY_REF,
+    Batch,
+    Embeddings,
+    LabelSmoothing,
     TokenBudgetSampler,
     TrainConfig,
+    attention,
     beam_search,
     evaluate,
     greedy_decode,
     make_model,
     multi30k_loader,
+    rate,
     read_vocabularies,
     run_groups,
     subsequent_mask,
@@ -60,8 +65,8 @@ from the_annotated_transformer import (
 # data functions know two word vocabularies; chapter 17 grows them for one joint subword
 # vocabulary: two fields and the `cpu_subword` preset, a `subwords` option of
 # `read_vocabularies`, and a sentencepiece branch inside `multi30k_vocabularies`,
-# `encode_examples`, `encode_text` and `decode_text`, whose signatures do not change; chapter 21
-# grows `TrainConfig` and the presets again, by `fast`, `decay`, `cpu_bf16`, `paper_dropout`
+# `encode_examples`, `encode_text` and `decode_text`, whose signatures do not change; chapter 21's
+# recipe grows `TrainConfig` and the presets again ({doc}`appendix_performance` defines it), by `fast`, `decay`, `cpu_bf16`, `paper_dropout`
 # and the `cpu_fast` and `cpu_fast_dropout` presets. The
 # module's signatures, each parameter (or field) with the chapter that brought it:
 
@@ -370,6 +375,191 @@ try:
     line_chart([{"epoch": 1, "loss": 2.0}], x="epoch:Q", y="los:Q", title="a typo")
 except ValueError as err:
     print(err)
+
+# %% [markdown]
+# ## Part I's charts
+#
+# Chapter 3 draws how scaling keeps the softmax soft (`scaling_chart`) and one map of attention
+# weights (`weights_heatmap`); chapter 4 draws the table of positional encodings
+# (`encoding_heatmap`). Each chapter shows one call; the altair code is here.
+
+# %% tags=["export"]
+import math
+from typing import Any
+
+import torch
+
+
+def scaling_chart(scaling: Any, *, n_keys: int) -> Any:
+    """Spread of the scores, largest weight and entropy against d_k, scaled and unscaled."""
+    import altair as alt
+
+    log2 = alt.Scale(type="log", base=2)
+    common = alt.Chart(scaling).encode(
+        x=alt.X("d_k:Q", scale=log2, axis=alt.Axis(values=[1, 8, 64, 512])),
+        color=alt.Color("scores:N", title=None, legend=alt.Legend(orient="bottom")),
+        tooltip=["d_k", "scores", "std of scores", "mean max weight", "mean entropy (nats)"],
+    )
+    lines = common.mark_line(point=True).properties(width=150, height=160)
+    spread = lines.encode(y=alt.Y("std of scores:Q", scale=alt.Scale(type="log")))
+    peak = lines.encode(y=alt.Y("mean max weight:Q", scale=alt.Scale(domain=[0, 1])))
+    entropy = lines.encode(
+        y=alt.Y("mean entropy (nats):Q", scale=alt.Scale(domain=[0, math.log(n_keys)]))
+    )
+    return (spread.properties(title="spread of the scores")
+            | peak.properties(title="largest softmax weight")
+            | entropy.properties(title="entropy of the weights"))
+
+
+def weights_heatmap(weights: torch.Tensor, *, title: str) -> Any:
+    """One map of attention weights (n_q, n_k): a cell per query and key, darker for more."""
+    import altair as alt
+
+    if weights.dim() != 2:
+        raise ValueError(f"weights must be (n_q, n_k), got shape {tuple(weights.shape)}")
+    cells = [{"query": i, "key": j, "weight": round(w, 3)}
+             for i, row in enumerate(weights.tolist()) for j, w in enumerate(row)]
+    return alt.Chart(alt.Data(values=cells)).mark_rect().encode(
+        x="key:O", y="query:O", color=alt.Color("weight:Q", scale=alt.Scale(scheme="blues")),
+        tooltip=["query:O", "key:O", "weight:Q"],
+    ).properties(width=220, height=220, title=title)
+
+
+def encoding_heatmap(pe: torch.Tensor, *, title: str) -> Any:
+    """A positional encoding table (positions, d_model) as a grid, red below 0, blue above."""
+    import altair as alt
+
+    cells = [{"position": pos, "dimension": dim, "value": round(value, 2)}
+             for pos, row in enumerate(pe.tolist()) for dim, value in enumerate(row)]
+    ticks = [alt.Axis(values=list(range(0, size, 8))) for size in pe.shape]  # every 8th label
+    return alt.Chart(alt.Data(values=cells)).mark_rect().encode(
+        x=alt.X("dimension:O", axis=ticks[1]), y=alt.Y("position:O", axis=ticks[0]),
+        color=alt.Color("value:Q", scale=alt.Scale(scheme="redblue", domain=[-1, 1])),
+        tooltip=["position:O", "dimension:O", "value:Q"],
+    ).properties(width=384, height=240, title=title)
+
+
+# %% [markdown]
+# (checking-inputs)=
+# ## Checking inputs
+#
+# A wrong argument fails far from its cause: a mask of the wrong shape broadcasts into scores it
+# was not meant for, an id past the vocabulary raises a bare `IndexError` inside `nn.Embedding`.
+# So the functions that a reader calls with tensors of their own check them first and raise a
+# `TypeError` or `ValueError` of one line that names the argument and what it should be. The
+# checks are plumbing, not the idea, so they live here and each function in the chapters makes
+# one call: `subsequent_mask` (chapter 2) calls `check_positive_int`, `attention` (chapter 3)
+# `_check_mask`, `Embeddings` (chapter 4) `check_token_ids`, `Batch` (chapter 7) `check_batch`,
+# `rate` (chapter 10) `check_schedule`, and `LabelSmoothing` (chapter 11) `check_smoothing`
+# when it is built and `check_log_probs` when it is called.
+
+# %% tags=["export"]
+from typing import Any
+
+import torch
+
+
+def check_positive_int(value: int, name: str, meaning: str) -> None:
+    """Raise TypeError unless `value` is an int, ValueError unless it is at least 1."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{name} must be an int ({meaning}), got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1 ({meaning}), got {value}")
+
+
+def _check_mask(mask: torch.Tensor, scores: torch.Tensor) -> None:
+    """Raise ValueError unless `mask` broadcasts to the scores without enlarging them."""
+    try:
+        fits = torch.broadcast_shapes(mask.shape, scores.shape) == scores.shape
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to the "
+                         f"attention scores of shape {tuple(scores.shape)} (batch, h, n_q, n_k)")
+
+
+def check_token_ids(x: torch.Tensor, vocab: int) -> None:
+    """Raise TypeError for ids that are not integers, ValueError for one outside [0, vocab)."""
+    if x.is_floating_point() or x.is_complex():
+        raise TypeError(f"token ids must be an integer tensor, got dtype {x.dtype}")
+    if x.numel() and (x.min() < 0 or x.max() >= vocab):
+        bad = x[(x < 0) | (x >= vocab)][0].item()
+        raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab})")
+
+
+def is_id_matrix(x: Any) -> bool:
+    """Whether `x` is a (batch, n) tensor of integer token ids."""
+    return isinstance(x, torch.Tensor) and x.dim() == 2 and not x.is_floating_point()
+
+
+def check_batch(src: torch.Tensor, tgt: torch.Tensor | None) -> None:
+    """Raise unless src is (batch, n_src) ids and tgt, if given, (batch, n_tgt >= 2) ids."""
+    if not is_id_matrix(src):
+        raise TypeError("src must be an integer tensor of shape (batch, n_src)")
+    if tgt is None:
+        return
+    if not is_id_matrix(tgt):
+        raise TypeError("tgt must be an integer tensor of shape (batch, n_tgt)")
+    if tgt.size(0) != src.size(0) or tgt.size(1) < 2:
+        raise ValueError(f"tgt must have shape ({src.size(0)}, n_tgt) with n_tgt >= 2, "
+                         f"got {tuple(tgt.shape)}")
+
+
+def check_schedule(step: int, model_size: int, warmup: int) -> None:
+    """Raise ValueError for a negative step, or a model size or warm-up that is not positive."""
+    if step < 0:
+        raise ValueError(f"step={step} must be >= 0")
+    if model_size <= 0:
+        raise ValueError(f"model_size={model_size} must be a positive d_model")
+    if warmup <= 0:
+        raise ValueError(f"warmup={warmup} must be a positive number of steps")
+
+
+def check_smoothing(size: int, padding_idx: int, smoothing: float) -> None:
+    """Raise ValueError unless the vocabulary, padding id and smoothing make a target."""
+    if size < 3:
+        raise ValueError(f"size={size} must be >= 3: the true token, padding and another")
+    if not 0 <= padding_idx < size:
+        raise ValueError(f"padding_idx={padding_idx} must be in [0, size={size})")
+    if not 0.0 <= smoothing < 1.0:
+        raise ValueError(f"smoothing={smoothing} must be in [0, 1)")
+
+
+def check_log_probs(x: torch.Tensor, target: torch.Tensor, size: int) -> None:
+    """Raise ValueError unless x is (rows, size) and target (rows,)."""
+    if x.dim() != 2 or x.size(1) != size:
+        raise ValueError(f"x must be log-probabilities of shape (rows, {size}), "
+                         f"got {tuple(x.shape)}")
+    if target.shape != x.shape[:1]:
+        raise ValueError(f"target must have shape ({x.size(0)},), got {tuple(target.shape)}")
+
+
+# %% [markdown]
+# What each check says, for one bad argument of each function:
+
+# %%
+ids = torch.tensor([[4, 5, 6]])  # (batch, n)
+bad_calls = {
+    "subsequent_mask(0)": lambda: subsequent_mask(0),
+    "subsequent_mask(2.5)": lambda: subsequent_mask(2.5),
+    "attention, mask for 4 keys of 3": lambda: attention(
+        torch.zeros(1, 3, 2), torch.zeros(1, 3, 2), torch.zeros(1, 3, 2),
+        mask=torch.ones(1, 1, 4, dtype=torch.bool)),
+    "Embeddings(8, vocab=5)": lambda: Embeddings(d_model=8, vocab=5)(ids),
+    "Batch(float src)": lambda: Batch(ids.float()),
+    "Batch(tgt of one token)": lambda: Batch(ids, ids[:, :1]),
+    "rate(step=-1)": lambda: rate(-1, model_size=512, factor=1.0, warmup=4000),
+    "LabelSmoothing(smoothing=1)": lambda: LabelSmoothing(6, padding_idx=2, smoothing=1.0),
+    "LabelSmoothing(x of 5 columns)": lambda: LabelSmoothing(6, padding_idx=2)(
+        torch.zeros(3, 5), torch.zeros(3, dtype=torch.long)),
+}
+for call, bad in bad_calls.items():
+    try:
+        bad()
+    except (TypeError, ValueError) as error:
+        print(f"{call}: {type(error).__name__}: {error}")
+    else:
+        raise AssertionError(f"{call} was accepted")
 
 # %% [markdown]
 # ## Attention maps and their charts

@@ -8,14 +8,11 @@
 # {cite}`paszke2019pytorch`, one section of the paper at a time, and checks every piece as it
 # goes.
 #
-# The book follows the tradition of *The Annotated Transformer* {cite}`rush2018annotated`,
-# later revised by {cite:t}`huang2022annotated`: the paper's argument and a working
-# implementation side by side. Its code keeps the classic version's API on purpose: the public
-# names and the structure of the model (`make_model`, `EncoderDecoder`, `MultiHeadedAttention`,
-# `Batch`, `run_epoch` and the rest) follow the Harvard NLP code (MIT licence), so that readers
-# who know it find their way. The text and the code inside that structure are written anew: the
-# code runs on today's PyTorch, the numbers in the text were measured by the cells that print
-# them, and a test suite checks both the code and the chapters.
+# Like *The Annotated Transformer* {cite}`rush2018annotated,huang2022annotated`, it sets the
+# paper's argument beside a working implementation, and it keeps that code's public names
+# (`make_model`, `EncoderDecoder`, `MultiHeadedAttention`, `Batch`, `run_epoch`...) for readers
+# who know it. The text and the code are written anew, for today's
+# PyTorch, and every number in the text was measured by the cell that prints it.
 
 # %% tags=["setup", "hide-cell"]
 # Setup (hidden in the book). In Google Colab, install the book's package: it brings the
@@ -38,45 +35,26 @@ enable_book_charts()
 # %% [markdown]
 # ## What the book covers
 #
-# The chapters follow the paper.
-#
-# * **Part I, the model** (the paper's sections 1 to 4): the encoder and decoder stacks,
-#   scaled dot-product and multi-head attention, the feed-forward layers, embeddings and
-#   positional encodings, the assembled model, and why self-attention beats recurrence and
-#   convolution on the measures that matter for long sequences.
-# * **Part II, training** (section 5): batches and masks, the training loop, batching by token
-#   count, the learning-rate schedule and optimizer, dropout and label smoothing, and two small
-#   tasks (copying and sorting) that a CPU learns in minutes, each checked over ten runs (five
-#   seeds, two kernel sets).
+# * **Part I, the model** (§1–4): attention, the encoder and decoder
+#   stacks, embeddings and positions, and why self-attention beats recurrence.
+# * **Part II, training** (§5): batches, masks, the training loop, the schedule and
+#   regularization, and two small tasks, copying and sorting, that a CPU learns in minutes.
 # * **Part III, a real-world example**: German-to-English translation on Multi30k
-#   {cite}`elliott2016multi30k`, trained on a CPU or on one or many GPUs, with checkpoints that
-#   survive interruptions, and scored with sacreBLEU {cite}`post2018call`; then the three things
-#   the paper did to get more out of a trained model: beam search with a length penalty,
-#   averaging the last checkpoints, and subword vocabularies; all of them together in the
-#   paper's own recipe, with a table of results (section 6.1) whose differences are tested for
-#   significance, with tying and averaging measured apart, and whose failures are counted; a miniature of the paper's table of model
-#   variations; English constituency parsing with the same model (section 6.3), against two
-#   baselines; and
-#   how to make the model fast, measured: a key/value cache for decoding, fused attention and
-#   layer norm, packed projections, bfloat16 on CPUs that have it, a benchmark run on a CPU
-#   and on one GPU, a roofline that bounds what float32 decoding can gain on a CPU, then what
-#   half an hour of training on two CPU cores reaches (on the faster of two CPUs, the level of
-#   the 80-minute model, over two seeds; one of them is what `make translate` uses); and the
-#   training program itself, on one process or many devices (the gradients averaged
-#   over all devices' tokens, each process its own share of the batches), with
-#   checkpoints inside an epoch and what to do when a machine dies.
-# * **Part IV, beyond the paper**: the Transformer seen as a graph, run whole on packed
-#   sentences and with a sparse attention pattern; what the trained translation model attends
-#   to, layer by layer and head by head; what came after (encoder-only and decoder-only
-#   models, with a small language model trained with today's recipe, sampled with a cache and
-#   top-p, and rotary positions measured over seeds); and the
-#   Universal Transformer, whose depth adapts to each position.
-# * **Conclusion** (section 7): what the book built, what it measured next to the paper, and
-#   what a CPU could not reproduce.
+#   {cite}`elliott2016multi30k`, scored with sacreBLEU {cite}`post2018call` and improved as the
+#   paper did it; the paper's model variations and parser in miniature; speed, and training on
+#   many devices.
+# * **Part IV, beyond the paper**: the Transformer as a graph, what a trained model attends to,
+#   the language models that came after, and the Universal Transformer.
+# * **Conclusion** (§7): what we measured beside the paper.
 #
-# The whole model fits in one equation per idea. The one the paper is named after is
-# scaled dot-product attention: queries $Q$ are compared with keys $K$, and the scores weigh
-# the values $V$,
+# **In one sitting**, about two hours: chapters {doc}`1 <01_background>` to
+# {doc}`5 <05_full_model>` build the model, {doc}`7 <07_batches_and_masking>`,
+# {doc}`8 <08_training_loop>` and {doc}`10 <10_schedule_and_optimizer>` train it,
+# {doc}`12 <12_copy_task>` watches it learn, and {doc}`14 <14_multi30k_training>` translates
+# with the model the book ships. Every other chapter deepens one step of that path.
+#
+# The equation the paper is named after is scaled dot-product attention: queries $Q$ are
+# compared with keys $K$, and the scores weigh the values $V$,
 #
 # $$
 # \mathrm{Attention}(Q, K, V) = \mathrm{softmax}\!\left(\frac{Q K^\top}{\sqrt{d_k}}\right) V .
@@ -87,38 +65,28 @@ enable_book_charts()
 # %% [markdown]
 # ## How to read it
 #
-# Each chapter is a Jupyter notebook. Read it here, with its outputs as they came out when we
-# ran it, or run it yourself:
+# Each chapter is a Jupyter notebook, shown with its outputs; the rocket button at the top of a
+# page opens it in Google Colab, where it runs on its own. On your machine, `make book` builds
+# this book and `make test` runs every chapter and test. A CPU is enough: every model in the
+# book was trained on CPUs. The code also runs on CUDA GPUs and across several processes
+# (chapter 22).
 #
-# * **In Colab.** The rocket button at the top of each page opens the chapter in Google Colab.
-#   Its first cell (hidden here, under "Show code cell source") installs this book's package and
-#   imports what earlier chapters built, so any chapter runs on its own.
-# * **On your machine.** Clone the repository and type `make book` to build this book into
-#   `_build/html`, or `make test` to run every chapter and every test. Both set up a Python
-#   environment in `.venv` first. A CPU is enough for Parts I and II.
-#
-# Every definition the book makes is written once, in the chapter that explains it, in a cell
-# tagged `export`. `make sync` collects those cells, in reading order, into a single module,
-# `the_annotated_transformer.py`, which later chapters and the tests import by name:
+# Every definition is written once, in the chapter that explains it, in a cell tagged `export`;
+# `make sync` collects those cells into one module, `the_annotated_transformer.py`, which later
+# chapters and the tests import by name:
 #
 # ```python
 # from the_annotated_transformer import make_model, subsequent_mask
 # ```
 #
 # A test fails when the module no longer matches the chapters, so the code you read is the
-# code that runs.
-#
-# What is not about the Transformer (how the charts are stored so that they draw in the built
-# book, in JupyterLab, VS Code and Colab, the chart helpers that several chapters share, and
-# the code that downloads files and checks their checksums) is kept out of the chapters' way,
-# in the appendix {doc}`appendix_infrastructure`.
+# code that runs. What is not about the Transformer lives in the appendix
+# {doc}`appendix_infrastructure`.
 
 # %% [markdown]
-# Here is a first chart: the BLEU scores that the paper reports for English-to-German
-# translation on newstest2014 (its Table 2), the Transformer next to the best models of the
-# time, and what each cost to train, in the floating-point operations that the paper estimates
-# (it gives none for ByteNet). Like every chart in the book, it is one call to a helper; the
-# helper's code is in the hidden cell above the chart.
+# A first chart: the paper's English-to-German BLEU scores on newstest2014 (its Table 2), and
+# what each model cost to train, in floating-point operations.
+# Like every chart in the book, it is one call to a helper (in the hidden cell above).
 
 # %% tags=["export", "hide-cell"]
 from collections.abc import Sequence
@@ -160,22 +128,15 @@ table_2 = [
 paper_results_chart(table_2)
 
 # %% [markdown]
-# The models behind the other bars are ByteNet {cite}`kalchbrenner2016neural`, Google's neural
-# translation system {cite}`wu2016google`, convolutional sequence-to-sequence learning
+# The other bars are ByteNet {cite}`kalchbrenner2016neural`, Google's neural translation
+# system {cite}`wu2016google`, convolutional sequence-to-sequence learning
 # {cite}`gehring2017convolutional` and a mixture of experts {cite}`shazeer2017outrageously`.
-# The base Transformer beat them all after twelve hours on eight GPUs, at about a third of the
-# training cost of the cheapest of them (ConvS2S) and a seventh of the dearest (GNMT + RL); the
-# big one scored higher still at the cost of GNMT + RL. In Part III we train a smaller one on a
-# smaller task and measure what it reaches.
+# The base Transformer beat them all at about a third of the training cost of the cheapest.
 #
 # ## Credits
 #
-# The model and every idea in Parts I and II are from {cite:t}`vaswani2017attention`. The idea
+# The model and every idea in Parts I and II are from {cite:t}`vaswani2017attention`; the idea
 # of annotating the paper with running code is Alexander Rush's {cite}`rush2018annotated`; the
-# 2022 revision {cite}`huang2022annotated` brought it up to date with the PyTorch of its day. The
-# copy and sort tasks and the picture of the Transformer as a graph come from the Deep Graph
-# Library's tutorial {cite}`wang2019dgl`. Where this book departs from the classic version, to
-# fix a bug or to follow current practice, a note says so and why.
-#
-# The next chapter starts where the paper starts: with the problem the Transformer was built to
-# solve.
+# copy and sort tasks and the Transformer drawn as a graph come from the Deep Graph Library's
+# tutorial {cite}`wang2019dgl`. Where this book departs from the classic version, a note says
+# so and why.
