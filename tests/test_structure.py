@@ -113,18 +113,18 @@ def test_every_chart_is_stored_as_a_vega_lite_bundle_that_notebooks_draw(path):
 
 
 @pytest.mark.parametrize("path", chapters(), ids=lambda p: p.stem)
-def test_nbval_markers_stand_alone_on_their_line_with_a_reason_below(path):
-    """nbval obeys `# NBVAL_IGNORE_OUTPUT` only when nothing else is on the line: a marker with
-    text after it is silently ignored. The reason goes on the next comment line."""
+def test_nbval_is_steered_by_cell_tags_each_with_its_reason(path):
+    """A cell whose output nbval must not compare carries nbval's tag (`nbval-ignore-output`),
+    not a `# NBVAL_...` comment in code the reader studies; its `nbval_reason` metadata says why
+    (the twin shows it)."""
     nb = nbformat.read(path, as_version=4)
     for i, cell in enumerate(nb.cells):
-        lines = [line.strip() for line in cell.source.splitlines()]
-        for j, line in enumerate(lines):
-            if "NBVAL_" in line:
-                assert line in {"# NBVAL_IGNORE_OUTPUT", "# NBVAL_RAISES_EXCEPTION",
-                                "# NBVAL_SKIP"}, f"cell {i}: {line!r} is not a marker nbval obeys"
-                reason = lines[j + 1] if j + 1 < len(lines) else ""
-                assert reason.startswith("# "), f"cell {i}: say why below {line!r}"
+        assert "NBVAL_" not in cell.source, f"cell {i}: use the nbval tag, not a comment marker"
+        marked = [t for t in tags(cell) if t.startswith("nbval-")]
+        assert set(marked) <= {"nbval-ignore-output", "nbval-raises-exception", "nbval-skip"}, (
+            f"cell {i}: {marked} is not a tag nbval obeys")
+        if marked:
+            assert cell.metadata.get("nbval_reason", "").strip(), f"cell {i}: say why {marked}"
 
 
 @pytest.mark.parametrize("path", chapters(), ids=lambda p: p.stem)
@@ -313,7 +313,6 @@ def part_chapters(*parts: str) -> list[Path]:
 
 
 EXERCISE_ITEM = re.compile(r"^\d+\. \*\*", re.MULTILINE)  # "1. **Title.** ..."
-SKIPS = ("NBVAL_SKIP", "NBVAL_RAISES_EXCEPTION")
 
 
 @pytest.mark.parametrize("path", part_chapters("Part I", "Part II"), ids=lambda p: p.stem)
@@ -336,7 +335,7 @@ def test_part_one_and_two_chapters_end_with_exercises_whose_checks_nbval_runs(pa
     assert solutions, "no hidden solution cell (tagged hide-cell)"
     assert checks, "no cell that checks an answer with assert"
     for cell in code:
-        assert not any(skip in cell.source for skip in SKIPS), "nbval would not run a check"
-        assert not {"skip-execution", "raises-exception"} & set(tags(cell))
+        assert not {"skip-execution", "raises-exception", "nbval-skip",
+                    "nbval-raises-exception"} & set(tags(cell)), "nbval would not run a check"
         assert cell.execution_count is not None, "an exercise cell was not executed"
         assert [o for o in cell.outputs if o.output_type == "error"] == []

@@ -531,7 +531,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, few repeats")
     parser.add_argument("--decoding-only", action="store_true",
-                        help="only the ceilings and the decoding rows (the performance appendix's roofline), "
+                        help="only the ceilings and the decoding rows (the performance appendix's "
+                             "roofline), "
                              "without the training and batching rows, which take most of the "
                              "time on a CPU without bfloat16 units")
     parser.add_argument("--repeats", type=int, help="timed repeats per row (default 3; quick 2)")

@@ -145,6 +145,8 @@ def refreshed(nb: nbformat.NotebookNode, url: str, ref: str) -> nbformat.Noteboo
             block = COLAB_TEMPLATE.format(url=url, ref=ref)
             cell.source = COLAB_BLOCK.sub(lambda _, b=block: b, cell.source, count=1).rstrip()
     nb.metadata.setdefault("jupytext", {})["formats"] = PAIRING
+    # the twin shows why a cell's output is not compared (the `nbval_reason` of an nbval tag)
+    nb.metadata["jupytext"]["cell_metadata_filter"] = "nbval_reason"
     return nb
 
 
@@ -156,15 +158,19 @@ def twin_text(nb: nbformat.NotebookNode) -> str:
     return jupytext.writes(nb, fmt=TWIN_FORMAT)
 
 
-def expected_files() -> dict[Path, str]:
-    """Every file that sync owns, with the text it should have."""
+def expected_files(read: dict[Path, str] | None = None) -> dict[Path, str]:
+    """Every file that sync owns, with the text it should have. `read` receives each notebook's
+    text as it was read, so that a notebook saved again meanwhile is not overwritten."""
     url, ref = repository()
     missing = [p.name for p in chapters() if not p.exists()]
     if missing:  # a chapter being written; tests/test_structure.py fails on it
         print("skipping chapters that do not exist yet: " + ", ".join(missing), file=sys.stderr)
-    notebooks = {
-        p: refreshed(nbformat.read(p, as_version=4), url, ref) for p in chapters() if p.exists()
-    }
+    read = {} if read is None else read
+    for p in chapters():
+        if p.exists():
+            read[p] = p.read_text()
+    notebooks = {p: refreshed(nbformat.reads(text, as_version=4), url, ref)
+                 for p, text in read.items()}
     files = {MODULE: module_text(notebooks)}
     for path, nb in notebooks.items():
         files[path] = nbformat.writes(nb) + "\n"
@@ -176,12 +182,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail if any file is out of date")
     args = parser.parse_args()
-    stale = []
-    for path, text in expected_files().items():
+    stale, read = [], {}
+    for path, text in expected_files(read).items():
         if path.exists() and path.read_text() == text:
             continue
         stale.append(path.relative_to(ROOT).as_posix())
         if not args.check:
+            if path in read and path.read_text() != read[path]:
+                sys.exit(f"{path.name} was saved while sync ran: run `make sync` again")
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
     if args.check and stale:

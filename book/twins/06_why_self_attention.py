@@ -164,9 +164,7 @@ for n in (16, 64, 256):
 # Speed also depends on the hardware. The next cell times a forward pass of each layer
 # ($d = 256$, 4 heads, a batch of 4) on one CPU thread, the fastest of 7 calls.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
-# (wall-clock timings: they vary from run to run and from machine to machine)
+# %% nbval_reason="wall-clock timings: they vary from run to run and from machine to machine" tags=["nbval-ignore-output"]
 import timeit
 from functools import partial
 

@@ -289,9 +289,7 @@ print(f"size of the classic step relative to the right one: "
 # micro-batches accumulated two at a time, with Adam {cite}`kingma2015adam` at a constant learning
 # rate and one `TrainState` carried from epoch to epoch.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
-# (training losses: their digits differ with another CPU's float kernels; the asserts check)
+# %% nbval_reason="training losses: their digits differ with another CPU's float kernels; the asserts check" tags=["nbval-ignore-output"]
 torch.manual_seed(0)
 src, tgt = random_pairs(64, torch.Generator().manual_seed(1))
 batches = [Batch(src[i : i + 8], tgt[i : i + 8]) for i in range(0, 64, 8)]

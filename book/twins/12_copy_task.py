@@ -234,9 +234,7 @@ print(f"exact copies before training: {exact_matches(model, valid_batch)}/{len(v
 # nearly all of the validation set copied, and almost as much of the test set, which played no
 # part in choosing the weights.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
-# (training losses and counts differ in their last digits between machines)
+# %% nbval_reason="training losses and counts differ in their last digits between machines" tags=["nbval-ignore-output"]
 import time
 
 torch.set_num_threads(1)  # tiny matrices: a second thread costs more than it saves
@@ -282,9 +280,7 @@ print("at least 98 of 100 validation and 95 of 100 test sequences copied exactly
 # Greedy decoding of the first five test sequences. Each output starts with `<s>` (0), and a row
 # that has finished is filled with `</s>` (1) while the longest one finishes.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
-# (the decodings of this machine's trained model; another machine's may miss a sequence)
+# %% nbval_reason="the decodings of this machine's trained model; another machine's may miss a sequence" tags=["nbval-ignore-output"]
 digits = {0: "<s>", 1: "</s>", 2: "_"} | {i: str(i - 3) for i in range(3, V)}
 sample = seq2seq_batch(test_src[:5], test_src[:5])
 model.eval()
@@ -317,9 +313,7 @@ for number, m in enumerate(copy_maps, start=1):
     copy_records += attention_records(m, min_weight=0.01, sequence=number)
 print("decoder-to-source maps (N, h, n_tgt, n_src):", [tuple(m.cross.shape) for m in copy_maps])
 
-# %%
-# NBVAL_IGNORE_OUTPUT
-# (the chart embeds trained weights, whose last digits vary with the CPU.)
+# %% nbval_reason="the chart embeds trained weights, whose last digits vary with the CPU." tags=["nbval-ignore-output"]
 attention_chart(copy_records, controls=("sequence", "kind", "layer", "head"),
                 initial={"kind": "cross"}, width=260, height=260)
 
@@ -329,9 +323,7 @@ attention_chart(copy_records, controls=("sequence", "kind", "layer", "head"),
 # strongest key is exactly that position, for each layer and head of the decoder-to-source
 # attention:
 
-# %%
-# NBVAL_IGNORE_OUTPUT
-# (shares of trained weights; their last digit can vary with the CPU.)
+# %% nbval_reason="shares of trained weights; their last digit can vary with the CPU." tags=["nbval-ignore-output"]
 decoder_input = test_batch.tgt.masked_fill(test_batch.tgt == EOS_ID, PAD_ID)  # no </s>
 test_maps = attention_maps(model, test_batch.src, decoder_input)
 hits = torch.zeros(2, 4)  # (N, h): queries whose strongest key is the symbol they copy

@@ -111,9 +111,7 @@ print(f"held out: {len(held_out)} distinct sequences, "
 # measurements; we stop at 99 % or after 40 epochs, and only then measure the test set. The cell
 # after training asserts bounds.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
-# (training losses and accuracies differ in their last digits between machines)
+# %% nbval_reason="training losses and accuracies differ in their last digits between machines" tags=["nbval-ignore-output"]
 torch.set_num_threads(1)  # tiny matrices: a second thread costs more than it saves
 d_model = 64
 torch.manual_seed(0)
@@ -160,9 +158,7 @@ print("at least 90 % of the validation and of the 1,000 test sequences sorted ex
 # The counts below are one run's, a demonstration, not a finding: which few sequences a model
 # misses changes with its seed and the last bits of its training.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
-# (which few sequences a trained model misses differs between machines)
+# %% nbval_reason="which few sequences a trained model misses differs between machines" tags=["nbval-ignore-output"]
 lengths = (test_src != PAD_ID).sum(dim=1)
 for n in range(4, 11):
     rows = lengths == n
@@ -178,9 +174,7 @@ for n in range(4, 11):
 # in the source holds exactly the digit that comes next (chapter 12's `attention_maps`), and the
 # share that picking a source position at random would score:
 
-# %%
-# NBVAL_IGNORE_OUTPUT
-# (shares of trained weights; their last digit can vary with the CPU.)
+# %% nbval_reason="shares of trained weights; their last digit can vary with the CPU." tags=["nbval-ignore-output"]
 decoder_input = test_batch.tgt.masked_fill(test_batch.tgt == EOS_ID, PAD_ID)  # no </s>
 test_maps = attention_maps(model, test_batch.src, decoder_input)
 hits = torch.zeros(2, 4)  # (N, h): queries whose strongest key holds the digit to write next

@@ -747,9 +747,7 @@ def evaluate(
 # over the 400 training pairs above, two micro-batches per optimizer step, and its loss on 200
 # validation pairs must fall. With a vocabulary from 400 sentences it is no translator yet.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
-# (the losses differ in their last digits with another CPU's float kernels; the asserts check)
+# %% nbval_reason="the losses differ in their last digits with another CPU's float kernels; the asserts check" tags=["nbval-ignore-output"]
 import math
 
 torch.manual_seed(0)

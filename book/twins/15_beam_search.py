@@ -704,9 +704,7 @@ print("sacreBLEU signature:", signature)
 # The decoding times of the runs above, on one thread (wall-clock times vary from run to run, so
 # nbval does not compare this cell's output):
 
-# %%
-# NBVAL_IGNORE_OUTPUT
-# (wall-clock times: they vary from run to run and from machine to machine)
+# %% nbval_reason="wall-clock times: they vary from run to run and from machine to machine" tags=["nbval-ignore-output"]
 print(f"val[:{n_subset}], greedy (translate_batch): {greedy_val_s:.1f} s")
 for (k, alpha), s in seconds.items():
     if k > 1 or alpha == 0.0:  # one run stands for beam size 1

@@ -290,9 +290,7 @@ print(f"{len(checkpoints)} checkpoints, steps {checkpoints[0][0]} to {checkpoint
       f"training took {time.perf_counter() - start:.1f} s")
 print(f"learning rate at the end: {rate(500, model_size=64, factor=0.5, warmup=100):.2g}")
 
-# %%
-# NBVAL_IGNORE_OUTPUT
-# (held-out losses of a training run: their digits differ with another CPU's float kernels)
+# %% nbval_reason="held-out losses of a training run: their digits differ with another CPU's float kernels" tags=["nbval-ignore-output"]
 import pandas as pd
 
 probe = make_model(SORT_V, SORT_V, N=2, d_model=64, d_ff=128, h=4, dropout=0.0)  # loads weights
@@ -344,9 +342,7 @@ seeds_chart(averaging, metric="exact",
 # checkpoint from step 100 on, the held-out loss of that checkpoint alone and of the average of it
 # and the four before it (the paper's recipe of five).
 
-# %%
-# NBVAL_IGNORE_OUTPUT
-# (held-out losses of a training run: their digits differ with another CPU's float kernels)
+# %% nbval_reason="held-out losses of a training run: their digits differ with another CPU's float kernels" tags=["nbval-ignore-output"]
 window = 5
 curve = []
 for i in range(window - 1, len(checkpoints)):
@@ -413,9 +409,7 @@ seeds_chart(running, metric="share", width=360,
 #   is as good a model; it stands in for a second run that happened to learn the same features
 #   in other slots, the most favourable case for averaging two runs.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
-# (held-out losses of a training run: their digits differ with another CPU's float kernels)
+# %% nbval_reason="held-out losses of a training run: their digits differ with another CPU's float kernels" tags=["nbval-ignore-output"]
 def permute_feed_forward(weights: dict[str, torch.Tensor], generator: torch.Generator):
     """The same network with the hidden units of every feed-forward layer in a new order."""
     permuted = dict(weights)
@@ -439,9 +433,7 @@ assert abs(held_out_loss(probe, twin) - held_out_loss(probe, final)) < 1e-4  # t
 assert held_out_loss(probe, blend) > 2 * held_out_loss(probe, final)  # but not a point between them
 
 
-# %%
-# NBVAL_IGNORE_OUTPUT
-# (held-out losses of a training run: their digits differ with another CPU's float kernels)
+# %% nbval_reason="held-out losses of a training run: their digits differ with another CPU's float kernels" tags=["nbval-ignore-output"]
 import altair as alt
 
 

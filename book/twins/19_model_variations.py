@@ -373,9 +373,7 @@ def train_norm(norm_first: bool, warmup: bool, seed: int) -> float:
 # %%
 torch.set_num_threads(1)  # tiny matrices: a second thread costs more than it saves
 
-# %%
-# NBVAL_IGNORE_OUTPUT
-# (12 short training runs: their digits differ with another CPU's float kernels)
+# %% nbval_reason="12 short training runs: their digits differ with another CPU's float kernels" tags=["nbval-ignore-output"]
 import time
 
 start = time.perf_counter()
@@ -506,9 +504,7 @@ print(f"{quarter} of 16 frequencies turn by more than a quarter turn over 11 pos
 # does after step 100. The peak is four times the variations' (`factor=2` against 0.5), a
 # learning rate that the warm-up makes safe.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
-# (training losses; their digits vary with the CPU's float kernels.)
+# %% nbval_reason="training losses; their digits vary with the CPU's float kernels." tags=["nbval-ignore-output"]
 norm_seed_0 = {}
 for norm_first in (False, True):
     for warmup in (True, False):

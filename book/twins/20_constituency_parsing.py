@@ -515,9 +515,7 @@ short = {name: [t for t in trees if len(tree_words(t)) <= PARSE_MAX_WORDS]
          for name, trees in splits.items()}
 print({name: len(trees) for name, trees in short.items()})
 
-# %%
-# NBVAL_IGNORE_OUTPUT
-# training losses depend on the CPU's float kernels; the asserts below bound the results
+# %% nbval_reason="training losses depend on the CPU's float kernels; the asserts below bound the results" tags=["nbval-ignore-output"]
 EPOCHS = 12
 parser, src_vocab, tgt_vocab = train_parser(short["train"], epochs=EPOCHS)
 n_parameters = sum(p.numel() for p in parser.parameters())
@@ -530,9 +528,7 @@ print(f"{n_parameters / 1e6:.2f} million parameters, vocabularies of "
 # The model parses the development and test sentences; each prediction is delinearized,
 # repaired where needed, and scored against the gold tree.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
-# the parses depend on the trained weights; the asserts bound the scores
+# %% nbval_reason="the parses depend on the trained weights; the asserts bound the scores" tags=["nbval-ignore-output"]
 results = {}
 for name in ("dev", "test"):
     parsed = parse_trees(parser, short[name], src_vocab, tgt_vocab)
@@ -610,9 +606,7 @@ def trees_svg(trees: Sequence[tuple[str, Tree]], *, char: float = 7.0, dy: int =
             f'font-family="sans-serif" font-size="12">{"".join(parts)}</svg>')
 
 
-# %%
-# NBVAL_IGNORE_OUTPUT
-# the predicted trees depend on the trained weights
+# %% nbval_reason="the predicted trees depend on the trained weights" tags=["nbval-ignore-output"]
 from IPython.display import SVG, display
 
 dev_parsed = results["dev"][0]
@@ -759,9 +753,7 @@ def parse_constrained(
     return results
 
 
-# %%
-# NBVAL_IGNORE_OUTPUT
-# the parses depend on the trained weights; the asserts bound the scores
+# %% nbval_reason="the parses depend on the trained weights; the asserts bound the scores" tags=["nbval-ignore-output"]
 most = max(sum(token.startswith("(") for token in linearize(t)) / len(tree_words(t))
            for t in short["train"])
 print(f"brackets per word in a training tree: at most {most:.2f}")
@@ -800,9 +792,7 @@ for name in ("dev", "test"):
 # set one level below, and stored the runs in `book/data/seeds_parse_data.json`. The cell below
 # reruns seed 0 and asserts what every stored run met; the cell after it reads the sweep.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
-# training and parsing depend on the CPU's float kernels; the asserts bound the results
+# %% nbval_reason="training and parsing depend on the CPU's float kernels; the asserts bound the results" tags=["nbval-ignore-output"]
 import random
 
 order = list(short["train"])

@@ -570,9 +570,7 @@ print(f"  {result['tokens_per_s']:,.0f} target tokens/s with bfloat16 autocast, 
 # $d_{\text{model}}=64$, the first 2,000 training pairs and the first 200 validation pairs, one
 # process with one thread, two epochs.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
-# (the demo's losses, perplexities and BLEU differ with another CPU's float kernels)
+# %% nbval_reason="the demo's losses, perplexities and BLEU differ with another CPU's float kernels" tags=["nbval-ignore-output"]
 import shutil
 import tempfile
 from pathlib import Path

@@ -455,9 +455,7 @@ def window_global_mask(n: int, r: int, n_global: int) -> torch.Tensor:
 # model pays whatever the mask), against `graph_attention` on a window of $r = 8$ with two
 # global tokens. The times are this machine's and vary from run to run; look at their trend.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
-# wall-clock times: they differ on every run and machine (the assert below checks the trend)
+# %% nbval_reason="wall-clock times: they differ on every run and machine (the assert below checks the trend)" tags=["nbval-ignore-output"]
 import time
 
 
@@ -561,9 +559,7 @@ def sparse_sort_accuracy(sparse: bool, *, seed: int = 0, epochs: int = 30) -> fl
     return exact_matches(model, test_batch) / len(test_src)
 
 
-# %%
-# NBVAL_IGNORE_OUTPUT
-# (training accuracies differ between machines: training takes another path; bounds below)
+# %% nbval_reason="training accuracies differ between machines: training takes another path; bounds below" tags=["nbval-ignore-output"]
 sort_accuracy = {sparse: sparse_sort_accuracy(sparse, seed=0) for sparse in (False, True)}
 for sparse, accuracy in sort_accuracy.items():
     name = "window r = 1 + 1 global" if sparse else "full encoder self-attention"

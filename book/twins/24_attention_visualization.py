@@ -414,9 +414,7 @@ attention_chart(attention_records(mine, kinds=("cross",), min_weight=0.01),
 # symbol: it has to count. The decoder is fed the correct copy at every snapshot (teacher
 # forcing), so that the rows mean the same thing before and after training.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
-# (a training run: its counts and weights differ with another CPU's float kernels)
+# %% nbval_reason="a training run: its counts and weights differ with another CPU's float kernels" tags=["nbval-ignore-output"]
 import time
 
 V, d_model = 13, 64
@@ -476,9 +474,7 @@ assert copies >= 95, copies
 # The chart opens before training, on the head that copies best at the end; the buttons step
 # through training, and the other controls pick any layer and head.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
-# (the chart draws the trained copier's attention, which differs with another CPU)
+# %% nbval_reason="the chart draws the trained copier's attention, which differs with another CPU" tags=["nbval-ignore-output"]
 final_layer, final_head = best[state.accum_step]
 attention_chart(frames, controls=("step", "layer", "head"), width=260, height=260,
                 initial={"layer": final_layer, "head": final_head})

@@ -417,9 +417,7 @@ print(f"{tied:,} parameters with tied embeddings, {untied:,} untied: {1 - tied /
 # with the sinusoidal encoding added to the embeddings, one with rotary positions, both with
 # tied embeddings: 2 layers, $d_{model} = 128$, $d_{ff} = 512$, 4 heads.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
-# (perplexities and times differ between machines; bounds are asserted below)
+# %% nbval_reason="perplexities and times differ between machines; bounds are asserted below" tags=["nbval-ignore-output"]
 import time
 
 torch.set_num_threads(1)  # small matrices: one thread does as well as two
@@ -614,9 +612,7 @@ for positions, lm in models.items():
           f"{caption.size(1)} positions (within 1e-4)")
 
 
-# %%
-# NBVAL_IGNORE_OUTPUT
-# (the sizes come from this machine's trained model and differ elsewhere)
+# %% nbval_reason="the sizes come from this machine's trained model and differ elsewhere" tags=["nbval-ignore-output"]
 def nucleus_size(model: LanguageModel, words: list[str], top_p: float = 0.9) -> int:
     """How many words the nucleus holds after <s> and `words`."""
     ids = torch.tensor([[BOS_ID, *vocab.encode(words)]])
@@ -631,9 +627,7 @@ for words, size in zip(contexts, sizes, strict=True):
     print(f"after '{' '.join(words)}': {size:4d} words make up 90% of the probability")
 assert max(sizes) > 2 * min(sizes)  # the nucleus follows the context
 
-# %%
-# NBVAL_IGNORE_OUTPUT
-# (the samples come from this machine's trained model and differ elsewhere)
+# %% nbval_reason="the samples come from this machine's trained model and differ elsewhere" tags=["nbval-ignore-output"]
 prompt = [BOS_ID, vocab["A"]]
 for temperature, top_k, top_p in ((0.5, None, None), (1.0, None, None), (1.0, 10, None),
                                   (1.0, None, 0.9), (1.5, None, 0.9)):

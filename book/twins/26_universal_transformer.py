@@ -353,9 +353,7 @@ def universal_sort_run(
 # its positions halt early. The mean steps are read with teacher forcing, over the real
 # positions.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
-# (accuracies, steps and times differ between machines: training takes another path; bounds below)
+# %% nbval_reason="accuracies, steps and times differ between machines: training takes another path; bounds below" tags=["nbval-ignore-output"]
 torch.set_num_threads(1)  # tiny matrices: one thread does as well as two
 V = 13  # chapter 13's 10 digits and 3 special tokens
 test_src = random_sequences(1000, V, min_len=4, max_len=10,
@@ -466,9 +464,7 @@ def steps_chart(cells: list[dict], *, title: str = "ACT steps per source positio
     return (squares + base.mark_text().encode(text="digit:N")).properties(title=title)
 
 
-# %%
-# NBVAL_IGNORE_OUTPUT
-# (which positions halt when depends on the training run)
+# %% nbval_reason="which positions halt when depends on the training run" tags=["nbval-ignore-output"]
 model = best["model"]
 model.eval()
 with torch.no_grad():

@@ -813,9 +813,7 @@ assert config_differences(stored, replace(config, accum_iter=2), 8, 16) == []
 # thread, and a fresh temporary checkpoint folder. We train for two epochs and then stop, as if
 # the machine had gone away.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
-# (the demo's losses, perplexities and BLEU differ with another CPU's float kernels)
+# %% nbval_reason="the demo's losses, perplexities and BLEU differ with another CPU's float kernels" tags=["nbval-ignore-output"]
 import shutil
 import tempfile
 from pathlib import Path
@@ -851,9 +849,7 @@ except FileExistsError as err:
 # stopped, also when it stopped in the middle of an epoch with `save_every` set, and also with
 # two processes under `torchrun`, one of them killed.)
 
-# %%
-# NBVAL_IGNORE_OUTPUT
-# (the resumed epochs' losses differ with another CPU's float kernels; the asserts check)
+# %% nbval_reason="the resumed epochs' losses differ with another CPU's float kernels; the asserts check" tags=["nbval-ignore-output"]
 history = train_worker(0, 1, replace(demo, epochs=4), resume=True, progress=False, threads=1)
 state = load_checkpoint(demo_dir / "last.pt")
 print(f"epoch {state['epoch']}, train state {state['train_state']}")
@@ -875,9 +871,7 @@ line_chart(losses, x="epoch:O", y="loss:Q", color="split:N", y_scale={"zero": Fa
 # Now the demo model can translate, loaded the way chapter 14 loads the shipped one. Five
 # sentences from the start of the validation set:
 
-# %%
-# NBVAL_IGNORE_OUTPUT
-# (what the tiny demo model writes changes with its training, which differs between CPUs)
+# %% nbval_reason="what the tiny demo model writes changes with its training, which differs between CPUs" tags=["nbval-ignore-output"]
 import pandas as pd
 
 tokenizers = load_tokenizers()
@@ -891,9 +885,7 @@ pd.DataFrame(translation_table(model, val_pairs, vocab_src, vocab_tgt, tokenizer
 # Multi30k caption ("A man in a ... is ..."), some frequent words, and little else. The
 # translations are poor, as they should be. Its BLEU on the first 200 validation sentences:
 
-# %%
-# NBVAL_IGNORE_OUTPUT
-# (the demo model's score changes with its training, which differs between CPUs)
+# %% nbval_reason="the demo model's score changes with its training, which differs between CPUs" tags=["nbval-ignore-output"]
 sources = [de for de, _ in val_pairs[:200]]
 references = [en for _, en in val_pairs[:200]]
 hypotheses = translate(model, sources, vocab_src, vocab_tgt, tokenizers[0])
@@ -905,9 +897,7 @@ assert 0.5 < score < 30, score  # a model trained for four tiny epochs: some BLE
 # Shipping the demo model the same way: the weights file shrinks, and rounding the weights to
 # float16 and back changes few if any of its translations.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
-# (how many translations float16 changes depends on the demo model's training)
+# %% nbval_reason="how many translations float16 changes depends on the demo model's training" tags=["nbval-ignore-output"]
 shipped_dir = demo_dir / "shipped"
 export_for_shipping(demo_dir / "last.pt", shipped_dir, command="(the notebook's demo)")
 sizes = {p.name: p.stat().st_size for p in [demo_dir / "last.pt", shipped_dir / "model.pt"]}

@@ -538,7 +538,7 @@ for name, value in ratios:
 # rows, whose bfloat16 products that CPU emulates slowly. `decoding_roofline` sets each float32
 # decoder at the base size against its ceiling:
 
-# %% tags=[]
+# %%
 epyc = bench_results("bench_cpu_epyc.json")
 hw = epyc["hardware"]
 peak, read = epyc["matmul_peak_gflops"], epyc["memory_read_gbs"]
