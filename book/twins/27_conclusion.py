@@ -24,9 +24,9 @@ if "google.colab" in sys.modules:
 
 from the_annotated_transformer import (
     enable_book_charts,
+    fetch_shipped_model,
     make_model,
     read_vocabularies,
-    shipped_model_dir,
 )
 
 enable_book_charts()
@@ -36,7 +36,7 @@ enable_book_charts()
 #
 # **Part I** built the model of §3 piece by piece, counted its parameters, and compared
 # self-attention with recurrence and convolution as §4 does. **Part II** trained it (§5):
-# batches and masks, the training loop, the Multi30k pipeline, the warm-up schedule, dropout
+# batches and masks, the training loop, batching by tokens, the warm-up schedule, dropout
 # and label smoothing, and two synthetic tasks on which the model can be watched learning.
 # **Part III** applied it to German-to-English translation with the beam search and checkpoint
 # averaging of §6.1 and subword vocabularies, ran a miniature of Table 3 (§6.2) and
@@ -67,7 +67,7 @@ for name, config in {"base": {}, "big": {"d_model": 1024, "d_ff": 4096, "h": 16}
     with torch.device("meta"):  # shapes only: no memory, no time
         model = make_model(vocab, vocab, share_embeddings=True, **config)
     counts[name] = sum(p.numel() for p in model.parameters())
-shipped = shipped_model_dir()  # chapter 14's model: its vocabularies and its configuration
+shipped = fetch_shipped_model()  # chapter 14's model: its vocabularies and its configuration
 vocab_de, vocab_en = read_vocabularies(shipped)
 config = json.loads((shipped / "info.json").read_text())["config"]
 with torch.device("meta"):
@@ -81,9 +81,10 @@ assert abs(counts["base"] - 65e6) < 3e6 and abs(counts["big"] - 213e6) < 3e6
 import pandas as pd
 
 test = "test_2016_flickr"
-recipe = json.loads((shipped_model_dir("multi30k_cpu_subword") / "results.json").read_text())
+subword_dir = fetch_shipped_model(name="multi30k_cpu_subword")  # chapter 18
+recipe = json.loads((subword_dir / "results.json").read_text())
 bleu = {(e["model"], e["decoding"], e["split"]): e["bleu"] for e in recipe["results"]}
-half_hour = shipped_model_dir("multi30k_cpu_fast_dropout") / "results.json"  # chapter 21
+half_hour = fetch_shipped_model(name="multi30k_cpu_fast_dropout") / "results.json"  # ch. 21
 fast = {(e["decoding"], e["split"]): e["bleu"]
         for e in json.loads(half_hour.read_text())["results"]}
 averages = json.loads((shipped / "averaging.json").read_text())["results"]
