@@ -1,16 +1,24 @@
-"""Score trained models with sacreBLEU under several decodings, for chapter 18's results table.
+"""Score trained models with sacreBLEU and chrF under several decodings, for chapter 18's table.
 
     python tools/evaluate.py --model words=book/models/multi30k_cpu \
         --model subwords=checkpoints/multi30k_cpu_subword/last.pt \
         --decodings greedy beam4 --splits val test_2016_flickr --threads 2 \
         --results book/models/multi30k_cpu_subword/results.json
+    python tools/evaluate.py --model en-fr=checkpoints/en-fr_cpu_fast_dropout/model \
+        --test val.en.gz val.fr.gz --test test_2016_flickr.en.gz test_2016_flickr.fr.gz \
+        --decodings beam4 --results checkpoints/en-fr_cpu_fast_dropout/model/results.json
 
 Each model is NAME=PATH, where PATH is anything load_trained_model reads (a shipped folder, a
-model.pt, last.pt or an averaged checkpoint with its vocabularies beside it). Each decoding is
-one of DECODINGS below. Every (model, decoding, split) gets one entry in --results, replacing
-an entry with the same three names, with its BLEU, sacreBLEU's signature, the time it took and
-the mean output length (and with --keep-outputs the translations); a line per entry is
-printed as it is measured.
+model folder from tools/train.py, a model.pt, last.pt or an averaged checkpoint with its
+vocabularies beside it). --splits scores Multi30k's German-English splits; --test SRC_FILE
+REF_FILE scores any parallel text (plain or gzipped, one sentence per line; the split is named
+after the source file, test_2016_flickr.en.gz -> test_2016_flickr), and is what a model of
+another language pair needs. Each decoding is one of DECODINGS below. Every (model, decoding,
+split) gets one entry in --results, replacing an entry with the same three names, with its BLEU
+and sacreBLEU's signature, its chrF and chrF's signature, the time it took and the mean output
+length (and with --keep-outputs the translations); a line per entry is printed as it is
+measured. Bad input (a missing file, bad bytes, an empty line, files of unequal length, Multi30k
+splits for a model of other languages) ends with one line on stderr and exit status 2.
 """
 
 import argparse
@@ -22,7 +30,9 @@ import time
 from pathlib import Path
 
 import torch
+from parallel_text import BadInput, read_parallel, split_name  # sibling scripts in tools/
 from tqdm import tqdm
+from translate import model_languages
 
 from the_annotated_transformer import (
     beam_translate,
@@ -33,6 +43,8 @@ from the_annotated_transformer import (
     load_trained_model,
     translate,
 )
+
+MULTI30K_SPLITS = ("val", "test_2016_flickr")  # the other test sets stay unused
 
 # name: (description, keyword arguments of translate or beam_translate)
 DECODINGS = {
@@ -60,6 +72,40 @@ def decode(model, sources: list[str], vocabs: tuple, tokenizer, decoding: str) -
     return translate(model, sources, *vocabs, tokenizer, **kwargs)
 
 
+def chrf(hypotheses: list[str], references: list[str]) -> tuple[float, str]:
+    """Corpus chrF (sacreBLEU's character n-gram F-score) and its signature: unlike BLEU it
+    needs no word tokenization, so it reads the same in any language."""
+    from sacrebleu.metrics import CHRF
+
+    metric = CHRF()
+    score = metric.corpus_score(hypotheses, [references])
+    return score.score, str(metric.get_signature())
+
+
+def test_sets(args: argparse.Namespace) -> dict[str, tuple[list[tuple[str, str]], list[str]]]:
+    """Each split's (source, reference) pairs and the files they came from; bad input raises
+    BadInput in one line."""
+    sets = {split: (load_multi30k(split), []) for split in args.splits}
+    for src, ref in args.test:
+        name = split_name(src)
+        if name in sets:
+            raise BadInput(f"--test {src} {ref}: a split named {name!r} is scored already; "
+                           "give each test set its own file names")
+        sets[name] = (read_parallel(src, ref), [src, ref])
+    return sets
+
+
+def check_languages(models: list[tuple[str, Path]], splits: list[str]) -> None:
+    """Refuse Multi30k's German-English splits for a model whose info.json names others."""
+    for name, path in models:
+        languages = model_languages(path)
+        if splits and languages not in (None, ("de", "en")):
+            raise BadInput(
+                f"model {name} translates {languages[0]} to {languages[1]}, but --splits "
+                f"{' '.join(splits)} are Multi30k's German-English sentences: give its test "
+                "sets with --test SRC_FILE REF_FILE")
+
+
 def record(results: Path, entries: list[dict]) -> None:
     """Add entries to the JSON file, replacing those with the same model, decoding and split."""
     data = json.loads(results.read_text("utf-8")) if results.is_file() else {"results": []}
@@ -75,9 +121,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", type=model_spec, action="append", required=True,
                         help="NAME=PATH of a model to score (repeat for several)")
     parser.add_argument("--decodings", nargs="+", choices=sorted(DECODINGS), default=["greedy"])
-    parser.add_argument("--splits", nargs="+", default=["val", "test_2016_flickr"],
-                        choices=["val", "test_2016_flickr"],
-                        help="Multi30k splits to score (the other test sets stay unused)")
+    parser.add_argument("--splits", nargs="+", choices=MULTI30K_SPLITS,
+                        help="Multi30k German-English splits to score (default: val "
+                             "test_2016_flickr, unless --test is given)")
+    parser.add_argument("--test", nargs=2, action="append", default=[],
+                        metavar=("SRC_FILE", "REF_FILE"),
+                        help="a parallel test set to score, source then reference, plain or "
+                             ".gz (repeat for several)")
     parser.add_argument("--threads", type=int, help="CPU threads for torch")
     parser.add_argument("--results", type=Path, required=True, help="JSON file to add to")
     parser.add_argument("--keep-outputs", action="store_true",
@@ -87,27 +137,39 @@ def main(argv: list[str] | None = None) -> None:
         if args.threads < 1:
             parser.error(f"--threads must be at least 1, got {args.threads}")
         torch.set_num_threads(args.threads)
+    if args.splits is None:
+        args.splits = [] if args.test else list(MULTI30K_SPLITS)
     command = shlex.join(["python", "tools/evaluate.py", *(sys.argv[1:] if argv is None else argv)])
-    pairs = {split: load_multi30k(split) for split in args.splits}
+    try:
+        check_languages(args.model, args.splits)
+        sets = test_sets(args)
+    except BadInput as err:
+        print(f"evaluate.py: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
     jobs = [(name, path, decoding, split) for name, path in args.model
-            for decoding in args.decodings for split in args.splits]
-    loaded, tokenizer = {}, load_tokenizers()[0]
+            for decoding in args.decodings for split in sets]
+    loaded = {}
     for name, path, decoding, split in tqdm(jobs, desc="evaluating", unit="run"):
         if name not in loaded:
             try:
                 loaded[name] = load_trained_model(path)
             except (OSError, ValueError) as err:
                 sys.exit(f"evaluate.py: error: model {name}: {err}")
-        model, vocab_src, vocab_tgt, _ = loaded[name]
-        sources, references = zip(*pairs[split], strict=True)
+        model, vocab_src, vocab_tgt, config = loaded[name]
+        tokenizer = None if config.subwords else load_tokenizers()[0]  # spaCy for word models
+        pairs, files = sets[split]
+        sources, references = zip(*pairs, strict=True)
         start = time.perf_counter()
         outputs = decode(model, list(sources), (vocab_src, vocab_tgt), tokenizer, decoding)
         seconds = time.perf_counter() - start
         score, signature = bleu(outputs, list(references))
+        chrf_score, chrf_signature = chrf(outputs, list(references))
         entry = {
             "model": name, "path": str(path), "decoding": decoding,
             "decoding_description": DECODINGS[decoding][0], "split": split,
-            "bleu": round(score, 2), "signature": signature, "sentences": len(outputs),
+            "bleu": round(score, 2), "signature": signature,
+            "chrf": round(chrf_score, 2), "chrf_signature": chrf_signature,
+            "sentences": len(outputs),
             "seconds": round(seconds, 1),
             "mean_words": round(sum(len(o.split()) for o in outputs) / len(outputs), 2),
             "parameters": sum(p.numel() for p in model.parameters()),  # a tied matrix once
@@ -115,11 +177,13 @@ def main(argv: list[str] | None = None) -> None:
             "threads": torch.get_num_threads(), "torch": torch.__version__,
             "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         }
+        if files:
+            entry["files"] = files
         if args.keep_outputs:
             entry["outputs"] = outputs
         record(args.results, [entry])
-        tqdm.write(f"{name:>12} {decoding:>16} {split:>16}: BLEU {score:5.2f} "
-                   f"({seconds:.0f} s, {entry['mean_words']} words per output)")
+        tqdm.write(f"{name:>12} {decoding:>16} {split:>16}: BLEU {score:5.2f}, chrF "
+                   f"{chrf_score:5.2f} ({seconds:.0f} s, {entry['mean_words']} words per output)")
 
 
 if __name__ == "__main__":

@@ -1,34 +1,73 @@
-"""Train the book's Multi30k German-to-English Transformer on one or several devices.
+"""Train a Transformer translator: the book's best recipe on Multi30k, or on your own parallel text.
 
-    python tools/train.py --config cpu                         # one CPU process, about 2 hours
+    python tools/train.py                                      # cpu_fast_dropout on Multi30k de-en
+    python tools/train.py --train train.en.gz train.fr.gz --valid val.en.gz val.fr.gz
+    python tools/train.py --train a.en b.fr --valid c.en d.fr --set dropout=0.3 --set epochs=20
+    python tools/train.py --config cpu                         # chapter 14's word-level model
     python tools/train.py --config base --devices 4            # four GPUs of this machine
     python tools/train.py --config base --batch-tokens 25000   # the paper's batch, accumulated
     torchrun --nproc_per_node=8 tools/train.py --config base   # started by torchrun
-    python tools/train.py --config cpu --resume                # continue after an interruption
+    python tools/train.py --resume                             # continue after an interruption
     python tools/train.py --config base --save-every 500       # also a checkpoint every 500 steps
+
+--train and --valid each take two files, source then target: plain or gzipped, UTF-8, one
+sentence per line, line i of one the translation of line i of the other (the language codes
+come from names such as train.en.gz, or from --langs). The joint sentencepiece vocabulary is
+built from the --train pair only. --config takes any preset that training_config knows, and
+--set FIELD=VALUE changes any TrainConfig field; both are checked before anything runs.
 
 Under torchrun (which sets RANK and WORLD_SIZE) each process trains directly; otherwise
 --devices processes are started here: one per GPU, or CPU processes talking through gloo.
 Each epoch's checkpoint goes to --checkpoint-dir/last.pt (rank 0's folder), with the
 vocabularies beside it, and best.pt holds the weights with the best validation BLEU; with
 --save-every N, last.pt is also written every N optimizer steps, and --resume continues from
-inside the epoch.
+inside the epoch. At the end the last keep_epochs epochs are averaged (chapter 16) into a
+model folder (--model-dir, by default <checkpoint-dir>/model) that tools/translate.py
+--checkpoint and tools/evaluate.py --model read; its info.json names the languages.
+
+Bad input (a missing file, bad bytes, an empty line, files of unequal length, a vocabulary
+larger than the text allows, an unknown --set field or a bad value) ends with one line on
+stderr and exit status 2, before training starts.
 """
 
 import argparse
+import dataclasses
+import difflib
+import json
 import os
+import re
 import sys
+import tempfile
+import typing
 from pathlib import Path
+from typing import Any, NoReturn
 
 import torch.multiprocessing
+from average_checkpoints import write_average  # sibling scripts in tools/
+from parallel_text import BadInput, language_of, read_parallel
+from translate import OneLineParser
 
 from the_annotated_transformer import (
     TrainConfig,
+    export_for_shipping,
     load_checkpoint,
+    load_multi30k,
     train_distributed,
+    train_sentencepiece,
     train_worker,
     training_config,
 )
+
+DEFAULT_CONFIG = "cpu_fast_dropout"  # the book's best recipe (chapter 21)
+MULTI30K_LANGUAGES = ("de", "en")
+TRUE, FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
+
+
+def fail(message: str, status: int = 2) -> NoReturn:
+    """One line on stderr and the exit status: 2 for bad input or options, 1 for a run that
+    cannot go on (a wrong folder, a schedule that never leaves its warm-up)."""
+    print(f"train.py: error: {message}", file=sys.stderr)
+    raise SystemExit(status)
 
 
 def accum_for_batch(batch_tokens: int, max_tokens: int, world_size: int) -> int:
@@ -38,7 +77,58 @@ def accum_for_batch(batch_tokens: int, max_tokens: int, world_size: int) -> int:
     return max(1, round(batch_tokens / (max_tokens * world_size)))
 
 
-def finished_run(config: TrainConfig) -> str | None:
+def parse_value(name: str, kind: Any, text: str) -> Any:
+    """A --set value as the TrainConfig field's type: int, float, bool, str, or X | None."""
+    options = typing.get_args(kind)
+    if type(None) in options:  # int | None: "none" is None
+        if text.lower() == "none":
+            return None
+        kind = next(option for option in options if option is not type(None))
+    if kind is bool:
+        if text.lower() in TRUE + FALSE:
+            return text.lower() in TRUE
+        raise ValueError(f"{name} is true or false, got {text!r}")
+    if kind is int:
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(f"{name} is a whole number, got {text!r}") from None
+    if kind is float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"{name} is a number, got {text!r}") from None
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError(f"{name} is a finite number, got {text!r}")
+        return value
+    if kind is str:
+        return text
+    raise ValueError(f"{name} has the type {kind}, which --set cannot read")
+
+
+def parse_sets(items: list[str]) -> dict[str, Any]:
+    """--set FIELD=VALUE options as TrainConfig overrides; a ValueError names the bad one."""
+    types = typing.get_type_hints(TrainConfig)
+    overrides = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise ValueError(f"--set {item!r}: expected FIELD=VALUE, e.g. --set dropout=0.3")
+        if name not in types:
+            close = difflib.get_close_matches(name, types, n=1)
+            hint = f"did you mean {close[0]}?" if close else f"the fields: {', '.join(types)}"
+            raise ValueError(f"--set {item}: TrainConfig has no field {name!r} ({hint})")
+        if name in overrides:
+            raise ValueError(f"--set {name} is given twice")
+        try:
+            overrides[name] = parse_value(name, types[name], text.strip())
+        except ValueError as err:
+            raise ValueError(f"--set {item}: {err}") from None
+    return overrides
+
+
+def finished_run(config: TrainConfig, model_dir: Path) -> str | None:
     """What to tell a user whose checkpoint folder holds a run that has done all its epochs."""
     path = Path(config.checkpoint_dir) / "last.pt"
     if not path.is_file():
@@ -49,19 +139,30 @@ def finished_run(config: TrainConfig) -> str | None:
     return (f"the run in {config.checkpoint_dir} has finished: {path} is after epoch {done} of "
             f"{config.epochs}, so there is nothing to train. To train longer, resume with more "
             "epochs (--resume --epochs N, or make train RESUME=1 EPOCHS=N); to start again, "
-            "--overwrite; to use the model, tools/translate.py --checkpoint " + str(path))
+            "--overwrite; to use the model, tools/translate.py --checkpoint "
+            + str(model_dir if (model_dir / "model.pt").is_file() else path))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line; --help explains every option."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config",
-                        choices=["cpu", "cpu_subword", "cpu_fast", "cpu_fast_dropout", "base"],
-                        default="cpu",
-                        help="preset: a small model for a CPU (with word vocabularies, or one "
-                             "joint subword vocabulary and tied embeddings, or that on the fast "
-                             "path without dropout, at half the batch, for 6 epochs, or for 11 "
-                             "with dropout where the paper puts it), or the paper's base model")
+    parser = OneLineParser(prog="train.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=DEFAULT_CONFIG,
+                        help="a preset of training_config (default: cpu_fast_dropout, the "
+                             "book's best recipe; cpu: chapter 14's word model; base: the "
+                             "paper's base model; a wrong name lists them all)")
+    parser.add_argument("--train", nargs=2, metavar=("SRC_FILE", "TGT_FILE"),
+                        help="your own training text: source and target files, plain or .gz, "
+                             "one sentence per line (default: Multi30k German-English)")
+    parser.add_argument("--valid", nargs=2, metavar=("SRC_FILE", "TGT_FILE"),
+                        help="the validation pair that goes with --train")
+    parser.add_argument("--langs", nargs=2, metavar=("SRC", "TGT"),
+                        help="language codes of --train's files (default: from their names, "
+                             "as in train.en.gz); they go into the model folder's info.json")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="change a TrainConfig field of the preset, e.g. --set dropout=0.3 "
+                             "(repeatable; true/false for flags, none for an empty limit)")
+    parser.add_argument("--model-dir",
+                        help="where the averaged model goes (default: <checkpoint-dir>/model)")
     parser.add_argument("--devices", type=int, default=1,
                         help="processes on this machine: GPUs if there are any, else CPU processes")
     parser.add_argument("--epochs", type=int, help="train until this many epochs are done")
@@ -75,60 +176,182 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "many padded tokens over all processes (the paper: 25000)")
     parser.add_argument("--bleu-every", type=int,
                         help="greedy validation BLEU every N epochs (0: never); keeps best.pt")
-    parser.add_argument("--checkpoint-dir", help="folder for last.pt and the vocabularies")
+    parser.add_argument("--checkpoint-dir",
+                        help="folder for last.pt and the vocabularies (default: the preset's, "
+                             "or checkpoints/SRC-TGT_CONFIG for --train)")
     parser.add_argument("--threads", type=int,
                         help="CPU threads per process (default: the cores shared among processes)")
     parser.add_argument("--save-every", type=int, default=0, metavar="N",
                         help="also write last.pt every N optimizer steps inside an epoch, so "
                              "that a resumed run loses at most N steps (default 0: per epoch)")
     parser.add_argument("--keep-epochs", type=int,
-                        help="also keep the last K epochs' weights (epoch_NNN.pt), for averaging")
+                        help="keep the last K epochs' weights (epoch_NNN.pt) and average them "
+                             "into the model folder (the preset's number by default)")
     start = parser.add_mutually_exclusive_group()
     start.add_argument("--resume", action="store_true",
                        help="continue from the checkpoint folder's last.pt (an error if none)")
     start.add_argument("--overwrite", action="store_true",
                        help="start afresh, deleting the checkpoints already in the folder")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if (args.train is None) != (args.valid is None):
+        parser.error("--train and --valid go together: give both pairs of files")
+    if args.langs is not None and args.train is None:
+        parser.error("--langs names the languages of --train's files: give --train too")
+    return args
+
+
+def guess_languages(train: list[str], valid: list[str]) -> tuple[str, str]:
+    """The language codes in the training files' names, checked against the validation files'."""
+    codes = tuple(language_of(path) for path in train)
+    if None in codes or codes[0] == codes[1]:
+        raise BadInput(f"cannot tell the two languages from the names {train[0]} and {train[1]}: "
+                       "name them with --langs SRC TGT (e.g. --langs en fr)")
+    other = tuple(language_of(path) for path in valid)
+    if None not in other and other != codes:
+        raise BadInput(f"--valid's files are {other[0]}, {other[1]} but --train's are "
+                       f"{codes[0]}, {codes[1]}: give both pairs in the same order")
+    return codes
+
+
+def check_vocabulary(config: TrainConfig, train: list[tuple[str, str]]) -> None:
+    """Train the joint sentencepiece vocabulary once, so that a size the text cannot give is
+    refused before the run starts (the run trains it again: a second or so on Multi30k)."""
+    try:
+        train_sentencepiece([s for pair in train for s in pair], vocab_size=config.subwords)
+    except ValueError as err:
+        most = re.search(r"value <= (\d+)", str(err))
+        least = re.search(r"smaller than required_chars\. \d+ vs (\d+)", str(err))
+        if most is not None:
+            raise BadInput(
+                f"subwords={config.subwords} is a larger vocabulary than the {len(train):,} "
+                f"training pairs allow (at most {most[1]} pieces): lower it, e.g. --set "
+                f"subwords={most[1]}") from None
+        if least is not None:
+            raise BadInput(
+                f"subwords={config.subwords} is a smaller vocabulary than the characters of the "
+                f"{len(train):,} training pairs need (at least {least[1]} pieces): raise it, "
+                f"e.g. --set subwords={least[1]}") from None
+        raise BadInput(" ".join(str(err).split())) from None
+
+
+def prepare(args: argparse.Namespace, world_size: int
+            ) -> tuple[TrainConfig, tuple[str, str], dict | None]:
+    """The configuration, the languages and the sentence pairs (None: Multi30k), every
+    option and input file checked; bad ones end here with one line and exit status 2."""
+    fields = ("epochs", "checkpoint_dir", "max_tokens", "accum_iter", "keep_epochs", "bleu_every")
+    overrides = {name: getattr(args, name) for name in fields if getattr(args, name) is not None}
+    if args.batch_tokens is not None and args.accum_iter is not None:
+        fail("give --batch-tokens or --accum-iter, not both")
+    if args.save_every < 0:
+        fail(f"save_every must be a whole number of steps >= 0, got {args.save_every}")
+    try:
+        training_config(args.config)  # the name alone first: its error lists the presets
+    except ValueError as err:
+        fail(f"--config: {err}")
+    try:
+        sets = parse_sets(args.set)
+        both = sorted(overrides.keys() & sets.keys())
+        if both:
+            raise ValueError(f"{both[0]} is set twice, by --{both[0].replace('_', '-')} and by "
+                             "--set: give it once")
+        overrides |= sets
+        config = training_config(args.config, **overrides)  # a bad value is one line
+        if args.batch_tokens is not None:
+            accum = accum_for_batch(args.batch_tokens, config.max_tokens, world_size)
+            config = dataclasses.replace(config, accum_iter=accum)
+    except ValueError as err:
+        fail(str(err))
+    languages, pairs = MULTI30K_LANGUAGES, None
+    try:
+        if args.train is not None:
+            pairs = {"train": read_parallel(*args.train), "val": read_parallel(*args.valid)}
+            languages = tuple(args.langs) if args.langs else guess_languages(args.train,
+                                                                              args.valid)
+            if "checkpoint_dir" not in overrides:
+                config = dataclasses.replace(
+                    config, checkpoint_dir=f"checkpoints/{'-'.join(languages)}_{args.config}")
+        if not config.subwords and languages != MULTI30K_LANGUAGES:
+            raise BadInput(
+                f"--config {args.config} has word vocabularies, which need spaCy's German and "
+                f"English tokenizers; for {'-'.join(languages)} choose a subword preset "
+                "(cpu_subword, cpu_fast_dropout) or --set subwords=8000")
+        if config.subwords and not args.resume:
+            train = pairs["train"] if pairs else load_multi30k("train")
+            check_vocabulary(config, train[: config.train_limit])
+    except BadInput as err:
+        fail(str(err))
+    except (OSError, ValueError) as err:  # Multi30k missing and not downloadable, or corrupt
+        fail(str(err), status=1)
+    return config, languages, pairs
+
+
+def write_model_folder(config: TrainConfig, model_dir: Path, languages: tuple[str, str],
+                       data: dict[str, Any] | None) -> str:
+    """Average the run's kept epochs (or take last.pt) into a model folder as
+    export_for_shipping writes one, with the languages in its info.json; what was averaged."""
+    folder = Path(config.checkpoint_dir)
+    last = folder / "last.pt"
+    done = load_checkpoint(last)["epoch"]
+    kept = [folder / f"epoch_{epoch:03d}.pt"
+            for epoch in range(max(1, done - config.keep_epochs + 1), done + 1)]
+    kept = [path for path in kept if config.keep_epochs and path.is_file()]
+    with tempfile.TemporaryDirectory(dir=folder) as tmp:
+        source = last
+        if kept:
+            source = Path(tmp) / "average.pt"
+            write_average(kept, source)
+        export_for_shipping(source, model_dir, run=last)
+    info_path = model_dir / "info.json"
+    info = json.loads(info_path.read_text("utf-8"))
+    info["languages"] = {"src": languages[0], "tgt": languages[1]}
+    if data is not None:
+        info["data"] = data
+    info_path.write_text(json.dumps(info, indent=1, ensure_ascii=False) + "\n", "utf-8")
+    epochs = [int(path.stem.removeprefix("epoch_")) for path in kept]
+    if len(epochs) > 1:
+        return f"epochs {', '.join(map(str, epochs))} averaged"
+    return f"the weights after epoch {epochs[0] if epochs else done}"
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ  # one of torchrun's processes
     world_size = int(os.environ["WORLD_SIZE"]) if torchrun else args.devices
-    fields = ("epochs", "checkpoint_dir", "max_tokens", "accum_iter", "keep_epochs", "bleu_every")
-    overrides = {name: getattr(args, name) for name in fields if getattr(args, name) is not None}
-    if args.batch_tokens is not None and args.accum_iter is not None:
-        sys.exit("train.py: error: give --batch-tokens or --accum-iter, not both")
-    try:  # a bad value (--epochs 0, --max-tokens -5) is one line, not a traceback
-        config = training_config(args.config, **overrides)
-        if args.batch_tokens is not None:
-            accum = accum_for_batch(args.batch_tokens, config.max_tokens, world_size)
-            config = training_config(args.config, **overrides, accum_iter=accum)
-    except ValueError as err:
-        sys.exit(f"train.py: error: {err}")
-    if int(os.environ.get("RANK", 0)) == 0:
-        print(f"{world_size} process(es) x accum_iter {config.accum_iter} x max_tokens "
-              f"{config.max_tokens} = {world_size * config.accum_iter * config.max_tokens:,} "
-              "padded tokens per optimizer step", file=sys.stderr)
+    rank0 = int(os.environ.get("RANK", 0)) == 0
+    config, languages, pairs = prepare(args, world_size)
+    model_dir = Path(args.model_dir or Path(config.checkpoint_dir) / "model")
+    data = None if pairs is None else {
+        "train": args.train, "valid": args.valid,
+        "train_pairs": len(pairs["train"]), "valid_pairs": len(pairs["val"])}
+    if rank0:
+        print(f"{'-'.join(languages)}, {args.config}: {world_size} process(es) x accum_iter "
+              f"{config.accum_iter} x max_tokens {config.max_tokens} = "
+              f"{world_size * config.accum_iter * config.max_tokens:,} padded tokens per "
+              "optimizer step", file=sys.stderr)
     options = {"resume": args.resume, "overwrite": args.overwrite, "threads": args.threads,
-               "save_every": args.save_every}
+               "save_every": args.save_every, "pairs": pairs}
     try:
-        message = None if args.overwrite else finished_run(config)
-        if message is not None:
-            print(f"train.py: {message}", file=sys.stderr)
-            return
-        if torchrun:
+        message = None if args.overwrite else finished_run(config, model_dir)
+        if message is None and torchrun:
             train_worker(config=config, **options)
-        else:
+        elif message is None:
             train_distributed(config, args.devices, **options)
+        if message is not None:
+            if rank0:
+                print(f"train.py: {message}", file=sys.stderr)
+            return
+        if rank0:
+            what = write_model_folder(config, model_dir, languages, data)
+            print(f"model folder {model_dir} ({what}); translate with: python "
+                  f"tools/translate.py --checkpoint {model_dir}", file=sys.stderr)
     except (FileExistsError, FileNotFoundError, ValueError) as err:  # a wrong folder or config
-        sys.exit(f"train.py: error: {err}")
+        fail(str(err), status=1)
     except torch.multiprocessing.ProcessRaisedException as err:  # the same, in a spawned worker
         last = str(err).strip().splitlines()[-1]
         kind, _, message = last.partition(": ")
         if kind not in ("FileExistsError", "FileNotFoundError", "ValueError"):
             raise
-        sys.exit(f"train.py: error: {message}")
+        fail(message, status=1)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
-"""Translate German to English: one sentence per line on stdin, one line per line on stdout.
+"""Translate with a trained model: one sentence per line on stdin, one line per line on stdout.
 
     echo "Zwei Hunde spielen im Schnee." | python tools/translate.py
     python tools/translate.py --checkpoint checkpoints/multi30k_cpu/last.pt < de.txt > en.txt
+    python tools/translate.py --checkpoint checkpoints/en-fr_cpu_fast_dropout/model < en.txt
     python tools/translate.py --beam 1 < de.txt > en.txt   # greedy decoding
 
 Only translations go to stdout, exactly one line for each input line (an empty line stays
@@ -10,20 +11,25 @@ endings are accepted, and a line that is not valid UTF-8 is reported by its numb
 empty output line (--stop-on-bad-input stops instead, with nothing written). A line longer than
 the model translates at once is split into pieces, translated piece by piece, and reported.
 By default the book's best shipped model (BEST_SHIPPED_MODEL: chapter 21's half-hour subword
-model in book/models/multi30k_cpu_fast_dropout) translates; --checkpoint takes a folder from
-export_for_shipping or a model.pt / last.pt file with its vocabularies beside it (vocab_de.json
-and vocab_en.json, or subwords.model). Decoding is the paper's beam search (beam 4, length
-penalty alpha 0.6; chapter 15) with chapter 21's key/value cache; --beam 1 gives greedy
-decoding. A user error (a bad flag, a missing or corrupt checkpoint, bad input with
---stop-on-bad-input) ends with one line on stderr and exit status 1 (2 for a bad flag).
+model in book/models/multi30k_cpu_fast_dropout) translates German to English; --checkpoint takes
+a folder from export_for_shipping or tools/train.py (which translates the languages its
+info.json names: a subword model needs no tokenizer of its languages) or a model.pt / last.pt
+file with its vocabularies beside it (vocab_de.json and vocab_en.json, or subwords.model).
+Decoding is the paper's beam search (beam 4, length penalty alpha 0.6; chapter 15) with chapter
+21's key/value cache; --beam 1 gives greedy decoding. A user error (a bad flag, a missing or
+corrupt checkpoint, bad input with --stop-on-bad-input) ends with one line on stderr and exit
+status 1 (2 for a bad flag).
 """
 
 import argparse
 import contextlib
 import inspect
 import io
+import json
+import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import BinaryIO, NoReturn, TextIO
 
 BOM = b"\xef\xbb\xbf"
@@ -87,6 +93,21 @@ def decode_lines(data: bytes) -> tuple[list[str], list[str]]:
     return lines, problems
 
 
+def model_languages(checkpoint: str | os.PathLike | None) -> tuple[str, str] | None:
+    """The (source, target) language codes in the info.json beside a model, as tools/train.py
+    writes them: ("de", "en") for the shipped models (whose info.json names none), None where
+    there is no info.json (a training checkpoint)."""
+    if checkpoint is None:
+        return ("de", "en")
+    path = Path(checkpoint)
+    info = (path if path.is_dir() else path.parent) / "info.json"
+    try:
+        languages = json.loads(info.read_text("utf-8")).get("languages")
+        return (languages["src"], languages["tgt"]) if languages else ("de", "en")
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        return None  # no info.json (a training checkpoint), or one that names no languages
+
+
 def split_long(words: list[str], limit: int, count: Callable[[str], int]) -> list[str]:
     """Pieces of a line (its words, joined by spaces), each at most `limit` of the model's
     tokens as `count` counts them (a word vocabulary's tokens, or subword pieces)."""
@@ -130,27 +151,30 @@ def main(argv: list[str] | None = None, stdin: BinaryIO | None = None,
                                             else ": its output line is empty"), file=sys.stderr)
     if problems and args.stop_on_bad_input:
         return 1
-    german = load_tokenizers()[0]
+    # A word model splits its input with spaCy's German tokenizer; a subword model needs none.
+    tokenizer = None if config.subwords else load_tokenizers()[0]
     # beam_translate reads at most translate's max_len tokens, less <s> and </s>, at once.
     limit = inspect.signature(translate).parameters["max_len"].default - 2
 
     def model_tokens(text: str) -> int:  # words, or subword pieces
-        return len(encode_text(text, vocab_src, german))
+        return len(encode_text(text, vocab_src, tokenizer))
 
     pieces, owner = [], []  # each piece of text to translate, and the line it belongs to
     for number, line in enumerate(lines):
         tokens = model_tokens(line)
         parts = [line]
         if tokens > limit:
-            words = line.split() if config.subwords else tokenize(line, german)
+            words = line.split() if config.subwords else tokenize(line, tokenizer)
             parts = split_long(words, limit, model_tokens)
         if len(parts) > 1:
             print(f"translate.py: line {number + 1} has {tokens} tokens, more than the "
                   f"model's {limit}: translated in {len(parts)} pieces", file=sys.stderr)
         pieces += parts
         owner += [number] * len(parts)
-    print(f"translating {len(lines)} lines", file=sys.stderr)
-    outputs = beam_translate(model, pieces, vocab_src, vocab_tgt, german, beam_size=args.beam,
+    languages = model_languages(args.checkpoint)
+    print(f"translating {len(lines)} lines"
+          + (f" from {languages[0]} to {languages[1]}" if languages else ""), file=sys.stderr)
+    outputs = beam_translate(model, pieces, vocab_src, vocab_tgt, tokenizer, beam_size=args.beam,
                              alpha=args.alpha, batch_size=args.batch_size,
                              use_cache=True)  # chapter 21's key/value cache
     joined = [[] for _ in lines]

@@ -1027,13 +1027,13 @@ assert detokenize(tokens) == 'A man in a T-shirt doesn\'t smile (really), he\'s 
 #     command='python tools/train.py --config cpu --threads 1')"
 # ```
 #
-# (`make train` runs the first line, and `make train RESUME=1` continues an interrupted run from
+# (`make train CONFIG=cpu` runs the first line, and `make train CONFIG=cpu RESUME=1` continues an interrupted run from
 # its last checkpoint.) `export_for_shipping` keeps the weights in half precision, the two
 # vocabularies, and an `info.json` with the configuration, the variant, the command, the training
 # time and the hardware. `load_trained_model` builds the model from them in float32; outside a
 # copy of the repository it first downloads the files and checks their checksums
-# ({doc}`appendix_data`). Chapter 18 ships a second, better model, trained on subwords, and
-# `load_trained_model(name=...)` picks between them. Both are pre-norm, the book's default
+# ({doc}`appendix_data`). Chapters 18 and 21 ship better models, trained on subwords, and
+# `load_trained_model(name=...)` picks among them. All are pre-norm, the book's default
 # (chapter 5 says why; their `info.json` says `"variant": "pre-norm"`). The note records the
 # rest:
 

@@ -1,0 +1,236 @@
+"""Your own translator: tools/train.py on a parallel text of your own (a few hundred English-
+French pairs of Multi30k), then tools/translate.py and tools/evaluate.py on its model folder;
+and every bad input refused in one line with exit status 2 before anything trains."""
+
+import gzip
+import importlib.util
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from train import parse_sets  # tests/conftest.py puts tools/ on the path
+
+import the_annotated_transformer as tat
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "data"
+ENGLISH = SHARED / "multi30k"
+FRENCH = SHARED / "multi30k-fr-cs"
+N_TRAIN, N_VAL = 300, 40
+TINY = ["--set", "N=1", "--set", "d_model=32", "--set", "d_ff=64", "--set", "h=2",
+        "--set", "subwords=400", "--set", "warmup=2", "--epochs", "2", "--threads", "1"]
+
+
+def load_tool(name: str):
+    """A script in tools/ as a module (evaluate.py and translate.py are not a package)."""
+    spec = importlib.util.spec_from_file_location(f"{name}_cli", ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def first_lines(path: Path, n: int) -> list[str]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [next(f).rstrip("\n") for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    """train.en / train.fr plain, val.en.gz / val.fr.gz gzipped: the first pairs of Multi30k."""
+    needed = [ENGLISH / "train.en.gz", FRENCH / "train.fr.gz", ENGLISH / "val.en.gz",
+              FRENCH / "val.fr.gz"]
+    if not all(path.is_file() for path in needed):
+        pytest.skip(f"the English and French Multi30k files are not in {SHARED} (../shared is "
+                    "absent on this machine)")
+    folder = tmp_path_factory.mktemp("own")
+    for language, source in (("en", ENGLISH), ("fr", FRENCH)):
+        lines = first_lines(source / f"train.{language}.gz", N_TRAIN)
+        (folder / f"train.{language}").write_text("\n".join(lines) + "\n", "utf-8")
+        lines = first_lines(source / f"val.{language}.gz", N_VAL)
+        (folder / f"val.{language}.gz").write_bytes(gzip.compress(("\n".join(lines) + "\n")
+                                                                  .encode()))
+    return folder
+
+
+def own_files(folder: Path) -> list[str]:
+    return ["--train", str(folder / "train.en"), str(folder / "train.fr"),
+            "--valid", str(folder / "val.en.gz"), str(folder / "val.fr.gz")]
+
+
+@pytest.fixture(scope="module")
+def model_dir(data, tmp_path_factory) -> Path:
+    """The command line, end to end: a tiny en-fr model, two epochs averaged, in a folder."""
+    run = tmp_path_factory.mktemp("run")
+    done = subprocess.run(
+        [sys.executable, "tools/train.py", *own_files(data), *TINY,
+         "--checkpoint-dir", str(run)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"model folder {run / 'model'} (epochs 1, 2 averaged)" in done.stderr
+    return run / "model"
+
+
+def test_train_writes_a_model_folder_with_its_languages_and_the_last_epochs_averaged(model_dir):
+    assert sorted(p.name for p in model_dir.iterdir()) == ["info.json", "model.pt",
+                                                            "subwords.model"]
+    info = json.loads((model_dir / "info.json").read_text("utf-8"))
+    assert info["languages"] == {"src": "en", "tgt": "fr"}
+    assert info["averaged_from"] == ["epoch_001.pt", "epoch_002.pt"]
+    assert info["data"]["train_pairs"] == N_TRAIN and info["data"]["valid_pairs"] == N_VAL
+    config = info["config"]
+    assert (config["N"], config["d_model"], config["subwords"]) == (1, 32, 400)
+    assert config["paper_dropout"] and config["fast"]  # the rest is cpu_fast_dropout's
+    assert [record["epoch"] for record in info["history"]] == [1, 2]
+
+
+def test_translate_reads_the_folder_without_a_german_or_english_tokenizer(model_dir,
+                                                                         monkeypatch, capsys):
+    def no_spacy():
+        raise AssertionError("a subword model needs no spaCy tokenizer")
+
+    monkeypatch.setattr(tat, "load_tokenizers", no_spacy)
+    sentences = ["A dog runs in the park.", "Two men are playing football."]
+    out = io.StringIO()
+    stdin = io.BytesIO(f"{sentences[0]}\n\n{sentences[1]}\n".encode())
+    status = load_tool("translate").main(["--checkpoint", str(model_dir), "--beam", "1"],
+                                         stdin=stdin, stdout=out)
+    assert status == 0
+    model, vocab_src, vocab_tgt, _ = tat.load_trained_model(model_dir)
+    expected = tat.beam_translate(model, sentences, vocab_src, vocab_tgt, None, beam_size=1,
+                                  use_cache=True)
+    assert out.getvalue().split("\n")[:-1] == [expected[0], "", expected[1]]
+    assert "translating 3 lines from en to fr" in capsys.readouterr().err
+
+
+def test_evaluate_scores_the_folder_with_bleu_and_chrf_and_their_signatures(data, model_dir,
+                                                                           tmp_path):
+    results = tmp_path / "results.json"
+    load_tool("evaluate").main(["--model", f"en-fr={model_dir}", "--test",
+                                str(data / "val.en.gz"), str(data / "val.fr.gz"),
+                                "--results", str(results), "--keep-outputs"])
+    [entry] = json.loads(results.read_text("utf-8"))["results"]
+    assert (entry["model"], entry["split"], entry["decoding"]) == ("en-fr", "val", "greedy")
+    assert entry["sentences"] == N_VAL
+    assert entry["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp")
+    assert entry["chrf_signature"].startswith("nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no")
+    from sacrebleu.metrics import CHRF
+
+    references = first_lines(FRENCH / "val.fr.gz", N_VAL)
+    chrf = CHRF().corpus_score(entry["outputs"], [references]).score
+    assert entry["chrf"] == round(chrf, 2) and entry["bleu"] >= 0.0
+
+
+def test_evaluate_refuses_multi30k_german_english_splits_for_an_en_fr_model(model_dir, tmp_path,
+                                                                            capfd):
+    with pytest.raises(SystemExit) as exit_:
+        load_tool("evaluate").main(["--model", f"en-fr={model_dir}",
+                                    "--results", str(tmp_path / "r.json")])
+    assert exit_.value.code == 2
+    assert capfd.readouterr().err.splitlines() == [
+        "evaluate.py: error: model en-fr translates en to fr, but --splits val "
+        "test_2016_flickr are Multi30k's German-English sentences: give its test sets with "
+        "--test SRC_FILE REF_FILE"]
+
+
+def broken_copy(data: Path, tmp_path: Path, change) -> Path:
+    """A copy of the data folder with train.fr's bytes changed by `change`."""
+    folder = tmp_path / "data"
+    shutil.copytree(data, folder)
+    path = folder / "train.fr"
+    path.write_bytes(change(path.read_bytes()))
+    return folder
+
+
+def refused(argv: list[str], tmp_path: Path, capfd) -> str:
+    """Run train.py's main, which must stop with exit status 2 before training; its one line."""
+    from train import main
+
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--checkpoint-dir", str(run)])
+    lines = capfd.readouterr().err.splitlines()
+    assert exit_.value.code == 2 and len(lines) == 1, lines
+    assert not run.exists()  # nothing trained, nothing written
+    return lines[0]
+
+
+def replace_line(number: int, text: bytes):
+    def change(data: bytes) -> bytes:
+        lines = data.split(b"\n")
+        lines[number - 1] = text
+        return b"\n".join(lines)
+
+    return change
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda data: data.split(b"\n", 1)[1], "{en} has 300 lines but {fr} has 299: a parallel "
+     "text has the same number of lines on both sides"),
+    (replace_line(17, b"  "), "{fr}: line 17 is empty: every line must hold one sentence; "
+     "remove the pair from both files"),
+    (replace_line(5, b"Un chien \xff noir."), "{fr}: line 5 is not valid UTF-8 (byte 0xff at "
+     "column 10): the text must be UTF-8"),
+    (lambda data: b"", "{fr} is empty: it holds no sentence"),
+], ids=["unequal-length", "empty-line", "bad-bytes", "empty-file"])
+def test_train_refuses_a_bad_file_in_one_line_naming_file_and_line(data, tmp_path, capfd,
+                                                                  change, message):
+    folder = broken_copy(data, tmp_path, change)
+    line = refused(own_files(folder), tmp_path, capfd)
+    names = {"en": folder / "train.en", "fr": folder / "train.fr"}
+    assert line == "train.py: error: " + message.format(**names)
+
+
+def test_train_refuses_a_missing_file_in_one_line(data, tmp_path, capfd):
+    argv = own_files(data)
+    argv[2] = str(tmp_path / "nothing.fr")
+    line = refused(argv, tmp_path, capfd)
+    assert line == f"train.py: error: {tmp_path / 'nothing.fr'} does not exist"
+
+
+def test_train_refuses_a_vocabulary_larger_than_the_text_allows(data, tmp_path, capfd):
+    line = refused([*own_files(data), "--set", "subwords=20000"], tmp_path, capfd)
+    assert line.startswith("train.py: error: subwords=20000 is a larger vocabulary than the 300 "
+                           "training pairs allow (at most ")
+    most = int(line.split("at most ")[1].split()[0])
+    assert line.endswith(f"pieces): lower it, e.g. --set subwords={most}")
+    tat.train_sentencepiece([s for f in ("train.en", "train.fr")
+                             for s in (data / f).read_text("utf-8").splitlines()],
+                            vocab_size=most)  # the size it suggests trains
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--set", "dropuot=0.3"], "--set dropuot=0.3: TrainConfig has no field 'dropuot' (did you "
+     "mean dropout?)"),
+    (["--set", "dropout=abc"], "--set dropout=abc: dropout is a number, got 'abc'"),
+    (["--set", "dropout=1.5"], "dropout must be in [0, 1), got 1.5"),
+    (["--set", "epochs=2.5"], "--set epochs=2.5: epochs is a whole number, got '2.5'"),
+    (["--set", "fast=maybe"], "--set fast=maybe: fast is true or false, got 'maybe'"),
+    (["--set", "dropout"], "--set 'dropout': expected FIELD=VALUE, e.g. --set dropout=0.3"),
+    (["--set", "epochs=3", "--epochs", "4"], "epochs is set twice, by --epochs and by --set: "
+     "give it once"),
+    (["--config", "nosuch"], "--config: name must be one of "),
+    (["--config", "cpu"], "--config cpu has word vocabularies, which need spaCy's German and "
+     "English tokenizers; for en-fr choose a subword preset (cpu_subword, cpu_fast_dropout) or "
+     "--set subwords=8000"),
+], ids=["unknown-field", "not-a-number", "out-of-range", "not-whole", "not-a-bool", "no-value",
+        "twice", "unknown-preset", "word-model-for-en-fr"])
+def test_train_checks_config_and_set_before_the_run_in_one_line(data, tmp_path, capfd, argv,
+                                                                message):
+    line = refused([*own_files(data), *argv], tmp_path, capfd)
+    assert line.startswith(f"train.py: error: {message}")
+
+
+def test_set_reads_each_value_as_its_trainconfig_fields_type():
+    assert parse_sets(["dropout=0.3", "epochs=20", "fast=false", "share_embeddings=yes",
+                       "train_limit=none", "val_limit=100", "decay=linear"]) == {
+        "dropout": 0.3, "epochs": 20, "fast": False, "share_embeddings": True,
+        "train_limit": None, "val_limit": 100, "decay": "linear"}
+    with pytest.raises(ValueError, match="--set dropout=nan: dropout is a finite number"):
+        parse_sets(["dropout=nan"])
