@@ -3264,23 +3264,24 @@ import math
 
 
 def schedule_steps(config: TrainConfig, *, batches_per_epoch: int, world_size: int) -> dict:
-    """The run's schedule in optimizer steps, refused when training would end in the warm-up.
+    """The run's schedule in optimizer steps, refused when training would barely leave its warm-up.
 
     `config.warmup` counts the steps of one process without accumulation. A run whose steps
     each take k = world_size x accum_iter micro-batches walks the same data in k times fewer
-    steps, so its warm-up is warmup / k steps (and its peak rate sqrt(k) times higher).
+    steps, so its warm-up is warmup / k steps (and its peak rate sqrt(k) times higher). A run
+    must be at least 1.25 times its warm-up, so that a fifth of it, at least, comes after the peak.
     """
     k = world_size * config.accum_iter
     per_epoch = math.ceil(batches_per_epoch / config.accum_iter)
     plan = {"micro_batches_per_step": k, "steps_per_epoch": per_epoch,
             "total_steps": config.epochs * per_epoch, "warmup": max(1, round(config.warmup / k))}
-    if plan["total_steps"] <= plan["warmup"]:
+    if 4 * plan["total_steps"] < 5 * plan["warmup"]:  # fewer than 1.25 x warm-up
         raise ValueError(
             f"the run would take {plan['total_steps']} optimizer steps ({per_epoch} per epoch x "
             f"{config.epochs}: {batches_per_epoch} micro-batches per process, accum_iter "
-            f"{config.accum_iter}), not more than its {plan['warmup']} warm-up steps "
+            f"{config.accum_iter}), fewer than 1.25 times its {plan['warmup']} warm-up steps "
             f"(warmup={config.warmup} / {k} micro-batches per step), so the learning rate "
-            "would never peak: raise epochs or lower warmup"
+            "would peak too late to decay: raise epochs or lower warmup"
         )
     return plan
 
@@ -4973,7 +4974,7 @@ from dataclasses import dataclass, replace
 @dataclass(frozen=True)
 class TrainConfig:
     """Chapter 17's configuration, grown by the fast path, a schedule that ends at zero, the
-    paper's dropout sites and bfloat16 on CPUs."""
+    paper's dropout sites, bfloat16 on CPUs and a global batch for any number of GPUs."""
 
     N: int = 6
     d_model: int = 512
@@ -5000,6 +5001,7 @@ class TrainConfig:
     decay: str = "inverse_sqrt"  # after the warm-up: the paper's step^-0.5, or "linear" to 0
     cpu_bf16: bool = False  # bfloat16 autocast on a CPU with AMX or AVX512-BF16 (chapter 22)
     paper_dropout: bool = False  # dropout only where §5.4 puts it: none in attention or the FFN
+    batch_tokens: int = 0  # > 0: padded tokens per optimizer step on all devices (sets accum_iter)
 
     def __post_init__(self) -> None:
         check_train_config(self)
@@ -5010,11 +5012,14 @@ class TrainConfig:
             raise ValueError("share_embeddings=True needs one joint vocabulary: set subwords > 0")
         if self.decay not in ("inverse_sqrt", "linear"):
             raise ValueError(f"decay must be 'inverse_sqrt' or 'linear', got {self.decay!r}")
+        if isinstance(self.batch_tokens, bool) or not isinstance(self.batch_tokens, int) or (
+                self.batch_tokens < 0):
+            raise ValueError(f"batch_tokens must be an integer >= 0, got {self.batch_tokens!r}")
 
 
 def training_config(name: str, **overrides) -> TrainConfig:
-    """The preset `name` ("cpu", "base", "cpu_subword", "cpu_fast" or "cpu_fast_dropout") with
-    some fields replaced."""
+    """The preset `name` ("cpu", "base", "cpu_subword", "cpu_fast", "cpu_fast_dropout" or
+    "gpu") with some fields replaced."""
     cpu = TrainConfig(
         N=3, d_model=256, d_ff=1024, h=8, dropout=0.1, max_tokens=1500, accum_iter=1,
         epochs=12, warmup=1000, lr_factor=0.5, checkpoint_dir="checkpoints/multi30k_cpu",
@@ -5031,9 +5036,41 @@ def training_config(name: str, **overrides) -> TrainConfig:
     presets["cpu_fast_dropout"] = replace(presets["cpu_fast"], dropout=0.1, paper_dropout=True,
                                           epochs=11, keep_epochs=2,
                                           checkpoint_dir="checkpoints/multi30k_cpu_fast_dropout")
+    # One GPU: cpu_fast_dropout's model and recipe (bfloat16 autocast comes with CUDA, see
+    # autocast_dtype_for). At this size a GPU waits on kernel launches, not on arithmetic: the
+    # fast path took about 22 ms a step on an H200 at the bench's batches (bench_cuda.json, 6%
+    # MFU), so Multi30k's 252 micro-batches of 2,048 tokens take about 5.5 s an epoch, and a
+    # validation BLEU 2 to 3 s more: 30 epochs train in about 4 minutes. A step takes 8 of
+    # them, 16,384 tokens on 1, 2, 4 or 8 GPUs (config_for_devices): 32 steps an epoch, 960 in
+    # all. The warm-up, 200 steps, peaks at 2.2e-3, 3.2 times the CPU's peak for 22 times its
+    # batch (the square-root rule would allow 4.7); keep_epochs=5 averages the last sixth, as
+    # the CPU recipe's last two of 11 epochs do.
+    presets["gpu"] = replace(presets["cpu_fast_dropout"], max_tokens=2048, batch_tokens=16384,
+                             warmup=1600, epochs=30, keep_epochs=5,
+                             checkpoint_dir="checkpoints/multi30k_gpu")
     if name not in presets:
         raise ValueError(f"name must be one of {', '.join(presets)}, got {name!r}")
     return replace(presets[name], **overrides)
+
+
+# %%
+def config_for_devices(config: TrainConfig, world_size: int) -> TrainConfig:
+    """config as world_size devices train it. With batch_tokens set, accum_iter is the one that
+    brings world_size x accum_iter x max_tokens nearest batch_tokens (at least 1), so that a
+    step sees the same global batch, and the run takes the same steps, on any number of
+    devices; without it, config as it is."""
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    if not config.batch_tokens:
+        return config
+    accum = max(1, round(config.batch_tokens / (config.max_tokens * world_size)))
+    if config.accum_iter not in (1, accum):
+        raise ValueError(
+            f"accum_iter={config.accum_iter} and batch_tokens={config.batch_tokens} both set the "
+            f"accumulation (batch_tokens gives accum_iter={accum} on {world_size} device(s)): "
+            "set batch_tokens=0 to choose accum_iter yourself"
+        )
+    return replace(config, accum_iter=accum)
 
 
 # %%
@@ -5464,8 +5501,9 @@ def load_data(
     process: Process, config: TrainConfig, pairs: dict[str, list[tuple[str, str]]],
     *, resuming: bool,
 ) -> RunData:
-    """3) Rank 0's vocabularies on every rank, and this rank's share of the batches."""
-    tokenizers = load_tokenizers()
+    """3) Rank 0's vocabularies on every rank, and this rank's share of the batches. A
+    sentencepiece model reads raw text, so a subword run needs no spaCy tokenizers."""
+    tokenizers = (None, None) if config.subwords else load_tokenizers()
 
     def vocabularies() -> tuple[Vocab, Vocab]:
         if resuming:  # the ids the checkpoint's embeddings were trained with
@@ -5812,10 +5850,13 @@ def train_worker(
     environment: RANK, WORLD_SIZE, LOCAL_RANK), or called directly for one process. pairs
     replaces Multi30k: {"train": [(german, english), ...], "val": [...]}. save_every: also
     write last.pt every that many optimizer steps inside an epoch (0: after each epoch only).
+    A config with batch_tokens gets the accum_iter that keeps its global batch on world_size
+    devices (config_for_devices).
     """
     config = training_config("cpu") if config is None else config
     rank = int(os.environ.get("RANK", 0)) if rank is None else rank
     world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
+    config = config_for_devices(config, world_size)
     if config.max_tokens < config.max_len:
         raise ValueError(
             f"max_tokens={config.max_tokens} per device is less than max_len={config.max_len}: "

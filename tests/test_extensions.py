@@ -202,7 +202,7 @@ def test_grown_train_config_keeps_chapter_14s_fields_presets_and_errors():
     assert grown[:len(first)] == first
     assert grown[len(first):] == [("subwords", 0), ("share_embeddings", False), ("fast", False),
                                   ("decay", "inverse_sqrt"), ("cpu_bf16", False),
-                                  ("paper_dropout", False)]
+                                  ("paper_dropout", False), ("batch_tokens", 0)]
     presets = first_definition("training_config")
     for name in ("cpu", "base"):
         assert dataclasses.asdict(presets(name)) == {

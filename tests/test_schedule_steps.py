@@ -1,4 +1,5 @@
-"""Schedules in optimizer steps: every preset leaves its warm-up on 1, 4 and 8 devices."""
+"""Schedules in optimizer steps: every preset leaves its warm-up on 1, 4 and 8 devices, and the
+`gpu` preset keeps its global batch, steps and warm-up on 1, 2, 4 and 8."""
 
 import math
 import subprocess
@@ -9,6 +10,7 @@ import pytest
 from train import accum_for_batch  # tests/conftest.py puts tools/ on the path
 
 from the_annotated_transformer import (
+    config_for_devices,
     encode_examples,
     load_multi30k,
     load_tokenizers,
@@ -85,6 +87,57 @@ def test_more_micro_batches_per_step_walk_the_same_warm_up_in_fewer_steps():
     assert eight["steps_per_epoch"] == 7 and eight["total_steps"] == 30 * 7
     # the learning rate at the same point of the data is sqrt(8) times the one-process rate
     assert rate(125, 512, 0.5, 125) == pytest.approx(math.sqrt(8) * rate(1000, 512, 0.5, 1000))
+
+
+@pytest.mark.parametrize("preset, world_size", [
+    ("cpu_subword", 1), ("cpu_fast", 1), ("cpu_fast_dropout", 1), ("gpu", 1), ("gpu", 8),
+])
+def test_every_subword_preset_passes_the_margin_after_its_warm_up(subword_lengths_of_multi30k,
+                                                                  preset, world_size):
+    config = config_for_devices(training_config(preset), world_size)
+    loader = multi30k_loader(subword_lengths_of_multi30k, max_tokens=config.max_tokens,
+                             shuffle=True, num_replicas=world_size, rank=0)
+    plan = schedule_steps(config, batches_per_epoch=len(loader), world_size=world_size)
+    assert 4 * plan["total_steps"] >= 5 * plan["warmup"], plan
+
+
+def test_the_gpu_preset_takes_the_same_steps_and_warm_up_on_1_2_4_and_8_devices(
+    subword_lengths_of_multi30k
+):
+    plans, batches = {}, {}
+    for world_size in (1, 2, 4, 8):
+        config = config_for_devices(training_config("gpu"), world_size)
+        batches[world_size] = world_size * config.accum_iter * config.max_tokens
+        loader = multi30k_loader(subword_lengths_of_multi30k, max_tokens=config.max_tokens,
+                                 shuffle=True, num_replicas=world_size, rank=0)
+        plans[world_size] = schedule_steps(config, batches_per_epoch=len(loader),
+                                           world_size=world_size)
+    assert set(batches.values()) == {training_config("gpu").batch_tokens}  # the global batch
+    assert len({(p["total_steps"], p["warmup"], p["steps_per_epoch"])
+                for p in plans.values()}) == 1, plans
+    assert plans[1]["total_steps"] >= 4 * plans[1]["warmup"]  # a long decay after the peak
+
+
+def test_config_for_devices_derives_accumulation_from_the_global_batch():
+    gpu = training_config("gpu")
+    assert [config_for_devices(gpu, n).accum_iter for n in (1, 2, 4, 8, 16)] == [8, 4, 2, 1, 1]
+    assert config_for_devices(training_config("base", accum_iter=3), 4).accum_iter == 3
+    resolved = config_for_devices(gpu, 2)
+    assert config_for_devices(resolved, 2) == resolved  # resuming keeps it
+    with pytest.raises(ValueError, match=r"accum_iter=4 and batch_tokens=16384 both set"):
+        config_for_devices(training_config("gpu", accum_iter=4), 1)
+    with pytest.raises(ValueError, match="world_size must be a positive integer, got 0"):
+        config_for_devices(gpu, 0)
+    with pytest.raises(ValueError, match="batch_tokens must be an integer >= 0, got -1"):
+        training_config("gpu", batch_tokens=-1)
+
+
+def test_a_run_less_than_a_quarter_longer_than_its_warm_up_is_refused():
+    config = training_config("cpu", epochs=1)  # warm-up 1000 steps
+    assert schedule_steps(config, batches_per_epoch=1250, world_size=1)["total_steps"] == 1250
+    with pytest.raises(ValueError, match="1249 optimizer steps .* fewer than 1.25 times its "
+                                         "1000 warm-up steps"):
+        schedule_steps(config, batches_per_epoch=1249, world_size=1)
 
 
 def test_a_run_that_would_end_inside_its_warm_up_is_refused_in_one_line_with_the_numbers():

@@ -49,6 +49,7 @@ from translate import OneLineParser
 
 from the_annotated_transformer import (
     TrainConfig,
+    config_for_devices,
     export_for_shipping,
     load_checkpoint,
     load_multi30k,
@@ -71,10 +72,12 @@ def fail(message: str, status: int = 2) -> NoReturn:
 
 
 def accum_for_batch(batch_tokens: int, max_tokens: int, world_size: int) -> int:
-    """The accum_iter that brings processes x accum_iter x max_tokens nearest batch_tokens."""
+    """The accum_iter that brings processes x accum_iter x max_tokens nearest batch_tokens
+    (config_for_devices's rule, which the trainer applies to `batch_tokens`)."""
     if batch_tokens < 1:
         raise ValueError(f"--batch-tokens must be a positive integer, got {batch_tokens}")
-    return max(1, round(batch_tokens / (max_tokens * world_size)))
+    config = TrainConfig(max_tokens=max_tokens, batch_tokens=batch_tokens)
+    return config_for_devices(config, world_size).accum_iter
 
 
 def parse_value(name: str, kind: Any, text: str) -> Any:
@@ -242,6 +245,10 @@ def prepare(args: argparse.Namespace, world_size: int
     overrides = {name: getattr(args, name) for name in fields if getattr(args, name) is not None}
     if args.batch_tokens is not None and args.accum_iter is not None:
         fail("give --batch-tokens or --accum-iter, not both")
+    if args.batch_tokens is not None:
+        if args.batch_tokens < 1:
+            fail(f"--batch-tokens must be a positive integer, got {args.batch_tokens}")
+        overrides["batch_tokens"] = args.batch_tokens
     if args.save_every < 0:
         fail(f"save_every must be a whole number of steps >= 0, got {args.save_every}")
     try:
@@ -256,9 +263,7 @@ def prepare(args: argparse.Namespace, world_size: int
                              "--set: give it once")
         overrides |= sets
         config = training_config(args.config, **overrides)  # a bad value is one line
-        if args.batch_tokens is not None:
-            accum = accum_for_batch(args.batch_tokens, config.max_tokens, world_size)
-            config = dataclasses.replace(config, accum_iter=accum)
+        config = config_for_devices(config, world_size)  # batch_tokens: the same global batch
     except ValueError as err:
         fail(str(err))
     languages, pairs = MULTI30K_LANGUAGES, None

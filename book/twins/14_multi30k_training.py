@@ -77,7 +77,7 @@ enable_book_charts()
 # the steps of one process without accumulation: a run with $k$ warms up for `warmup`$/k$ steps,
 # over the same share of the data, and since chapter 10's peak falls as the square root of the
 # warm-up, its peak rate is $\sqrt{k}$ times higher. Before the first step `schedule_steps`
-# prints the plan and refuses a run that would end before its rate peaks; a resumed run must keep
+# prints the plan and refuses a run too short for its rate to peak and decay; a resumed run must keep
 # $R \times$ `accum_iter`.
 #
 # Both presets keep separate German and English vocabularies (below), so the embeddings cannot

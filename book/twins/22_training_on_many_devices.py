@@ -411,31 +411,32 @@ def evaluate(
 # `accum_iter` micro-batches per process takes $k = R \times$ `accum_iter` micro-batches. Over
 # the same data such a run takes $k$ times fewer steps than one process without accumulation, so
 # `schedule_steps` divides the preset's `warmup`, given for that one process, by $k$; with the
-# shorter warm-up the learning rate peaks $\sqrt{k}$ times higher. It also refuses a run that
-# would end before its warm-up does, whose learning rate would never peak.
+# shorter warm-up the learning rate peaks $\sqrt{k}$ times higher. It also refuses a run that is
+# not at least a quarter longer than its warm-up: its learning rate would peak too late to decay.
 
 # %% tags=["export"]
 import math
 
 
 def schedule_steps(config: TrainConfig, *, batches_per_epoch: int, world_size: int) -> dict:
-    """The run's schedule in optimizer steps, refused when training would end in the warm-up.
+    """The run's schedule in optimizer steps, refused when training would barely leave its warm-up.
 
     `config.warmup` counts the steps of one process without accumulation. A run whose steps
     each take k = world_size x accum_iter micro-batches walks the same data in k times fewer
-    steps, so its warm-up is warmup / k steps (and its peak rate sqrt(k) times higher).
+    steps, so its warm-up is warmup / k steps (and its peak rate sqrt(k) times higher). A run
+    must be at least 1.25 times its warm-up, so that a fifth of it, at least, comes after the peak.
     """
     k = world_size * config.accum_iter
     per_epoch = math.ceil(batches_per_epoch / config.accum_iter)
     plan = {"micro_batches_per_step": k, "steps_per_epoch": per_epoch,
             "total_steps": config.epochs * per_epoch, "warmup": max(1, round(config.warmup / k))}
-    if plan["total_steps"] <= plan["warmup"]:
+    if 4 * plan["total_steps"] < 5 * plan["warmup"]:  # fewer than 1.25 x warm-up
         raise ValueError(
             f"the run would take {plan['total_steps']} optimizer steps ({per_epoch} per epoch x "
             f"{config.epochs}: {batches_per_epoch} micro-batches per process, accum_iter "
-            f"{config.accum_iter}), not more than its {plan['warmup']} warm-up steps "
+            f"{config.accum_iter}), fewer than 1.25 times its {plan['warmup']} warm-up steps "
             f"(warmup={config.warmup} / {k} micro-batches per step), so the learning rate "
-            "would never peak: raise epochs or lower warmup"
+            "would peak too late to decay: raise epochs or lower warmup"
         )
     return plan
 

@@ -31,6 +31,7 @@ from the_annotated_transformer import (
     Vocab,
     autocast_dtype_for,
     bleu,
+    config_for_devices,
     enable_book_charts,
     encode_examples,
     evaluate,
@@ -365,8 +366,9 @@ def load_data(
     process: Process, config: TrainConfig, pairs: dict[str, list[tuple[str, str]]],
     *, resuming: bool,
 ) -> RunData:
-    """3) Rank 0's vocabularies on every rank, and this rank's share of the batches."""
-    tokenizers = load_tokenizers()
+    """3) Rank 0's vocabularies on every rank, and this rank's share of the batches. A
+    sentencepiece model reads raw text, so a subword run needs no spaCy tokenizers."""
+    tokenizers = (None, None) if config.subwords else load_tokenizers()
 
     def vocabularies() -> tuple[Vocab, Vocab]:
         if resuming:  # the ids the checkpoint's embeddings were trained with
@@ -713,10 +715,13 @@ def train_worker(
     environment: RANK, WORLD_SIZE, LOCAL_RANK), or called directly for one process. pairs
     replaces Multi30k: {"train": [(german, english), ...], "val": [...]}. save_every: also
     write last.pt every that many optimizer steps inside an epoch (0: after each epoch only).
+    A config with batch_tokens gets the accum_iter that keeps its global batch on world_size
+    devices (config_for_devices).
     """
     config = training_config("cpu") if config is None else config
     rank = int(os.environ.get("RANK", 0)) if rank is None else rank
     world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
+    config = config_for_devices(config, world_size)
     if config.max_tokens < config.max_len:
         raise ValueError(
             f"max_tokens={config.max_tokens} per device is less than max_len={config.max_len}: "

@@ -85,7 +85,7 @@ grown_in = {  # the parameters a later chapter added, with that chapter
     "multi30k_loader": {"num_replicas": 22, "rank": 22},
     "beam_search": {"use_cache": 21},
     "TrainConfig": {"subwords": 17, "share_embeddings": 17, "fast": 21, "decay": 21,
-                    "cpu_bf16": 21, "paper_dropout": 21},
+                    "cpu_bf16": 21, "paper_dropout": 21, "batch_tokens": 21},
     "read_vocabularies": {"subwords": 17},
 }
 for function in [greedy_decode, run_groups, TokenBudgetSampler, train_epoch, evaluate,

@@ -130,12 +130,15 @@ for eps in (0.0, 0.1, 0.3):
 # %% [markdown]
 # ## The presets and a schedule that ends
 #
-# Chapter 21's recipe grows `TrainConfig` by four fields and `training_config` by the presets
-# `cpu_fast` and `cpu_fast_dropout`, in the book's one way (README, "Growing a definition"): the
+# Chapter 21's recipe grows `TrainConfig` by five fields and `training_config` by the presets
+# `cpu_fast`, `cpu_fast_dropout` and `gpu`, in the book's one way (README, "Growing a definition"): the
 # defaults keep every earlier preset as it was. `fast` switches on the fast path, Adam's fused
 # step and `FusedLabelSmoothing`; `paper_dropout` applies chapter 21's `paper_dropout_only`;
-# `cpu_bf16` asks for bfloat16 autocast on a CPU (next section); and `decay` chooses the rate
-# after the warm-up.
+# `cpu_bf16` asks for bfloat16 autocast on a CPU (next section); `decay` chooses the rate
+# after the warm-up; and `batch_tokens`, when set, fixes the padded tokens of one optimizer step
+# over all devices, from which `config_for_devices` derives the accumulation for any number of
+# devices, so that a run keeps its steps (the `gpu` preset sets it; its comment gives the
+# reasoning behind its size).
 #
 # The paper's rate falls as $\text{step}^{-1/2}$ and never reaches zero, which suits a run
 # whose length is open. A run with a fixed budget can instead bring the rate down in a straight
@@ -153,7 +156,7 @@ from dataclasses import dataclass, replace
 @dataclass(frozen=True)
 class TrainConfig:
     """Chapter 17's configuration, grown by the fast path, a schedule that ends at zero, the
-    paper's dropout sites and bfloat16 on CPUs."""
+    paper's dropout sites, bfloat16 on CPUs and a global batch for any number of GPUs."""
 
     N: int = 6
     d_model: int = 512
@@ -180,6 +183,7 @@ class TrainConfig:
     decay: str = "inverse_sqrt"  # after the warm-up: the paper's step^-0.5, or "linear" to 0
     cpu_bf16: bool = False  # bfloat16 autocast on a CPU with AMX or AVX512-BF16 (chapter 22)
     paper_dropout: bool = False  # dropout only where §5.4 puts it: none in attention or the FFN
+    batch_tokens: int = 0  # > 0: padded tokens per optimizer step on all devices (sets accum_iter)
 
     def __post_init__(self) -> None:
         check_train_config(self)
@@ -190,11 +194,14 @@ class TrainConfig:
             raise ValueError("share_embeddings=True needs one joint vocabulary: set subwords > 0")
         if self.decay not in ("inverse_sqrt", "linear"):
             raise ValueError(f"decay must be 'inverse_sqrt' or 'linear', got {self.decay!r}")
+        if isinstance(self.batch_tokens, bool) or not isinstance(self.batch_tokens, int) or (
+                self.batch_tokens < 0):
+            raise ValueError(f"batch_tokens must be an integer >= 0, got {self.batch_tokens!r}")
 
 
 def training_config(name: str, **overrides) -> TrainConfig:
-    """The preset `name` ("cpu", "base", "cpu_subword", "cpu_fast" or "cpu_fast_dropout") with
-    some fields replaced."""
+    """The preset `name` ("cpu", "base", "cpu_subword", "cpu_fast", "cpu_fast_dropout" or
+    "gpu") with some fields replaced."""
     cpu = TrainConfig(
         N=3, d_model=256, d_ff=1024, h=8, dropout=0.1, max_tokens=1500, accum_iter=1,
         epochs=12, warmup=1000, lr_factor=0.5, checkpoint_dir="checkpoints/multi30k_cpu",
@@ -211,9 +218,41 @@ def training_config(name: str, **overrides) -> TrainConfig:
     presets["cpu_fast_dropout"] = replace(presets["cpu_fast"], dropout=0.1, paper_dropout=True,
                                           epochs=11, keep_epochs=2,
                                           checkpoint_dir="checkpoints/multi30k_cpu_fast_dropout")
+    # One GPU: cpu_fast_dropout's model and recipe (bfloat16 autocast comes with CUDA, see
+    # autocast_dtype_for). At this size a GPU waits on kernel launches, not on arithmetic: the
+    # fast path took about 22 ms a step on an H200 at the bench's batches (bench_cuda.json, 6%
+    # MFU), so Multi30k's 252 micro-batches of 2,048 tokens take about 5.5 s an epoch, and a
+    # validation BLEU 2 to 3 s more: 30 epochs train in about 4 minutes. A step takes 8 of
+    # them, 16,384 tokens on 1, 2, 4 or 8 GPUs (config_for_devices): 32 steps an epoch, 960 in
+    # all. The warm-up, 200 steps, peaks at 2.2e-3, 3.2 times the CPU's peak for 22 times its
+    # batch (the square-root rule would allow 4.7); keep_epochs=5 averages the last sixth, as
+    # the CPU recipe's last two of 11 epochs do.
+    presets["gpu"] = replace(presets["cpu_fast_dropout"], max_tokens=2048, batch_tokens=16384,
+                             warmup=1600, epochs=30, keep_epochs=5,
+                             checkpoint_dir="checkpoints/multi30k_gpu")
     if name not in presets:
         raise ValueError(f"name must be one of {', '.join(presets)}, got {name!r}")
     return replace(presets[name], **overrides)
+
+
+# %% tags=["export"]
+def config_for_devices(config: TrainConfig, world_size: int) -> TrainConfig:
+    """config as world_size devices train it. With batch_tokens set, accum_iter is the one that
+    brings world_size x accum_iter x max_tokens nearest batch_tokens (at least 1), so that a
+    step sees the same global batch, and the run takes the same steps, on any number of
+    devices; without it, config as it is."""
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    if not config.batch_tokens:
+        return config
+    accum = max(1, round(config.batch_tokens / (config.max_tokens * world_size)))
+    if config.accum_iter not in (1, accum):
+        raise ValueError(
+            f"accum_iter={config.accum_iter} and batch_tokens={config.batch_tokens} both set the "
+            f"accumulation (batch_tokens gives accum_iter={accum} on {world_size} device(s)): "
+            "set batch_tokens=0 to choose accum_iter yourself"
+        )
+    return replace(config, accum_iter=accum)
 
 
 # %% tags=["export"]
