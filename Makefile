@@ -7,6 +7,8 @@
 #   make sync    regenerate the_annotated_transformer.py and the chapters' text twins
 #   make lint    ruff, and actionlint on .github/workflows
 #   make lock    rewrite constraints.txt from .venv (after a passing `make test`)
+#   make release check that this commit is one release (version, tag, sync, shipped files)
+#                and print the git commands that tag and publish it (tools/release.py)
 #   make clean   remove what the build made (keeps .venv; `make distclean` removes it too)
 #   make train   train a translator with the book's best recipe (cpu_fast_dropout): on Multi30k,
 #                or on your files: TRAIN="src tgt" VALID="src tgt"; CONFIG=cpu|base|...
@@ -46,7 +48,7 @@ NBVAL_FIRST_HALF := $(addprefix book/,05_full_model.ipynb 08_training_loop.ipynb
 	19_model_variations.ipynb 20_constituency_parsing.ipynb 25_what_came_after.ipynb)
 
 .PHONY: book test nbval test-portable test-portable-all test-cli-layer sync lint lock clean distclean setup train \
-	translate bench bench-quick seeds
+	translate bench bench-quick seeds release
 
 # Set-up messages go to stderr, so that `make translate` writes nothing but translations.
 $(CLI_LAYER): pyproject.toml constraints.txt tools/setup_env.sh
@@ -96,6 +98,9 @@ train: $(CLI_LAYER)
 
 translate: $(CLI_LAYER)
 	@$(PY) tools/translate.py $(if $(CHECKPOINT),--checkpoint $(CHECKPOINT))
+
+release: $(BOOK_LAYER)
+	$(PY) tools/release.py
 
 lint: $(TEST_LAYER)
 	$(PY) -m ruff check .
