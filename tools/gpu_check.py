@@ -20,6 +20,7 @@ import tempfile
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -62,19 +63,32 @@ def model_flops_utilization(tokens_per_s: float, n_params: int, peak: float | No
     return 6 * n_params * tokens_per_s / (peak * 1e12)
 
 
-def run_gpu_tests() -> None:
-    """tests/test_gpu.py, where a skip counts as a failure (CUDA is present, so none may skip)."""
+def run_gpu_tests(*, allow_skips: bool = False) -> dict[str, Any]:
+    """tests/test_gpu.py in its own process, and what its report counted. Where CUDA is
+    present a skip counts as a failure; allow_skips is for a CPU, where every test skips."""
     with tempfile.TemporaryDirectory() as folder:
         report = Path(folder) / "gpu.xml"
-        command = [sys.executable, "-m", "pytest", str(ROOT / "tests" / "test_gpu.py"), "-rs",
-                   f"--junitxml={report}"]
-        result = subprocess.run(command, cwd=ROOT)
-        suite = ET.parse(report).getroot().iter("testsuite")
-        skipped = sum(int(s.get("skipped", 0)) for s in suite)
-    if result.returncode != 0:
+        command = [sys.executable, "-m", "pytest", str(ROOT / "tests" / "test_gpu.py"), "-q",
+                   "-rs", "-p", "no:cacheprovider", f"--junitxml={report}"]
+        start = time.perf_counter()
+        try:
+            result = subprocess.run(command, cwd=ROOT, timeout=300)
+        except subprocess.TimeoutExpired:
+            raise CheckFailed("tests/test_gpu.py took more than 5 minutes; stopped") from None
+        seconds = time.perf_counter() - start
+        if not report.is_file():
+            raise CheckFailed(f"tests/test_gpu.py did not run (exit status {result.returncode})")
+        suites = list(ET.parse(report).getroot().iter("testsuite"))
+    count = {key: sum(int(s.get(key, 0)) for s in suites)
+             for key in ("tests", "failures", "errors", "skipped")}
+    if result.returncode != 0 or count["failures"] or count["errors"]:
         raise CheckFailed(f"tests/test_gpu.py failed (exit status {result.returncode})")
-    if skipped:
-        raise CheckFailed(f"{skipped} GPU test(s) skipped although CUDA is present (see above)")
+    if count["skipped"] and not allow_skips:
+        raise CheckFailed(f"{count['skipped']} GPU test(s) skipped although CUDA is present "
+                          "(see above)")
+    return {"command": "python -m pytest tests/test_gpu.py", "exit_status": result.returncode,
+            "seconds": seconds, **count,
+            "passed": count["tests"] - count["failures"] - count["errors"] - count["skipped"]}
 
 
 def synthetic_examples(n: int, vocab: int, seed: int = 0) -> list[tuple[list[int], list[int]]]:

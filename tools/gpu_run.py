@@ -50,12 +50,10 @@ import math
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import traceback
-import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -65,6 +63,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tools")]  # the module, and the sibling scripts
 
 import bench  # noqa: E402
+import gpu_check  # noqa: E402
 import torch  # noqa: E402
 from average_checkpoints import write_average  # noqa: E402
 from gpu_check import model_flops_utilization, peak_tflops  # noqa: E402
@@ -204,31 +203,12 @@ def check_data() -> Path:
 
 # 2) the GPU tests
 def run_gpu_tests(*, dry_run: bool) -> dict[str, Any]:
-    """tests/test_gpu.py in its own process. On a GPU a failure or a skip fails the run; on a
+    """gpu_check's run of tests/test_gpu.py. On a GPU a failure or a skip fails the run; on a
     CPU (the dry run) every test skips, and only the command and its report are exercised."""
-    with tempfile.TemporaryDirectory() as folder:
-        report = Path(folder) / "gpu.xml"
-        command = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-                   str(ROOT / "tests" / "test_gpu.py"), f"--junitxml={report}"]
-        start = time.perf_counter()
-        try:
-            done = subprocess.run(command, cwd=ROOT, timeout=300)
-        except subprocess.TimeoutExpired:
-            raise StepFailed("tests/test_gpu.py took more than 5 minutes; stopped") from None
-        seconds = time.perf_counter() - start
-        if not report.is_file():
-            raise StepFailed(f"tests/test_gpu.py did not run (exit status {done.returncode})")
-        suites = list(ET.parse(report).getroot().iter("testsuite"))
-    count = {key: sum(int(s.get(key, 0)) for s in suites)
-             for key in ("tests", "failures", "errors", "skipped")}
-    result = {"command": "python -m pytest tests/test_gpu.py", "exit_status": done.returncode,
-              "seconds": seconds, **count, "passed": count["tests"] - count["failures"]
-              - count["errors"] - count["skipped"]}
-    if done.returncode != 0 or count["failures"] or count["errors"]:
-        raise StepFailed(f"tests/test_gpu.py failed (exit status {done.returncode})")
-    if count["skipped"] and not dry_run:
-        raise StepFailed(f"{count['skipped']} GPU test(s) skipped although CUDA is present")
-    return result
+    try:
+        return gpu_check.run_gpu_tests(allow_skips=dry_run)
+    except gpu_check.CheckFailed as err:
+        raise StepFailed(str(err)) from None
 
 
 # 3) the training run
