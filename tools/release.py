@@ -24,7 +24,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
-from sync import expected_files  # noqa: E402
+from sync import stale_files  # noqa: E402
 
 from the_annotated_transformer import SHIPPED_MODELS  # noqa: E402
 
@@ -52,8 +52,7 @@ def version_problems(pyproject_text: str, config_text: str) -> list[str]:
 
 
 def sync_problems() -> list[str]:
-    stale = [path.relative_to(ROOT).as_posix() for path, text in expected_files().items()
-             if not path.exists() or path.read_text() != text]
+    stale = [path.relative_to(ROOT).as_posix() for path in stale_files()]
     return [f"out of date, run `make sync`: {', '.join(stale)}"] if stale else []
 
 

@@ -178,20 +178,24 @@ def expected_files(read: dict[Path, str] | None = None) -> dict[Path, str]:
     return files
 
 
+def stale_files(read: dict[Path, str] | None = None) -> dict[Path, str]:
+    """The files sync owns that differ from what they should be, with that text."""
+    return {path: text for path, text in expected_files(read).items()
+            if not path.exists() or path.read_text() != text}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail if any file is out of date")
     args = parser.parse_args()
-    stale, read = [], {}
-    for path, text in expected_files(read).items():
-        if path.exists() and path.read_text() == text:
-            continue
-        stale.append(path.relative_to(ROOT).as_posix())
-        if not args.check:
-            if path in read and path.read_text() != read[path]:
-                sys.exit(f"{path.name} was saved while sync ran: run `make sync` again")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
+    read: dict[Path, str] = {}
+    outdated = stale_files(read)
+    stale = [path.relative_to(ROOT).as_posix() for path in outdated]
+    for path, text in ({} if args.check else outdated).items():
+        if path in read and path.read_text() != read[path]:
+            sys.exit(f"{path.name} was saved while sync ran: run `make sync` again")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
     if args.check and stale:
         sys.exit("out of date (run `make sync`): " + ", ".join(stale))
     print("updated: " + ", ".join(stale) if stale else "everything in sync")
