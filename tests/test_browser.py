@@ -121,3 +121,61 @@ def test_no_code_cell_scrolls_sideways_at_the_books_full_width(server, browser):
     page.close()
     assert cells > 100, f"only {cells} visible code cells in the whole book"
     assert scrolling == [], "code cells that scroll sideways"
+
+
+# The Colab editions (colab/, tools/colab_notebooks.py) store each chart also as HTML that loads
+# vega, vega-lite and vega-embed from a CDN, because Colab's output frame draws HTML. Here every
+# CDN request is answered with the vendored file of the same name and version, so the test
+# shows what that output frame draws from the stored output alone, before any cell runs.
+COLAB_CHART_PAGES = ["intro", "03_attention", "14_multi30k_training", "24_attention_visualization"]
+CDN_SCRIPT = re.compile(r"https://cdn\.jsdelivr\.net/npm/([\w-]+)@[\d.]+/build/([\w.-]+\.js)$")
+
+
+def stored_chart_html(stem: str) -> list[str]:
+    """The text/html of every stored chart in colab/<stem>.ipynb."""
+    import nbformat
+
+    nb = nbformat.read(ROOT / "colab" / f"{stem}.ipynb", as_version=4)
+    return ["".join(output["data"]["text/html"])
+            for cell in nb.cells if cell.cell_type == "code"
+            for output in cell.get("outputs", [])
+            if "application/vnd.vegalite.v5+json" in output.get("data", {})]
+
+
+@pytest.mark.parametrize("stem", COLAB_CHART_PAGES)
+def test_colab_edition_draws_its_stored_charts(browser, stem, tmp_path):
+    charts = stored_chart_html(stem)
+    assert charts, f"colab/{stem}.ipynb stores no chart"
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    errors, outside = [], []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+
+    def vendored(route):
+        match = CDN_SCRIPT.match(route.request.url)
+        vendor = ROOT / "_vendor" / match.group(2) if match else None
+        if vendor is not None and vendor.is_file():
+            route.fulfill(path=str(vendor), content_type="application/javascript")
+        elif route.request.url.startswith("file://"):
+            route.continue_()
+        else:
+            outside.append(route.request.url)
+            route.abort()
+
+    page.route("**/*", vendored)
+    html = tmp_path / f"{stem}.html"
+    html.write_text("<!DOCTYPE html><meta charset='utf-8'><body>" + "\n".join(charts))
+    page.goto(html.as_uri(), wait_until="load")
+    page.wait_for_function(
+        """n => [...document.querySelectorAll('div[id^="colab-chart-"]')].filter(el => {
+               const g = el.querySelector('svg, canvas');
+               return g && g.getBoundingClientRect().width > 0;
+           }).length === n""",
+        arg=len(charts), timeout=30_000,
+    )
+    shots = ROOT / "_build" / "screenshots"
+    shots.mkdir(parents=True, exist_ok=True)
+    page.screenshot(full_page=True, path=str(shots / f"colab_{stem}.png"))
+    page.close()
+    assert outside == [], f"requests that the vendored files could not answer: {outside}"
+    assert errors == [], f"console errors: {errors}"
