@@ -5928,12 +5928,23 @@ MULTI30K_SHA256 = {
     "test_2016_flickr.de.gz": "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8",
     "test_2016_flickr.en.gz": "611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9",
 }
+# The French and Czech sides of the same splits, from the same folder of the Multi30k repository.
+# They live in a folder of their own, multi30k-fr-cs, beside multi30k (in ../shared/data as in
+# the cache), so that the German-English folder stays exactly the six files above.
+MULTI30K_FR_CS_SHA256 = {
+    "train.fr.gz": "622e75069e9f4c577425c4f277116ce66e63a2401c0a2312d90073cb12379a3c",
+    "train.cs.gz": "a65adb8b32e3bc664f21ecba7a6e7f6950fd1f405e135f7c312faabdb6255077",
+    "val.fr.gz": "ca3106f1a72390591d25f6c45cb4cd39dec4cd3f123e099748a3ce5256c160e9",
+    "val.cs.gz": "b63226e05c4bd5dd6a42897d74b86a1b9d2c31498252c572b1ea7f7996927fcc",
+    "test_2016_flickr.fr.gz": "6d326e188d259fb1d04ac19eae3af956559b3a0b93d7635e56c90987c40c8b90",
+    "test_2016_flickr.cs.gz": "200a4a74cc9560f051924abb9803be008d1908d77f747e9141aeb86dfd2797f1",
+}
 
 
 def multi30k_file(name: str, folder: Path) -> Path:
     """The path of one Multi30k file in folder, downloaded if missing, its checksum verified."""
     path = folder / name
-    expected = MULTI30K_SHA256[name]
+    expected = (MULTI30K_SHA256 | MULTI30K_FR_CS_SHA256)[name]
     if not path.exists():
         url = MULTI30K_URL + name
         try:
@@ -5960,6 +5971,9 @@ import os
 from pathlib import Path
 
 MULTI30K_SPLITS = {"train": 29_000, "val": 1_014, "test_2016_flickr": 1_000}
+# Each language's folder under ../shared/data or the cache (data_dir or $MULTI30K_DIR holds all)
+MULTI30K_FOLDERS = {"de": "multi30k", "en": "multi30k", "fr": "multi30k-fr-cs",
+                    "cs": "multi30k-fr-cs"}
 
 
 def read_sentence_pairs(
@@ -5983,15 +5997,25 @@ def read_sentence_pairs(
 
 
 def load_multi30k(
-    split: str, data_dir: str | os.PathLike | None = None
+    split: str, data_dir: str | os.PathLike | None = None,
+    languages: tuple[str, str] = ("de", "en"),
 ) -> list[tuple[str, str]]:
-    """The (German, English) sentence pairs of one Multi30k split, exactly as published."""
+    """The (source, target) sentence pairs of one Multi30k split, exactly as published:
+    German-English unless languages names two others of de, en, fr and cs."""
     if split not in MULTI30K_SPLITS:
         raise ValueError(f"split={split!r} is not one of {', '.join(MULTI30K_SPLITS)}")
-    folder = multi30k_dir(data_dir)
-    return read_sentence_pairs(
-        multi30k_file(f"{split}.de.gz", folder), multi30k_file(f"{split}.en.gz", folder)
-    )
+    if (len(languages) != 2 or languages[0] == languages[1]
+            or not set(languages) <= MULTI30K_FOLDERS.keys()):
+        raise ValueError(
+            f"languages={tuple(languages)!r}: Multi30k pairs two different ones of "
+            f"{', '.join(MULTI30K_FOLDERS)}"
+        )
+    paths = [
+        multi30k_file(f"{split}.{code}.gz",
+                      dataset_dir(MULTI30K_FOLDERS[code], "MULTI30K_DIR", data_dir))
+        for code in languages
+    ]
+    return read_sentence_pairs(*paths)
 
 
 # %%

@@ -13,7 +13,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+import the_annotated_transformer as tat
 from the_annotated_transformer import (
+    MULTI30K_FR_CS_SHA256,
     MULTI30K_SHA256,
     MULTI30K_SPLITS,
     SPECIALS,
@@ -33,6 +35,11 @@ from the_annotated_transformer import (
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "multi30k"
 needs_shared = pytest.mark.skipif(
     not SHARED.is_dir(), reason=f"no shared copy of Multi30k at {SHARED}"
+)
+SHARED_FR_CS = SHARED.parent / "multi30k-fr-cs"
+needs_fr_cs = pytest.mark.skipif(
+    not (SHARED.is_dir() and SHARED_FR_CS.is_dir()),
+    reason=f"no shared copy of Multi30k's French and Czech files at {SHARED_FR_CS}",
 )
 
 
@@ -82,6 +89,65 @@ def test_checksums_in_the_code_match_the_published_sha256sums():
         reversed(line.split()) for line in (SHARED / "SHA256SUMS").read_text().splitlines()
     )
     assert published == MULTI30K_SHA256
+
+
+@needs_fr_cs
+def test_french_and_czech_checksums_match_their_published_sha256sums():
+    published = dict(
+        reversed(line.split()) for line in (SHARED_FR_CS / "SHA256SUMS").read_text().splitlines()
+    )
+    assert published == MULTI30K_FR_CS_SHA256
+
+
+@needs_fr_cs
+@pytest.mark.parametrize("other", ["fr", "cs"])
+def test_load_multi30k_pairs_english_with_french_or_czech_line_by_line(monkeypatch, other):
+    monkeypatch.setattr(urllib.request, "urlopen", no_network)  # both folders are on disk
+    monkeypatch.delenv("MULTI30K_DIR", raising=False)
+    pairs = load_multi30k("val", languages=("en", other))
+    assert len(pairs) == MULTI30K_SPLITS["val"]
+    # the English side is the German-English pairs' English side, line for line
+    assert [en for en, _ in pairs] == [en for _, en in load_multi30k("val", SHARED)]
+    assert all(text for _, text in pairs)
+    with gzip.open(SHARED_FR_CS / f"val.{other}.gz", "rt", encoding="utf-8") as f:
+        assert [text for _, text in pairs] == f.read().splitlines()
+
+
+@needs_fr_cs
+def test_without_shared_french_is_downloaded_verified_and_kept_in_its_own_cache_folder(
+        monkeypatch, tmp_path):
+    urls = []
+
+    def fake_urlopen(url, timeout=None):
+        urls.append(url)
+        name = url.rsplit("/", 1)[1]
+        return io.BytesIO((SHARED_FR_CS if ".fr." in name else SHARED).joinpath(name).read_bytes())
+
+    monkeypatch.setattr(urllib.request, "urlopen", fake_urlopen)
+    monkeypatch.setattr(tat, "repository_root", lambda: tmp_path / "repo")  # no ../shared
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("MULTI30K_DIR", raising=False)
+    pairs = load_multi30k("test_2016_flickr", languages=("fr", "en"))
+    assert len(pairs) == MULTI30K_SPLITS["test_2016_flickr"]
+    assert urls == [tat.MULTI30K_URL + f"test_2016_flickr.{code}.gz" for code in ("fr", "en")]
+    cache = tmp_path / "home" / ".cache" / "annotated-transformer"
+    assert {str(p.relative_to(cache)) for p in cache.rglob("*.gz")} == {
+        "multi30k/test_2016_flickr.en.gz", "multi30k-fr-cs/test_2016_flickr.fr.gz"}
+    assert load_multi30k("test_2016_flickr", languages=("fr", "en")) == pairs  # no new download
+    assert len(urls) == 2
+
+
+def test_a_french_download_with_a_wrong_checksum_raises_and_keeps_nothing(monkeypatch, tmp_path):
+    monkeypatch.setattr(urllib.request, "urlopen", lambda url, timeout=None: io.BytesIO(b"<html>"))
+    with pytest.raises(ValueError, match=r"val\.fr\.gz, but its SHA-256 checksum"):
+        load_multi30k("val", tmp_path, languages=("fr", "en"))
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("languages", [("en", "es"), ("fr", "fr"), ("de", "en", "fr")])
+def test_languages_outside_multi30k_raise_value_error_naming_its_four(languages):
+    with pytest.raises(ValueError, match=r"Multi30k pairs two different ones of de, en, fr, cs"):
+        load_multi30k("val", languages=languages)
 
 
 def test_unknown_split_raises_value_error_naming_the_splits():

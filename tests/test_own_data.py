@@ -10,6 +10,8 @@ import os
 import shutil
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -234,3 +236,62 @@ def test_set_reads_each_value_as_its_trainconfig_fields_type():
         "train_limit": None, "val_limit": 100, "decay": "linear"}
     with pytest.raises(ValueError, match="--set dropout=nan: dropout is a finite number"):
         parse_sets(["dropout=nan"])
+
+
+# Multi30k's own French and Czech: --langs without --train.
+
+needs_multi30k_french = pytest.mark.skipif(
+    not (ENGLISH / "val.en.gz").is_file() or not (FRENCH / "val.fr.gz").is_file(),
+    reason=f"Multi30k's English and French files are not in {SHARED}")
+LIMITS = ["--set", "train_limit=300", "--set", "val_limit=40"]
+SMALL = ["--set", "subwords=400", *LIMITS]
+
+
+def no_network(*args, **kwargs):
+    raise urllib.error.URLError("no network in this test")
+
+
+@needs_multi30k_french
+def test_langs_without_train_reads_that_pair_of_multi30k_without_downloading(monkeypatch):
+    from train import parse_args, prepare
+
+    monkeypatch.setattr(urllib.request, "urlopen", no_network)  # both folders are on disk
+    monkeypatch.delenv("MULTI30K_DIR", raising=False)
+    config, languages, pairs = prepare(parse_args(["--langs", "en", "fr", *SMALL]), 1)
+    assert languages == ("en", "fr")
+    assert config.checkpoint_dir == "checkpoints/en-fr_cpu_fast_dropout"
+    assert (len(pairs["train"]), len(pairs["val"])) == (29_000, 1_014)
+    assert pairs["val"][:3] == list(zip(first_lines(ENGLISH / "val.en.gz", 3),
+                                        first_lines(FRENCH / "val.fr.gz", 3), strict=True))
+
+
+@needs_multi30k_french
+def test_langs_de_en_without_train_is_the_default_run():
+    from train import parse_args, prepare
+
+    given = prepare(parse_args(["--langs", "de", "en", *SMALL]), 1)
+    assert given == prepare(parse_args(SMALL), 1)
+    assert given[1:] == (("de", "en"), None)  # the chapters' own Multi30k path
+
+
+@pytest.mark.parametrize("langs", [["en", "es"], ["fr", "fr"]])
+def test_langs_without_train_outside_multi30k_is_refused_in_one_line(langs, tmp_path, capfd):
+    line = refused(["--langs", *langs], tmp_path, capfd)
+    assert line == (f"train.py: error: --langs {' '.join(langs)}: without --train, --langs picks "
+                    "a Multi30k pair, two different ones of de, en, fr, cs; for other languages "
+                    "give your files with --train and --valid (--help lists the options)")
+
+
+@needs_multi30k_french
+def test_train_langs_en_fr_trains_on_multi30k_english_french(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "tools/train.py", "--langs", "en", "fr", *TINY, *LIMITS, "--epochs", "1",
+         "--checkpoint-dir", str(tmp_path / "run")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    info = json.loads((tmp_path / "run" / "model" / "info.json").read_text("utf-8"))
+    assert info["languages"] == {"src": "en", "tgt": "fr"}
+    assert info["data"] == {"train": "Multi30k train", "valid": "Multi30k val",
+                            "train_pairs": 29_000, "valid_pairs": 1_014}

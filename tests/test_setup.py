@@ -29,7 +29,7 @@ def test_constraints_leave_torch_to_the_machine():
 def test_first_layer_is_torch_and_the_book_extra_only():
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert project["dependencies"] == ["torch>=2.3,<3"]  # a range: Colab keeps its torch
+    assert project["dependencies"] == ["torch>=2.5,<3"]  # a range: Colab keeps its torch
     runtime = {r.split("=")[0].split(">")[0].split("<")[0] for r in
                project["optional-dependencies"]["book"]}
     assert {"spacy", "sacrebleu"} <= runtime

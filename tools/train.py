@@ -1,6 +1,7 @@
 """Train a Transformer translator: the book's best recipe on Multi30k, or on your own parallel text.
 
     python tools/train.py                                      # cpu_fast_dropout on Multi30k de-en
+    python tools/train.py --langs en fr                        # Multi30k's English-French
     python tools/train.py --train train.en.gz train.fr.gz --valid val.en.gz val.fr.gz
     python tools/train.py --train a.en b.fr --valid c.en d.fr --set dropout=0.3 --set epochs=20
     python tools/train.py --config cpu                         # chapter 14's word-level model
@@ -13,8 +14,11 @@
 --train and --valid each take two files, source then target: plain or gzipped, UTF-8, one
 sentence per line, line i of one the translation of line i of the other (the language codes
 come from names such as train.en.gz, or from --langs). The joint sentencepiece vocabulary is
-built from the --train pair only. --config takes any preset that training_config knows, and
---set FIELD=VALUE changes any TrainConfig field; both are checked before anything runs.
+built from the --train pair only. Without --train, --langs picks two of Multi30k's languages
+(de, en, fr, cs): load_multi30k reads that pair's train and val files, downloading any that
+../shared/data lacks into the cache and checking each against its checksum. --config takes any
+preset that training_config knows, and --set FIELD=VALUE changes any TrainConfig field; both
+are checked before anything runs.
 
 Under torchrun (which sets RANK and WORLD_SIZE) each process trains directly; otherwise
 --devices processes are started here: one per GPU, or CPU processes talking through gloo.
@@ -48,6 +52,7 @@ from parallel_text import BadInput, language_of, read_parallel
 from translate import OneLineParser
 
 from the_annotated_transformer import (
+    MULTI30K_FOLDERS,
     TrainConfig,
     config_for_devices,
     export_for_shipping,
@@ -160,7 +165,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="the validation pair that goes with --train")
     parser.add_argument("--langs", nargs=2, metavar=("SRC", "TGT"),
                         help="language codes of --train's files (default: from their names, "
-                             "as in train.en.gz); they go into the model folder's info.json")
+                             "as in train.en.gz); without --train, the Multi30k pair to train "
+                             "on: two of de, en, fr, cs (e.g. --langs en fr), downloaded if "
+                             "need be; they go into the model folder's info.json")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="change a TrainConfig field of the preset, e.g. --set dropout=0.3 "
                              "(repeatable; true/false for flags, none for an empty limit)")
@@ -198,8 +205,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if (args.train is None) != (args.valid is None):
         parser.error("--train and --valid go together: give both pairs of files")
-    if args.langs is not None and args.train is None:
-        parser.error("--langs names the languages of --train's files: give --train too")
+    if args.langs is not None and args.train is None and (
+            args.langs[0] == args.langs[1] or not set(args.langs) <= MULTI30K_FOLDERS.keys()):
+        parser.error(f"--langs {' '.join(args.langs)}: without --train, --langs picks a Multi30k "
+                     f"pair, two different ones of {', '.join(MULTI30K_FOLDERS)}; for other "
+                     "languages give your files with --train and --valid")
     return args
 
 
@@ -272,9 +282,12 @@ def prepare(args: argparse.Namespace, world_size: int
             pairs = {"train": read_parallel(*args.train), "val": read_parallel(*args.valid)}
             languages = tuple(args.langs) if args.langs else guess_languages(args.train,
                                                                               args.valid)
-            if "checkpoint_dir" not in overrides:
-                config = dataclasses.replace(
-                    config, checkpoint_dir=f"checkpoints/{'-'.join(languages)}_{args.config}")
+        elif args.langs is not None and tuple(args.langs) != MULTI30K_LANGUAGES:
+            languages = tuple(args.langs)
+            pairs = {split: load_multi30k(split, languages=languages) for split in ("train", "val")}
+        if pairs is not None and "checkpoint_dir" not in overrides:
+            config = dataclasses.replace(
+                config, checkpoint_dir=f"checkpoints/{'-'.join(languages)}_{args.config}")
         if not config.subwords and languages != MULTI30K_LANGUAGES:
             raise BadInput(
                 f"--config {args.config} has word vocabularies, which need spaCy's German and "
@@ -326,7 +339,7 @@ def main(argv: list[str] | None = None) -> None:
     config, languages, pairs = prepare(args, world_size)
     model_dir = Path(args.model_dir or Path(config.checkpoint_dir) / "model")
     data = None if pairs is None else {
-        "train": args.train, "valid": args.valid,
+        "train": args.train or "Multi30k train", "valid": args.valid or "Multi30k val",
         "train_pairs": len(pairs["train"]), "valid_pairs": len(pairs["val"])}
     if rank0:
         print(f"{'-'.join(languages)}, {args.config}: {world_size} process(es) x accum_iter "
