@@ -2,9 +2,13 @@
 #   make book    build the HTML book into _build/html (the default)
 #   make test    run every test: lint, unit tests, every chapter (nbval, as other machines run
 #                it), sync check, build, browser, a chapter in JupyterLab, and a fresh venv
-#                with only the first layer running `make translate`
+#                with only the first layer running `make translate`, and chapters as a fresh
+#                Colab runtime runs them (test-colab)
 #   make nbval   every chapter under nbval with the settings its outputs were stored with
 #   make sync    regenerate the_annotated_transformer.py and the chapters' text twins
+#   make test-colab   the chapters that download or read shipped files, and a sample of the
+#                rest, as a fresh Colab runtime runs them (tools/colab_check.py); test-colab-all
+#                runs every chapter that way
 #   make lint    ruff, and actionlint on .github/workflows
 #   make lock    rewrite constraints.txt from .venv (after a passing `make test`)
 #   make release check that this commit is one release (version, tag, sync, shipped files)
@@ -47,7 +51,7 @@ NBVAL_FIRST_HALF := $(addprefix book/,05_full_model.ipynb 08_training_loop.ipynb
 	11_regularization.ipynb 13_sort_task.ipynb 14_multi30k_training.ipynb \
 	19_model_variations.ipynb 20_constituency_parsing.ipynb 25_what_came_after.ipynb)
 
-.PHONY: book test nbval test-portable test-portable-all test-cli-layer sync lint lock clean distclean setup train \
+.PHONY: book test nbval test-portable test-portable-all test-cli-layer test-colab test-colab-all sync lint lock clean distclean setup train \
 	translate bench bench-quick seeds release
 
 # Set-up messages go to stderr, so that `make translate` writes nothing but translations.
@@ -73,6 +77,7 @@ test: lint
 	$(PY) -m pytest tests/test_browser.py
 	OMP_NUM_THREADS=1 $(PY) -m pytest tests/test_jupyterlab.py
 	$(MAKE) --no-print-directory test-cli-layer
+	$(MAKE) --no-print-directory test-colab
 
 # Every chapter once under nbval as other machines run it (see NBVAL_FIRST_HALF above).
 test-portable: $(TEST_LAYER)
@@ -87,6 +92,16 @@ test-portable-all: test-portable nbval
 # A fresh venv with only the first layer, and no npm or Jupyter Book on PATH, translates.
 test-cli-layer:
 	bash tools/check_cli_layer.sh
+
+# Chapters as a fresh Colab runtime runs them (tools/colab_check.py): Colab's package versions
+# (tools/colab/colab-packages.txt) in venvs under _build/colab, each setup cell installing the
+# package from a local stand-in of the book's repository (the working tree, tagged), downloads
+# served from local copies and any other network use a failure; two chapters side by side.
+test-colab: $(TEST_LAYER)
+	$(PY) tools/colab_check.py
+
+test-colab-all: $(TEST_LAYER)
+	$(PY) tools/colab_check.py --all
 
 sync: $(BOOK_LAYER)
 	$(PY) tools/sync.py
