@@ -95,7 +95,8 @@ def test_collect_refuses_runs_made_unlike_each_other(tmp_path: Path, change: str
     with pytest.raises(SystemExit) as stop:
         collect.main(["--book", str(tmp_path / "book"), str(results), "--peer", str(peer),
                       "--out", str(tmp_path / "peer.json")])
-    assert "collect.py: error:" in str(stop.value) and other[change] in str(stop.value)
+    message = capsys.readouterr().err
+    assert stop.value.code == 2 and "collect.py: error:" in message and other[change] in message
     assert not (tmp_path / "peer.json").exists()
 
 
@@ -110,3 +111,24 @@ def test_stored_pair_had_the_same_seconds_machine_and_metric() -> None:
     for system in (book, joey):
         cells = {(e["decoding"], e["split"]) for e in system["results"]}
         assert cells >= {(d, s) for d in ("greedy", "beam4") for s in ("val", "test_2016_flickr")}
+
+
+@pytest.mark.parametrize("damage", ["missing", "bad bytes", "no field"])
+def test_collect_refuses_bad_input_in_one_line(tmp_path: Path, damage: str,
+                                               capsys: pytest.CaptureFixture) -> None:
+    collect = load_tool("peer/collect")
+    results = book_run(tmp_path / "book")
+    peer = peer_results(tmp_path / "a.json", 1.0)
+    if damage == "missing":
+        peer.unlink()
+    elif damage == "bad bytes":
+        peer.write_bytes(b"\xff\xfe{")
+    else:
+        peer.write_text(json.dumps({**json.loads(peer.read_text()), "training": {}}))
+    with pytest.raises(SystemExit) as stop:
+        collect.main(["--book", str(tmp_path / "book"), str(results), "--peer", str(peer),
+                      "--out", str(tmp_path / "peer.json")])
+    message = capsys.readouterr().err
+    assert stop.value.code == 2 and message.startswith("collect.py: error:")
+    assert message.count("\n") == 1
+    assert not (tmp_path / "peer.json").exists()

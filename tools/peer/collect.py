@@ -13,6 +13,7 @@ its last.pt the optimizer steps) and the results.json that tools/evaluate.py wro
 run (the first with training, later ones from --decode-only with another beam alpha), whose
 model/validations.txt gives the peer's validation curve. Every score keeps its sacreBLEU
 signature; runs scored under different signatures, or made on different machines, are refused.
+Bad input ends with one line on stderr and exit status 2.
 """
 
 import argparse
@@ -20,6 +21,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -28,6 +30,12 @@ from the_annotated_transformer import load_checkpoint, rate  # noqa: E402
 
 KEPT = ("decoding", "decoding_description", "split", "bleu", "signature", "chrf",
         "chrf_signature", "sentences", "mean_words")
+
+
+def fail(message: str) -> NoReturn:
+    """Bad input: one line on stderr and exit status 2, as the book's other tools do."""
+    print(f"collect.py: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def book_system(folder: Path, results: Path) -> dict:
@@ -65,22 +73,26 @@ def peer_validations(run_dir: Path) -> list[dict]:
 
 def peer_schedule(run_dir: Path) -> dict:
     """The warm-up (updates) and peak learning rate of the run's config.yaml."""
-    text = (run_dir / "config.yaml").read_text("utf-8")
-    return {"warmup": int(re.search(r"^\s*learning_rate_warmup: (\d+)$", text, re.M)[1]),
-            "peak_lr": float(re.search(r"^\s*learning_rate: ([\d.e+-]+)$", text, re.M)[1])}
+    path = run_dir / "config.yaml"
+    text = path.read_text("utf-8")
+    warmup = re.search(r"^\s*learning_rate_warmup: (\d+)$", text, re.M)
+    peak = re.search(r"^\s*learning_rate: ([\d.e+-]+)$", text, re.M)
+    if warmup is None or peak is None:
+        raise ValueError(f"{path} names no learning_rate_warmup or learning_rate")
+    return {"warmup": int(warmup[1]), "peak_lr": float(peak[1])}
 
 
 def peer_system(results: list[Path]) -> dict:
     """JoeyNMT's run: its training notes once, the scores of every decoding of it."""
     first = json.loads(results[0].read_text("utf-8"))
-    entries = []
+    entries: dict[tuple[str, str], dict] = {}  # each decoding once (greedy is in every file)
     for path in results:
         data = json.loads(path.read_text("utf-8"))
         if data["training"] != first["training"]:
-            sys.exit(f"collect.py: error: {path} is another JoeyNMT run than {results[0]}")
-        entries += [{key: entry[key] for key in KEPT} for entry in data["results"]
-                    if (entry["decoding"], entry["decoding_description"]) not in
-                    {(e["decoding"], e["decoding_description"]) for e in entries}]
+            raise ValueError(f"{path} is another JoeyNMT run than {results[0]}")
+        for entry in data["results"]:
+            key = entry["decoding_description"], entry["split"]
+            entries.setdefault(key, {name: entry[name] for name in KEPT})
     training = first["training"]
     return {
         "system": first["toolkit"], "command": first["command"], "hardware": first["hardware"],
@@ -89,7 +101,8 @@ def peer_system(results: list[Path]) -> dict:
         "target_tokens": training["target_tokens"], **peer_schedule(results[0].parent),
         "weights": f"best greedy validation BLEU (update {training['best_update']})",
         "parameters": training["parameters"],
-        "validation": peer_validations(results[0].parent), "results": entries,
+        "validation": peer_validations(results[0].parent),
+        "results": list(entries.values()),
     }
 
 
@@ -101,15 +114,23 @@ def main(argv: list[str] | None = None) -> None:
                         metavar="RESULTS")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    systems = [book_system(*args.book), peer_system(args.peer)]
+    try:
+        systems = [book_system(*args.book), peer_system(args.peer)]
+    except (OSError, ValueError) as err:  # a missing or unreadable file, bad JSON or bytes
+        fail(str(err))
+    except KeyError as err:
+        fail(f"a run's notes lack the field {err}")
     signatures = {entry["signature"] for system in systems for entry in system["results"]}
     if len(signatures) != 1:
-        sys.exit(f"collect.py: error: the runs were scored under {len(signatures)} BLEU "
+        fail(f"the runs were scored under {len(signatures)} BLEU "
                  f"signatures: {' and '.join(sorted(signatures))}")
     if len({system["hardware"] for system in systems}) != 1:
-        sys.exit("collect.py: error: the runs were made on different machines: "
-                 + " and ".join(system["hardware"] for system in systems))
-    args.out.write_text(json.dumps({"systems": systems}, indent=1) + "\n", "utf-8")
+        fail("the runs were made on different machines: "
+             + " and ".join(system["hardware"] for system in systems))
+    try:
+        args.out.write_text(json.dumps({"systems": systems}, indent=1) + "\n", "utf-8")
+    except OSError as err:
+        fail(str(err))
     print(f"wrote {args.out}")
 
 
