@@ -5018,8 +5018,8 @@ class TrainConfig:
 
 
 def training_config(name: str, **overrides) -> TrainConfig:
-    """The preset `name` ("cpu", "base", "cpu_subword", "cpu_fast", "cpu_fast_dropout" or
-    "gpu") with some fields replaced."""
+    """The preset `name` ("cpu", "base", "cpu_subword", "cpu_fast", "cpu_fast_dropout",
+    "cpu_avx2" or "gpu") with some fields replaced."""
     cpu = TrainConfig(
         N=3, d_model=256, d_ff=1024, h=8, dropout=0.1, max_tokens=1500, accum_iter=1,
         epochs=12, warmup=1000, lr_factor=0.5, checkpoint_dir="checkpoints/multi30k_cpu",
@@ -5036,6 +5036,13 @@ def training_config(name: str, **overrides) -> TrainConfig:
     presets["cpu_fast_dropout"] = replace(presets["cpu_fast"], dropout=0.1, paper_dropout=True,
                                           epochs=11, keep_epochs=2,
                                           checkpoint_dir="checkpoints/multi30k_cpu_fast_dropout")
+    # A 2-core CPU with AVX2 only (chapter 21): the same model and dropout in 7 epochs. Half the
+    # subwords make the same text cheaper to train on (tools/levers.py), and a run this short
+    # ends with the rate on the straight line to zero from a 1,000-step warm-up; its last epoch
+    # scored above the last two averaged on validation for both seeds, so it keeps that one.
+    presets["cpu_avx2"] = replace(presets["cpu_fast_dropout"], subwords=4000, epochs=7,
+                                  decay="linear", warmup=1000, keep_epochs=0,
+                                  checkpoint_dir="checkpoints/multi30k_cpu_avx2")
     # One GPU: cpu_fast_dropout's model and recipe (bfloat16 autocast comes with CUDA, see
     # autocast_dtype_for). At this size a GPU waits on kernel launches, not on arithmetic: the
     # fast path took about 22 ms a step on an H200 at the bench's batches (bench_cuda.json, 6%
@@ -5183,6 +5190,7 @@ def bench_chart(results: dict[str, Any]) -> Any:
 # %%
 import json
 import re
+import statistics
 from typing import Any
 
 
@@ -5214,10 +5222,10 @@ def recipe_runs() -> list[dict[str, Any]]:
 
 
 def recipe_change(config: TrainConfig) -> str:
-    """The nearest of the presets cpu_subword, cpu_fast and cpu_fast_dropout (the first of
-    equals), and the fields in which `config` differs from it, seed and folders aside."""
+    """The nearest of the presets cpu_subword, cpu_fast, cpu_fast_dropout and cpu_avx2 (the
+    first of equals), and the fields in which `config` differs from it, seed and folders aside."""
     changes = {}
-    for name in ("cpu_subword", "cpu_fast", "cpu_fast_dropout"):
+    for name in ("cpu_subword", "cpu_fast", "cpu_fast_dropout", "cpu_avx2"):
         preset = vars(training_config(name))
         changes[name] = [f"{field}={value!r}" for field, value in vars(config).items()
                          if value != preset[field]
@@ -5249,6 +5257,8 @@ def recipe_table(runs: list[dict[str, Any]]) -> Any:
     for run in runs:
         cpu = run["hardware"].split(", ")[1]  # "1 CPU process(es) x 2 thread(s), AMD EPYC, ..."
         cpu = cpu.replace("(R)", "").removesuffix(" Processor")
+        if run.get("cpu", {}).get("caps"):  # its kernel libraries capped to an older CPU's
+            cpu += f", capped to {run['cpu']['torch_kernels']}"
         groups.setdefault((recipe_change(TrainConfig(**run["config"])), cpu), []).append(run)
     rows = []
     for (change, cpu), group in groups.items():
@@ -5261,6 +5271,21 @@ def recipe_table(runs: list[dict[str, Any]]) -> Any:
                 beam(group, f"average of epochs {epochs - 1} and {epochs}")),
         })
     return pd.DataFrame(rows).set_index("configuration")
+
+
+def lever_table(results: dict[str, Any]) -> Any:
+    """tools/levers.py's run: for each lever, the optimizer steps and target tokens of the same
+    sentences, the seconds they took (median and range over the repeats), and the speed against
+    the recipe (its median over the lever's; above 1: faster on the same text)."""
+    import pandas as pd
+
+    def seconds(values: list[float]) -> str:
+        return f"{statistics.median(values):.1f} ({min(values):.1f} to {max(values):.1f})"
+
+    return pd.DataFrame([{
+        "lever": row["lever"], "steps": row["steps"], "target tokens": row["target_tokens"],
+        "seconds": seconds(row["seconds"]), "speed vs recipe": round(row["ratio"], 2),
+    } for row in results["levers"]]).set_index("lever")
 
 
 # %% [markdown]
@@ -5324,6 +5349,27 @@ def hardware_name(device: torch.device, world_size: int) -> str:
     except OSError:
         pass
     return f"{world_size} CPU process(es) x {torch.get_num_threads()} thread(s), {cpu}"
+
+
+KERNEL_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+VECTOR_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile")
+
+
+def cpu_notes() -> dict[str, Any]:
+    """The CPU beside a run, for its notes: a minute on one CPU is not a minute on another.
+    Besides the cores, the vector instructions it has, the kernels torch chose, and the caps
+    that made the kernel libraries act like an older CPU (chapter 21 emulates AVX2 that way)."""
+    flags: set[str] = set()
+    try:  # Linux lists the instruction sets here
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = next((set(line.split(":", 1)[1].split()) for line in f
+                          if line.startswith("flags")), set())
+    except OSError:
+        pass
+    return {"cores": os.cpu_count(), "threads": torch.get_num_threads(),
+            "vector_flags": [flag for flag in VECTOR_FLAGS if flag in flags],
+            "torch_kernels": torch.backends.cpu.get_cpu_capability(),
+            "caps": {name: os.environ[name] for name in KERNEL_CAPS if name in os.environ}}
 
 
 RESUMABLE_CHANGES = ("epochs", "checkpoint_dir", "keep_epochs", "bleu_every", "accum_iter")
@@ -5673,6 +5719,7 @@ def save_epoch(
                 "best_bleu": run.best_bleu,
                 "elapsed_s": run.elapsed_s + elapsed_s,
                 "hardware": hardware_name(process.device, process.world_size),
+                "cpu": cpu_notes(),
                 "command": " ".join(["python", *sys.argv]),
             },
             folder / "last.pt",
@@ -6229,6 +6276,7 @@ def export_for_shipping(
         "command": command or notes.get("command"),
         "training_seconds": round(notes.get("elapsed_s", 0.0), 1),
         "hardware": notes.get("hardware"),
+        "cpu": notes.get("cpu"),  # its flags, kernels and caps (runs since chapter 21 asked)
         # pre-norm stacks end with a layer norm (chapter 2); post-norm ones have none
         "variant": "pre-norm" if "encoder.norm.weight" in weights else "post-norm",
         "epochs": notes.get("epoch"),

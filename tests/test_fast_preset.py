@@ -1,5 +1,6 @@
 """Chapter 21's cpu_fast preset: the fast path, the fused loss, half the batch, a linear decay."""
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -7,7 +8,9 @@ import torch
 from tiny_training import synthetic_sentence_pairs
 
 from the_annotated_transformer import (
+    KERNEL_CAPS,
     PAD_ID,
+    VECTOR_FLAGS,
     FastMultiHeadedAttention,
     FusedLabelSmoothing,
     LabelSmoothing,
@@ -83,6 +86,9 @@ def test_a_fast_run_trains_resumes_exactly_and_ships(tmp_path, monkeypatch):
 
     whole = replace(TINY, checkpoint_dir=str(tmp_path / "whole"))
     parts = replace(TINY, checkpoint_dir=str(tmp_path / "parts"))
+    for name in KERNEL_CAPS:  # as on a machine capped like chapter 21's AVX2 runs, in part
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     history = train_worker(0, 1, whole, **RUN)
     assert history[-1]["val_loss"] < history[0]["val_loss"]  # it learns
     state = load_checkpoint(tmp_path / "whole" / "last.pt")
@@ -98,7 +104,7 @@ def test_a_fast_run_trains_resumes_exactly_and_ships(tmp_path, monkeypatch):
     monkeypatch.setattr(tat, "train_epoch", dies_in_epoch_3)
     with pytest.raises(Interrupted):
         train_worker(0, 1, parts, **RUN)
-    monkeypatch.undo()
+    monkeypatch.setattr(tat, "train_epoch", epoch_core)
     assert load_checkpoint(tmp_path / "parts" / "last.pt")["epoch"] == 2
     train_worker(0, 1, parts, resume=True, **RUN)
     b = load_checkpoint(tmp_path / "parts" / "last.pt")
@@ -111,6 +117,10 @@ def test_a_fast_run_trains_resumes_exactly_and_ships(tmp_path, monkeypatch):
     export_for_shipping(tmp_path / "whole" / "last.pt", tmp_path / "ship")
     model, _, _, config = load_trained_model(tmp_path / "ship")
     assert config.fast and config.decay == "linear"
+    cpu = json.loads((tmp_path / "ship" / "info.json").read_text())["cpu"]
+    assert cpu == state["cpu"] and cpu["caps"] == {"ONEDNN_MAX_CPU_ISA": "AVX2"}
+    assert cpu["torch_kernels"] == torch.backends.cpu.get_cpu_capability()
+    assert set(cpu["vector_flags"]) <= set(VECTOR_FLAGS) and cpu["threads"] == 1
     assert any(type(m) is MultiHeadedAttention for m in model.modules())  # loads readable
     assert not any(isinstance(m, FastMultiHeadedAttention) for m in model.modules())
 

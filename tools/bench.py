@@ -13,7 +13,9 @@ whose lengths follow Multi30k's (a gamma distribution fitted to its sentence len
 read); their MFU is the counted matmul FLOPs (torch.utils.flop_counter, forward and backward) per
 second over the float32 matmul peak measured at the start of the same run (the bfloat16 row's, over
 the bfloat16 peak). The fast rows and torch.nn.Transformer's use the fused loss and Adam's fused
-step; the readable row is chapter 8's step as it is. Decoding rows translate Multi30k's validation
+step; the readable row is chapter 8's step as it is. The compiled row is the fast step with the
+model passed through torch.compile (inductor; C++ kernels on a CPU), which compiles in the warm-up
+pass, for minutes, so --quick leaves it out. Decoding rows translate Multi30k's validation
 sentences with the shipped model at the cpu size, when both are present (random ids otherwise); at
 the base size, for which no trained model exists, an untrained model translates random ids of
 Multi30k's lengths, with </s> made impossible so that every output has BASE_OUTPUT_LEN tokens,
@@ -79,7 +81,9 @@ FULL_SIZES = [Size("cpu", 3, 256, 1024, 8, 1500, 6), Size("base", 6, 512, 2048, 
 QUICK_SIZES = [Size("tiny", 1, 32, 64, 2, 300, 2), Size("tiny-2", 2, 64, 128, 4, 300, 2)]
 VOCAB = (8316, 6384)  # about the shipped model's German and English vocabularies
 QUICK_VOCAB = (500, 400)
-TRAINING_KINDS = ("readable", "fast", "torch.nn.Transformer", "fast, bf16 autocast")
+TRAINING_KINDS = ("readable", "fast", "torch.nn.Transformer", "fast, bf16 autocast",
+                  "fast, torch.compile")
+QUICK_KINDS = TRAINING_KINDS[:4]  # compiling takes minutes, even at the tiny sizes
 BASE_OUTPUT_LEN = 15  # <s> and 14 tokens, about Multi30k's mean English length with </s>
 
 
@@ -257,6 +261,8 @@ def training_step(kind: str, size: Size, vocab: tuple[int, int], device: torch.d
     criterion = LabelSmoothing(vocab[1], PAD, smoothing=0.1)
     if kind.startswith("fast"):
         use_fast_path(model)
+    if kind == "fast, torch.compile":  # inductor's generated kernels (C++ on a CPU), in place:
+        model.compile(dynamic=True)  # the first steps compile, in the untimed warm-up pass
     elif kind == "torch.nn.Transformer":
         model = TorchTransformer(model, size, dropout=0.1)
     model.to(device).train()
@@ -410,7 +416,7 @@ def run(quick: bool, repeats: int, device: torch.device, decoding_only: bool = F
     for size in [] if decoding_only else sizes:
         batches = budget_batches(size, vocab, size.steps, device)
         runs = {kind: (training_step(kind, size, vocab, device)[1], batches)
-                for kind in TRAINING_KINDS}
+                for kind in (QUICK_KINDS if quick else TRAINING_KINDS)}
         rates, flops = time_training(runs, repeats, device)
         tokens = sum(batch.ntokens for batch in batches)
         for kind, (step, _) in runs.items():
@@ -529,7 +535,8 @@ def table(results: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, few repeats")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny sizes, few repeats, no compiled row")
     parser.add_argument("--decoding-only", action="store_true",
                         help="only the ceilings and the decoding rows (the performance appendix's "
                              "roofline), "

@@ -37,6 +37,7 @@ def run_entry(name: str, changes: str, command: str, checkpoint: dict, results: 
     return {
         "name": name, "changes": changes, "command": command, "config": checkpoint["config"],
         "hardware": checkpoint["hardware"], "torch": torch.__version__,
+        **({"cpu": checkpoint["cpu"]} if "cpu" in checkpoint else {}),  # flags, kernels, caps
         "training_seconds": round(checkpoint["elapsed_s"], 1),
         "history": [{key: round(value, 4) if isinstance(value, float) else value
                      for key, value in row.items() if key in HISTORY_KEYS}

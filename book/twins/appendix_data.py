@@ -531,6 +531,7 @@ def export_for_shipping(
         "command": command or notes.get("command"),
         "training_seconds": round(notes.get("elapsed_s", 0.0), 1),
         "hardware": notes.get("hardware"),
+        "cpu": notes.get("cpu"),  # its flags, kernels and caps (runs since chapter 21 asked)
         # pre-norm stacks end with a layer norm (chapter 2); post-norm ones have none
         "variant": "pre-norm" if "encoder.norm.weight" in weights else "post-norm",
         "epochs": notes.get("epoch"),

@@ -191,6 +191,27 @@ def hardware_name(device: torch.device, world_size: int) -> str:
     return f"{world_size} CPU process(es) x {torch.get_num_threads()} thread(s), {cpu}"
 
 
+KERNEL_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+VECTOR_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile")
+
+
+def cpu_notes() -> dict[str, Any]:
+    """The CPU beside a run, for its notes: a minute on one CPU is not a minute on another.
+    Besides the cores, the vector instructions it has, the kernels torch chose, and the caps
+    that made the kernel libraries act like an older CPU (chapter 21 emulates AVX2 that way)."""
+    flags: set[str] = set()
+    try:  # Linux lists the instruction sets here
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = next((set(line.split(":", 1)[1].split()) for line in f
+                          if line.startswith("flags")), set())
+    except OSError:
+        pass
+    return {"cores": os.cpu_count(), "threads": torch.get_num_threads(),
+            "vector_flags": [flag for flag in VECTOR_FLAGS if flag in flags],
+            "torch_kernels": torch.backends.cpu.get_cpu_capability(),
+            "caps": {name: os.environ[name] for name in KERNEL_CAPS if name in os.environ}}
+
+
 RESUMABLE_CHANGES = ("epochs", "checkpoint_dir", "keep_epochs", "bleu_every", "accum_iter")
 RUN_FILES = ("last.pt", "best.pt", "epoch_*.pt")
 
@@ -538,6 +559,7 @@ def save_epoch(
                 "best_bleu": run.best_bleu,
                 "elapsed_s": run.elapsed_s + elapsed_s,
                 "hardware": hardware_name(process.device, process.world_size),
+                "cpu": cpu_notes(),
                 "command": " ".join(["python", *sys.argv]),
             },
             folder / "last.pt",
