@@ -56,7 +56,9 @@ def test_a_variant_step_trains_the_recipes_model_with_its_dropout_setting():
 
 def test_levers_refuses_bad_flags_in_one_line_before_measuring(tmp_path):
     for flags, message in ((["--sentences", "5"], "--sentences must be at least 100"),
-                           (["--out", str(tmp_path)], "is a folder; give a file name")):
+                           (["--out", str(tmp_path)], "is a folder; give a file name"),
+                           (["--out", "/proc/no/such/folder/levers.json"],
+                            "cannot create its folder")):
         done = subprocess.run([sys.executable, "tools/levers.py", *flags], cwd=ROOT,
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 2 and message in done.stderr.strip().splitlines()[-1]

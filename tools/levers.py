@@ -161,8 +161,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.sentences < 100 or args.repeats < 1 or args.threads < 1:
         parser.error("--sentences must be at least 100, --repeats and --threads at least 1")
-    if args.out is not None and args.out.is_dir():
-        parser.error(f"--out {args.out} is a folder; give a file name")
+    if args.out is not None:  # before minutes of measuring, not after
+        if args.out.is_dir():
+            parser.error(f"--out {args.out} is a folder; give a file name")
+        try:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            parser.error(f"--out {args.out}: cannot create its folder ({err.strerror})")
     torch.set_num_threads(args.threads)
     results = {"hardware": hardware_name(torch.device("cpu"), 1), "cpu": cpu_notes(),
                "torch": torch.__version__,
@@ -173,7 +178,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['target_tokens']} target tokens)")
     print(f"padding: {results['padding_share']:.1%} of the recipe's batch positions")
     if args.out is not None:
-        args.out.write_text(json.dumps(results, indent=1) + "\n")
+        try:
+            args.out.write_text(json.dumps(results, indent=1) + "\n")
+        except OSError as err:  # the table above keeps the ratios
+            sys.exit(f"levers.py: error: cannot write {args.out} ({err.strerror})")
     return 0
 
 
