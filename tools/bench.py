@@ -261,11 +261,11 @@ def training_step(kind: str, size: Size, vocab: tuple[int, int], device: torch.d
     criterion = LabelSmoothing(vocab[1], PAD, smoothing=0.1)
     if kind.startswith("fast"):
         use_fast_path(model)
-    if kind == "fast, torch.compile":  # inductor's generated kernels (C++ on a CPU), in place:
-        model.compile(dynamic=True)  # the first steps compile, in the untimed warm-up pass
     elif kind == "torch.nn.Transformer":
         model = TorchTransformer(model, size, dropout=0.1)
     model.to(device).train()
+    if kind == "fast, torch.compile":  # inductor's generated kernels (C++ on a CPU), in place:
+        model.compile(dynamic=True)  # the first steps compile, in the untimed warm-up pass
     optimizer = adam(model, fused=kind != "readable")
     bf16 = torch.autocast(device.type, dtype=torch.bfloat16, enabled="bf16" in kind)
 
