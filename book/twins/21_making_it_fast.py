@@ -33,6 +33,7 @@ from the_annotated_transformer import (
     MultiHeadedAttention,
     PositionalEncoding,
     PositionwiseFeedForward,
+    TrainConfig,
     _beam_limits,
     attention,
     attention_maps,
@@ -47,6 +48,7 @@ from the_annotated_transformer import (
     load_trained_model,
     make_model,
     rate,
+    recipe_change,
     recipe_runs,
     recipe_table,
     source_batch,
@@ -784,13 +786,12 @@ for name, value in vars(avx2).items():
         print(f"{name:>14}: {getattr(half_hour, name)!r} -> {value!r}")
 
 # %% [markdown]
-# Its runs emulate an AVX2 CPU on an AMD EPYC with AVX-512 by capping the kernel libraries before
-# Python starts (`ATEN_CPU_CAPABILITY=avx2`, `ONEDNN_MAX_CPU_ISA=AVX2`,
+# Its runs emulate an AVX2 CPU on an AMD EPYC with AVX-512 by capping the kernel libraries
+# at start-up (`ATEN_CPU_CAPABILITY=avx2`, `ONEDNN_MAX_CPU_ISA=AVX2`,
 # `MKL_ENABLE_INSTRUCTIONS=AVX2`), and `cpu_notes` ({doc}`appendix_distributed`) records the
 # flags, the kernels and the caps in every run's notes. The capped CPU keeps its own caches and
-# clock, so it stands for an AVX2 CPU of its generation. `tools/levers.py` timed the recipe's
-# training step against variants that each move one lever, on the same sentences, in turns (its
-# docstring has the details):
+# clock: it stands for an AVX2 CPU of its generation. `tools/levers.py` timed the recipe's
+# training step against variants that each move one lever, on the same sentences, in turns:
 
 # %%
 levers = book_data("levers_avx2.json")
@@ -808,16 +809,16 @@ lever_table(levers)
 # One run of the tool: compare each lever with the recipe repeat by repeat. `torch.compile` and
 # 1,500-token batches were slower in every repeat, and larger batches also halve the optimizer
 # steps. Fewer subwords were faster despite more tokens, 6,000 in every repeat and 4,000 not in
-# every one: a small gain, not a ranking. Dropout at the paper's sites made no difference beyond
-# the spread of the repeats, and packing could save at most the padding printed above the
-# table. None of this buys back the factor of about two by which the Xeon's epochs were shorter,
-# so `cpu_avx2` mainly trains for fewer epochs.
+# every one; yet seven epochs took longer with 8,000 than with 4,000 (the runs below). Dropout
+# at the paper's sites stayed within the spread of the repeats, and packing could save at most
+# the padding printed above the table. None of this buys back the factor of about two by which
+# the Xeon's epochs were shorter, so `cpu_avx2` mainly trains for fewer epochs.
 
 # %% [markdown]
 # ### The runs behind the recipe
 #
-# Each row below is a configuration that was trained for the recipe, named by the nearest preset
-# and the fields in which it differs, with its seeds and CPU. The scores are BLEU on the
+# Each row below is a configuration, named by the nearest preset and the fields in which it
+# differs, with its seeds and CPU. The scores are BLEU on the
 # validation set, beam 4 on the last epoch's weights and on the average of the last two; with
 # several seeds, the mean and the range. The presets were chosen on these scores, and the test
 # set was read only afterwards, for the chosen weights. Minutes are training minutes; the Xeon
@@ -828,7 +829,14 @@ lever_table(levers)
 # are in `book/data/fast_recipe.json`.
 
 # %%
-recipe_table(recipe_runs())
+runs = recipe_runs()
+seconds = {}  # training seconds of the runs on the CPU capped to AVX2, by configuration
+for run in runs:
+    if run.get("cpu", {}).get("caps"):
+        seconds.setdefault(recipe_change(TrainConfig(**run["config"])), []).append(
+            run["training_seconds"])
+assert min(seconds["cpu_avx2, subwords=8000"]) > max(seconds["cpu_avx2"])  # 8,000: slower
+recipe_table(runs)
 
 # %% [markdown]
 # Only the presets have several seeds, and their ranges show how far the seed alone moves a
@@ -850,8 +858,9 @@ recipe_table(recipe_runs())
 #   under half a point either way, and `cpu_avx2` keeps its last epoch (`keep_epochs=0`).
 # - **Half an hour on the capped EPYC is not enough for the Xeon's scores.** Both seeds of
 #   `cpu_avx2` trained well inside it and scored above every seed of `cpu_fast`, but below
-#   `cpu_subword` and both seeds of `cpu_fast_dropout`, each with the weights it keeps. An
-#   eighth epoch (one run) did not raise the beam score.
+#   `cpu_subword` and both seeds of `cpu_fast_dropout`, each with the weights it keeps. No
+#   single run closed the gap: an eighth epoch, a lower peak rate, or 8,000 subwords (which
+#   also overran the half hour).
 #
 # The book ships the seed-0 run of `cpu_fast_dropout`: `book/models/multi30k_cpu_fast_dropout`
 # holds its epochs 10 and 11 averaged, in half precision, with its notes and scores. Chosen on
