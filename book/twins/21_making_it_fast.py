@@ -818,9 +818,8 @@ lever_table(levers)
 # ### The runs behind the recipe
 #
 # Each row below is a configuration, named by the nearest preset and the fields in which it
-# differs, with its seeds and CPU. The scores are BLEU on the
-# validation set, beam 4 on the last epoch's weights and on the average of the last two; with
-# several seeds, the mean and the range. The presets were chosen on these scores, and the test
+# differs, with its seeds and CPU. The scores are BLEU on the validation set, beam 4 on the last
+# epoch's weights and on the average of the last two; with several seeds, the mean and the range. The presets were chosen on these scores, and the test
 # set was read only afterwards, for the chosen weights. Minutes are training minutes; the Xeon
 # ran an epoch in about half the time of the EPYC, so minutes compare only within one CPU, and a
 # capped CPU counts as a CPU of its own. A run with the paper's decay that was also scored after

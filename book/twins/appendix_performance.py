@@ -976,9 +976,9 @@ wide_gain = (curves[wide["name"]] - curves[seed0["name"]]).dropna()
 print("8,000 minus 4,000 subwords, seed 0, greedy val BLEU, epochs 1-7:",
       " ".join(f"{d:+.2f}" for d in wide_gain))
 assert len(wide_gain) == 7 and (wide_gain.loc[1:2] < 0).all() and (wide_gain.loc[3:7] > 0).all()
-seeds_beam = [scored_bleu(run, "beam4") for run in (seed0, seed1)]
 assert all(scored_bleu(wide, "greedy") > scored_bleu(run, "greedy") for run in (seed0, seed1))
-assert 0 <= scored_bleu(wide, "beam4") - max(seeds_beam) <= 0.1
+better_seed = max(scored_bleu(run, "beam4") for run in (seed0, seed1))
+assert 0 <= scored_bleu(wide, "beam4") - better_seed <= 0.1  # within a tenth of a point
 assert 30 * 60 < wide["training_seconds"] < 31 * 60
 curves
 
