@@ -118,9 +118,9 @@ def avx2_runs() -> list[dict]:
         checkpoint_dir=run["config"]["checkpoint_dir"])]
 
 
-def test_the_avx2_preset_ran_two_seeds_inside_half_an_hour_on_a_cpu_capped_to_avx2():
+def test_the_avx2_preset_ran_three_seeds_inside_half_an_hour_on_a_cpu_capped_to_avx2():
     runs = avx2_runs()
-    assert sorted(run["config"]["seed"] for run in runs) == [0, 1]
+    assert sorted(run["config"]["seed"] for run in runs) == [0, 1, 2]
     for run in runs:
         assert run["training_seconds"] <= 30 * 60
         assert run["training_seconds"] == pytest.approx(
@@ -128,8 +128,8 @@ def test_the_avx2_preset_ran_two_seeds_inside_half_an_hour_on_a_cpu_capped_to_av
         cpu = run["cpu"]  # an AVX-512 CPU with every kernel library capped to AVX2
         assert cpu["caps"] == AVX2_CAPS and cpu["torch_kernels"] == "AVX2"
         assert "avx512f" in cpu["vector_flags"] and cpu["cores"] == cpu["threads"] == 2
-        # the preset keeps the last epoch (keep_epochs=0): above the last two averaged
-        assert score(run, "beam4") > score(run, "beam4", last_two(run))
+        # the preset keeps the last epoch (keep_epochs=0): at least the last two averaged
+        assert score(run, "beam4") >= score(run, "beam4", last_two(run))
 
 
 def test_the_avx2_presets_test_scores_are_its_chosen_weights_and_stay_below_the_xeons():
