@@ -33,7 +33,6 @@ from the_annotated_transformer import (
     MultiHeadedAttention,
     PositionalEncoding,
     PositionwiseFeedForward,
-    TrainConfig,
     _beam_limits,
     attention,
     attention_maps,
@@ -48,7 +47,6 @@ from the_annotated_transformer import (
     load_trained_model,
     make_model,
     rate,
-    recipe_change,
     recipe_runs,
     recipe_table,
     source_batch,
@@ -828,14 +826,7 @@ lever_table(levers)
 # are in `book/data/fast_recipe.json`.
 
 # %%
-runs = recipe_runs()
-seconds = {}  # training seconds of the runs on the CPU capped to AVX2, by configuration
-for run in runs:
-    if run.get("cpu", {}).get("caps"):
-        seconds.setdefault(recipe_change(TrainConfig(**run["config"])), []).append(
-            run["training_seconds"])
-assert min(seconds["cpu_avx2, subwords=8000"]) > max(seconds["cpu_avx2"])  # 8,000: slower
-recipe_table(runs)
+recipe_table(recipe_runs())
 
 # %% [markdown]
 # Only the presets have several seeds, and their ranges show how far the seed alone moves a
