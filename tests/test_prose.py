@@ -746,8 +746,8 @@ HISTORY = re.compile(
 def test_no_chapter_tells_the_books_development_history(path):
     nb = notebook(path)
     text = "\n".join(cell.source for cell in nb.cells)
-    assert HISTORY.findall(text) == [], "the book describes itself as it is; history goes to "
-    "the README's changelog"
+    assert HISTORY.findall(text) == [], ("the book describes itself as it is; history goes to "
+                                         "CHANGELOG.md")
 
 
 # A chart draws what its cell computed or what a data file holds. A chart cell that types three or
