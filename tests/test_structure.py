@@ -227,18 +227,63 @@ def parameters(node: ast.FunctionDef) -> list[tuple[str, str, str | None]]:
     return found
 
 
+def is_dataclass(node: ast.ClassDef) -> bool:
+    return any("dataclass" in ast.unparse(d) for d in node.decorator_list)
+
+
+def interface(node: ast.stmt) -> dict[str, list[tuple[str, str, str | None]]]:
+    """What callers use: a function's parameters; a class's constructor (a dataclass's fields, in
+    order, of kind "field") and each method that is public or a dunder."""
+    if isinstance(node, ast.FunctionDef):
+        return {node.name: parameters(node)}
+    found = {}
+    if is_dataclass(node):
+        found["__init__"] = [
+            (b.target.id, "field", b.value and ast.unparse(b.value))
+            for b in node.body if isinstance(b, ast.AnnAssign) and isinstance(b.target, ast.Name)
+        ]
+    for b in node.body:
+        if isinstance(b, ast.FunctionDef) and b.name != "__post_init__" and (
+                not b.name.startswith("_") or b.name.startswith("__")):
+            found[b.name] = parameters(b)
+    return found
+
+
+def grown_badly(old: list, new: list) -> str | None:
+    """Why `new` breaks a caller of `old`, or None: the earlier parameters stay as they were and
+    each added one has a default and is keyword-only (a dataclass can only append fields)."""
+    if new[:len(old)] != old:
+        return "changes the earlier parameters"
+    for name, kind, default in new[len(old):]:
+        if default is None or kind not in ("keyword", "field"):
+            return f"adds {name}, which is not keyword-only with a default"
+    return None
+
+
+def test_grown_badly_tells_a_compatible_extension_from_a_breaking_one():
+    old = [("x", "positional", None), ("seed", "keyword", "0")]
+    assert grown_badly(old, old + [("rank", "keyword", "0")]) is None
+    assert grown_badly(old, old + [("rank", "positional", "0")]) is not None
+    assert grown_badly(old, old + [("rank", "keyword", None)]) is not None
+    assert grown_badly(old, [("x", "positional", None), ("seed", "keyword", "1")]) is not None
+    assert grown_badly(old[:1], old) is None
+    assert grown_badly([("a", "field", "1")], [("a", "field", "1"), ("b", "field", "0")]) is None
+    assert grown_badly([("a", "field", "1")], [("b", "field", "0"), ("a", "field", "1")])
+
+
 @pytest.mark.parametrize("name", sorted(extended()))
 def test_an_extension_keeps_the_earlier_signature_and_adds_only_keyword_options(name):
-    """Every caller of the earlier definition works unchanged with the grown one."""
+    """Every caller of the earlier definition works unchanged with the grown one: a function's
+    parameters, a class's constructor and each of its public methods."""
     defs = extended()[name]
     for (_, _, before), (chapter, _, after) in zip(defs, defs[1:], strict=False):
-        if isinstance(before, ast.ClassDef):
-            continue  # a class grows by its methods; the tests of each chapter use them
-        old, new = parameters(before), parameters(after)
-        assert new[:len(old)] == old, f"{chapter} changes {name}'s earlier parameters"
-        added = new[len(old):]
-        assert all(kind == "keyword" and default is not None for _, kind, default in added), (
-            f"{chapter} adds to {name} a parameter that is not keyword-only with a default")
+        assert type(before) is type(after), f"{chapter} turns {name} into another kind of thing"
+        old, new = interface(before), interface(after)
+        assert old, f"{name} has no callable interface to compare"
+        missing = sorted(set(old) - set(new))
+        assert missing == [], f"{chapter}'s {name} drops {missing}"
+        broken = {part: why for part in old if (why := grown_badly(old[part], new[part]))}
+        assert broken == {}, f"{chapter}'s {name}: {broken}"
 
 
 def calls(name: str, paths: list[Path]) -> list[ast.Call]:
@@ -256,22 +301,31 @@ def calls(name: str, paths: list[Path]) -> list[ast.Call]:
     return found
 
 
-@pytest.mark.parametrize("name", sorted(extended()))
+def grown_callables() -> list[str]:
+    """Extended names whose first definition has a parameter list to check: functions and
+    classes with an __init__ (a dataclass's fields are settings that later code reads, not
+    parameters some call must pass)."""
+    return sorted(name for name, defs in extended().items()
+                  if not (isinstance(defs[0][2], ast.ClassDef) and is_dataclass(defs[0][2])))
+
+
+@pytest.mark.parametrize("name", grown_callables())
 def test_a_first_definition_has_no_parameter_that_only_a_later_chapter_uses(name):
     """The chapter that teaches a function shows its smallest version: each optional parameter
     is used by some call before the chapter that grows the function."""
     defs = extended()[name]
     first_chapter, _, first = defs[0]
-    if isinstance(first, ast.ClassDef):
-        return
     order = [p.name for p in chapters()]
     before = [p for p in chapters()
               if order.index(first_chapter) <= order.index(p.name) < order.index(defs[1][0])]
+    offered = interface(first)[name if isinstance(first, ast.FunctionDef) else "__init__"]
+    if isinstance(first, ast.ClassDef):
+        offered = offered[1:]  # self
     used = set()
     for call in calls(name, before):
         used |= {k.arg for k in call.keywords}
-        used |= {p for p, _, _ in parameters(first)[:len(call.args)]}
-    unused = [p for p, _, default in parameters(first) if default is not None and p not in used]
+        used |= {p for p, _, _ in offered[:len(call.args)]}
+    unused = [p for p, _, default in offered if default is not None and p not in used]
     assert unused == [], f"{first_chapter}'s {name} has parameters no call uses yet: {unused}"
 
 
