@@ -69,8 +69,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("17_subword_vocabularies", "29,000"): PAIRS,
     ("17_subword_vocabularies", "32,000"): CITED + " (the paper's §5.1: English-French pieces)",
     ("17_subword_vocabularies", "37,000"): CITED + " (the paper's §5.1: English-German pieces)",
-    ("17_subword_vocabularies", "two runs"): "chapter 14's run and this one, which the sentence "
-                                             "compares: an input of the comparison",
     ("18_results", "213"): BIG_SIZE,
     ("18_results", "29,000"): PAIRS,
     ("18_results", "4.5"): CITED + " (WMT 2014's 4.5 million pairs)",
