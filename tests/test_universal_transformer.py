@@ -40,10 +40,39 @@ def test_halting_weights_sum_to_one_at_every_real_position():
         assert sums[~real].eq(0).all()
 
 
-def test_ponder_cost_is_steps_plus_remainder_and_its_gradient_reaches_the_halting_unit():
+def fixed_halting(act: AdaptiveComputationTime, p: float) -> None:
+    """Make every position's halting probability p at every step: zero weights, bias logit(p)."""
+    with torch.no_grad():
+        act.halt.weight.zero_()
+        act.halt.bias.fill_(torch.logit(torch.tensor(p)).item())
+
+
+# Halting by hand, eps = 0.01 (threshold 0.99), max_steps = 5:
+#   p = 0.3:   sums 0.3, 0.6, 0.9, then 1.2 > 0.99: N = 4, remainder 1 - 0.9 = 0.1, cost 4.1
+#   p = 0.6:   sums 0.6, then 1.2 > 0.99: N = 2, remainder 1 - 0.6 = 0.4, cost 2.4
+#   p = 0.995: 0.995 > 0.99 at once: N = 1, remainder 1, cost 2.0
+# With max_steps = 3, p = 0.3 is stopped by the limit: N = 3, remainder 1 - 0.6 = 0.4, cost 3.4.
+@pytest.mark.parametrize("p, max_steps, steps, weights, cost", [
+    (0.3, 5, 4, [0.3, 0.3, 0.3, 0.1, 0.0], 4.1),
+    (0.6, 5, 2, [0.6, 0.4, 0.0, 0.0, 0.0], 2.4),
+    (0.995, 5, 1, [1.0, 0.0, 0.0, 0.0, 0.0], 2.0),
+    (0.3, 3, 3, [0.3, 0.3, 0.4], 3.4),
+])
+def test_ponder_cost_is_steps_plus_remainder_averaged_over_real_positions(
+        p, max_steps, steps, weights, cost):
+    act, layer, x, real = act_run(max_steps=max_steps)
+    fixed_halting(act, p)
+    _, record = act(x, layer, real)
+    assert record["steps"][real].eq(steps).all() and record["steps"][~real].eq(0).all()
+    torch.testing.assert_close(record["weights"][real],
+                               torch.tensor(weights).expand(int(real.sum()), -1))
+    # padding (two of the 18 positions) adds nothing and is not counted in the mean
+    torch.testing.assert_close(record["ponder"], torch.tensor(cost))
+
+
+def test_ponder_cost_gradient_reaches_the_halting_unit():
     act, layer, x, real = act_run(halting_bias=0.0)
     _, record = act(x, layer, real)
-    assert 1.0 <= record["ponder"].item() <= 5.0 + 1.0
     record["ponder"].backward()
     assert act.halt.weight.grad is not None and act.halt.weight.grad.abs().sum() > 0
 
@@ -81,16 +110,47 @@ def test_universal_transformer_decoder_is_causal_through_act():
 def test_ponder_cost_of_the_model_sums_encoder_and_decoder():
     torch.manual_seed(0)
     model = UniversalTransformer(13, d_model=16, d_ff=32, h=2, max_steps=3)
+    fixed_halting(model.encoder_act, 0.6)  # N = 2, remainder 0.4: 2.4 at every real position
+    fixed_halting(model.decoder_act, 0.3)  # stopped by max_steps = 3, remainder 0.4: 3.4
     src = torch.randint(3, 13, (4, 5))
+    src[0, 3:] = 2  # padding, which ponders nothing and is left out of the mean
     batch = seq2seq_batch(src, src)
     model(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask)
-    expected = model.act["encoder"]["ponder"] + model.act["decoder"]["ponder"]
-    torch.testing.assert_close(model.ponder_cost(), expected)
+    torch.testing.assert_close(model.ponder_cost(), torch.tensor(2.4 + 3.4))
     model.ponder_cost().backward()
+    assert model.encoder_act.halt.weight.grad.abs().sum() > 0
     assert model.decoder_act.halt.weight.grad.abs().sum() > 0
-    ys = greedy_decode(model.eval(), batch.src, batch.src_mask, 6, 0)
-    assert ys.shape[0] == 4
-    assert 0.0 <= token_accuracy(model, batch) <= 1.0
+
+
+def test_greedy_decode_picks_the_universal_transformers_most_likely_next_token():
+    torch.manual_seed(0)
+    model = UniversalTransformer(13, d_model=16, d_ff=32, h=2, max_steps=3).eval()
+    src = torch.randint(3, 13, (4, 5))
+    src_mask = (src != 2).unsqueeze(-2)
+    ys = greedy_decode(model, src, src_mask, 6, 0)
+    assert ys.shape == (4, 6) and ys[:, 0].eq(0).all()
+    with torch.no_grad():
+        for k in range(1, 6):  # each token: the argmax after the prefix before it
+            out = model(src, ys[:, :k], src_mask, subsequent_mask(k))
+            assert torch.equal(model.generator(out[:, -1]).argmax(-1), ys[:, k])
+
+
+def test_token_accuracy_counts_in_place_hits_over_real_target_tokens(monkeypatch):
+    import the_annotated_transformer as tat
+
+    tgt = torch.tensor([[4, 5, 2, 2], [6, 7, 8, 9]])  # target rows; 2 pads the first
+    batch = seq2seq_batch(tgt, tgt)  # tgt_y: [4 5 </s> pad pad] and [6 7 8 9 </s>]
+    asked = {}
+
+    def decoded(model, src, src_mask, max_len, start):
+        asked.update(max_len=max_len, start=start)
+        # row 0: 4 right, 9 wrong, </s> right; row 1: 6 7 8 right, 3 wrong, then it stopped
+        return torch.tensor([[0, 4, 9, 1, 2, 2], [0, 6, 7, 8, 3, 2]])[:, :max_len]
+
+    monkeypatch.setattr(tat, "greedy_decode", decoded)
+    # real tokens: 3 + 5 = 8; hits: 2 + 3 = 5
+    assert token_accuracy(nn.Identity(), batch) == pytest.approx(5 / 8)
+    assert asked == {"max_len": 6, "start": 0}
 
 
 def test_max_steps_must_be_positive():
