@@ -295,3 +295,73 @@ def test_train_langs_en_fr_trains_on_multi30k_english_french(tmp_path):
     assert info["languages"] == {"src": "en", "tgt": "fr"}
     assert info["data"] == {"train": "Multi30k train", "valid": "Multi30k val",
                             "train_pairs": 29_000, "valid_pairs": 1_014}
+
+
+# A refused run loses nothing: every check runs before a file is written or deleted.
+
+
+def tree_hashes(folder: Path) -> dict[str, str] | None:
+    """Every file under folder by its relative path, with its SHA-256 (None: no folder)."""
+    if not folder.exists():
+        return None
+    return {path.relative_to(folder).as_posix(): tat.sha256_of(path) if path.is_file() else "/"
+            for path in sorted(folder.rglob("*"))}
+
+
+@pytest.fixture
+def finished(model_dir, tmp_path) -> Path:
+    """A copy of the finished two-epoch run (last.pt, best.pt, epoch_NNN.pt, model/)."""
+    folder = tmp_path / "finished"
+    shutil.copytree(model_dir.parent, folder)
+    assert {"last.pt", "best.pt", "epoch_001.pt", "epoch_002.pt", "subwords.model"} <= {
+        path.name for path in folder.iterdir()}
+    return folder
+
+
+def tiny_with(*argv: str) -> list[str]:
+    """TINY's options with argv after them, less TINY's --set of a field that argv sets."""
+    given = {arg.split("=")[0] for arg in argv if "=" in arg}
+    pairs = [TINY[i : i + 2] for i in range(0, len(TINY), 2)]
+    return [arg for pair in pairs if pair[1].split("=")[0] not in given for arg in pair] + [
+        *argv]
+
+
+def refused_in(folder: Path, argv: list[str], capfd) -> str:
+    """train.py's main on folder must stop with status 2 and one error line, the folder
+    unchanged byte for byte (or still absent)."""
+    from train import main
+
+    before = tree_hashes(folder)
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--checkpoint-dir", str(folder)])
+    lines = capfd.readouterr().err.splitlines()  # what the run chose, then the error
+    errors = [line for line in lines if line.startswith("train.py: error: ")]
+    assert exit_.value.code == 2 and errors == lines[-1:], lines
+    assert tree_hashes(folder) == before
+    return lines[-1]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--overwrite", "--set", "warmup=2000"], "the run would take "),
+    (["--overwrite", "--set", "subwords=20000"], "subwords=20000 is a larger vocabulary"),
+    (["--overwrite", "--set", "dropout=1.5"], "dropout must be in [0, 1), got 1.5"),
+    (["--resume", "--set", "warmup=3"], "cannot resume from "),
+    ([], "the checkpoint folder {folder} already holds another run's best.pt, epoch_001.pt, "
+     "epoch_002.pt, last.pt: give --resume to continue it, --overwrite to delete its "
+     "checkpoints and start afresh, or --checkpoint-dir DIR for another folder (make train: "
+     "RESUME=1, OVERWRITE=1, CHECKPOINT_DIR=DIR)"),
+], ids=["warm-up-too-long", "vocabulary-too-large", "bad-value", "resume-changed", "no-option"])
+def test_a_refused_run_leaves_a_finished_run_byte_for_byte(data, finished, capfd, argv,
+                                                           message):
+    line = refused_in(finished, [*own_files(data), *tiny_with("--epochs", "3", *argv)], capfd)
+    assert line.startswith("train.py: error: " + message.format(folder=finished)), line
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--set", "warmup=2000"], "the run would take "),
+    (["--resume"], "cannot resume: the checkpoint folder {folder} holds no last.pt"),
+], ids=["warm-up-too-long", "resume-nothing"])
+def test_a_refused_run_creates_no_folder_and_no_vocabulary(data, tmp_path, capfd, argv, message):
+    folder = tmp_path / "new"
+    line = refused_in(folder, [*own_files(data), *tiny_with(*argv)], capfd)
+    assert line.startswith("train.py: error: " + message.format(folder=folder)), line

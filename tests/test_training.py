@@ -574,7 +574,7 @@ def test_train_script_on_a_finished_run_says_so_and_trains_nothing(tmp_path):
 
 def test_train_script_resume_with_nothing_to_resume_is_one_line_and_an_error(tmp_path):
     result = run_train_script("--config", "cpu", "--checkpoint-dir", str(tmp_path), "--resume")
-    assert result.returncode == 1
+    assert result.returncode == 2  # a user error, like every refusal
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("train.py: error: cannot resume")
 

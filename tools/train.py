@@ -58,6 +58,7 @@ from the_annotated_transformer import (
     export_for_shipping,
     load_checkpoint,
     load_multi30k,
+    prepare_checkpoint_dir,
     train_distributed,
     train_sentencepiece,
     train_worker,
@@ -70,8 +71,9 @@ TRUE, FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
 
 
 def fail(message: str, status: int = 2) -> NoReturn:
-    """One line on stderr and the exit status: 2 for bad input or options, 1 for a run that
-    cannot go on (a wrong folder, a schedule that never leaves its warm-up)."""
+    """One line on stderr and the exit status: 2 for bad input, options or folder (a schedule
+    that never leaves its warm-up, a folder holding another run), 1 for data that cannot be
+    had (Multi30k neither on disk nor downloadable)."""
     print(f"train.py: error: {message}", file=sys.stderr)
     raise SystemExit(status)
 
@@ -136,6 +138,19 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
     return overrides
 
 
+FOLDER_OPTIONS = ("--resume to continue it, --overwrite to delete its checkpoints and start "
+                  "afresh, or --checkpoint-dir DIR for another folder (make train: RESUME=1, "
+                  "OVERWRITE=1, CHECKPOINT_DIR=DIR)")
+
+
+def user_error(err: Exception) -> str:
+    """The one line for a refused run; a folder that holds another run names the options."""
+    message = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+    if isinstance(err, FileExistsError) or "already holds another run's" in message:
+        message = f"{message.split(': resume it')[0]}: give {FOLDER_OPTIONS}"
+    return message
+
+
 def finished_run(config: TrainConfig, model_dir: Path) -> str | None:
     """What to tell a user whose checkpoint folder holds a run that has done all its epochs."""
     path = Path(config.checkpoint_dir) / "last.pt"
@@ -149,6 +164,18 @@ def finished_run(config: TrainConfig, model_dir: Path) -> str | None:
             "epochs (--resume --epochs N, or make train RESUME=1 EPOCHS=N); to start again, "
             "--overwrite; to use the model, tools/translate.py --checkpoint "
             + str(model_dir if (model_dir / "model.pt").is_file() else path))
+
+
+def check_folder(config: TrainConfig, args: argparse.Namespace) -> None:
+    """Refuse a folder that holds another run, or --resume without a last.pt, before the
+    vocabulary is trained; it only looks (a finished run is answered later, with status 0)."""
+    if not args.overwrite and finished_run(config, Path(".")) is not None:
+        return
+    try:
+        prepare_checkpoint_dir(config.checkpoint_dir, resume=args.resume,
+                               overwrite=args.overwrite, check_only=True)
+    except (FileExistsError, FileNotFoundError, ValueError) as err:
+        raise BadInput(user_error(err)) from None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -293,6 +320,7 @@ def prepare(args: argparse.Namespace, world_size: int
                 f"--config {args.config} has word vocabularies, which need spaCy's German and "
                 f"English tokenizers; for {'-'.join(languages)} choose a subword preset "
                 "(cpu_subword, cpu_fast_dropout) or --set subwords=8000")
+        check_folder(config, args)
         if config.subwords and not args.resume:
             train = pairs["train"] if pairs else load_multi30k("train")
             check_vocabulary(config, train[: config.train_limit])
@@ -363,13 +391,13 @@ def main(argv: list[str] | None = None) -> None:
             print(f"model folder {model_dir} ({what}); translate with: python "
                   f"tools/translate.py --checkpoint {model_dir}", file=sys.stderr)
     except (FileExistsError, FileNotFoundError, ValueError) as err:  # a wrong folder or config
-        fail(str(err), status=1)
+        fail(user_error(err))
     except torch.multiprocessing.ProcessRaisedException as err:  # the same, in a spawned worker
         last = str(err).strip().splitlines()[-1]
         kind, _, message = last.partition(": ")
         if kind not in ("FileExistsError", "FileNotFoundError", "ValueError"):
             raise
-        fail(message, status=1)
+        fail(user_error(ValueError(message)))
 
 
 if __name__ == "__main__":
