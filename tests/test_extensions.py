@@ -5,6 +5,7 @@ wrote it. The first definitions are taken from the chapters themselves, not from
 import ast
 import copy
 import dataclasses
+import inspect
 import sys
 from pathlib import Path
 
@@ -48,6 +49,19 @@ def first_definition(name: str):
     return namespace[name]
 
 
+def first_and_grown(name: str):
+    """The teaching chapter's definition of `name`, after checking that the module's one is a
+    different, grown definition: it adds parameters, each with a default, so a call that leaves
+    them out compares the two definitions rather than one with itself."""
+    plain = first_definition(name)
+    before = inspect.signature(plain).parameters
+    after = inspect.signature(getattr(tat, name)).parameters
+    added = [p for k, p in after.items() if k not in before]
+    assert added, f"the module's {name} has no parameter the first definition lacks"
+    assert all(p.default is not inspect.Parameter.empty for p in added), added
+    return plain
+
+
 def tiny_model(seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
     model = tat.make_model(V, V, N=1, d_model=16, d_ff=32, h=2, dropout=0.0)
@@ -65,8 +79,7 @@ def test_every_grown_definition_has_a_behaviour_test_here():
 @pytest.mark.parametrize("end_symbol", [None, EOS])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_grown_greedy_decode_gives_chapter_5s_ids_with_its_defaults(seed, end_symbol):
-    plain = first_definition("greedy_decode")
-    assert plain is not tat.greedy_decode
+    plain = first_and_grown("greedy_decode")
     model = tiny_model(seed)
     g = torch.Generator().manual_seed(seed)
     src = torch.randint(4, V, (3, 7), generator=g)
@@ -82,8 +95,7 @@ def test_grown_greedy_decode_gives_chapter_5s_ids_with_its_defaults(seed, end_sy
 @pytest.mark.parametrize("narrowing", [False, True])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_grown_beam_search_gives_chapter_15s_outputs_with_and_without_the_cache(seed, narrowing):
-    plain = first_definition("beam_search")
-    assert plain is not tat.beam_search
+    plain = first_and_grown("beam_search")
     model = tiny_model(seed)
     with torch.no_grad():
         model.generator.proj.bias[EOS] += 1.0  # sentences end at different steps
@@ -116,8 +128,7 @@ def random_batches(n: int, seed: int = 0) -> list[tat.Batch]:
 
 @pytest.mark.parametrize("accum_iter", [1, 2])
 def test_grown_run_groups_trains_as_chapter_8s_with_its_defaults(accum_iter):
-    plain = first_definition("run_groups")
-    assert plain is not tat.run_groups
+    plain = first_and_grown("run_groups")
     results = []
     for run in (plain, tat.run_groups):
         model = tiny_model(0).train()
@@ -135,8 +146,7 @@ def test_grown_run_groups_trains_as_chapter_8s_with_its_defaults(accum_iter):
 
 @pytest.mark.parametrize("accum_iter", [1, 2])
 def test_grown_train_epoch_and_evaluate_give_chapter_14s_sums_with_their_defaults(accum_iter):
-    plain_train, plain_evaluate = first_definition("train_epoch"), first_definition("evaluate")
-    assert plain_train is not tat.train_epoch and plain_evaluate is not tat.evaluate
+    plain_train, plain_evaluate = first_and_grown("train_epoch"), first_and_grown("evaluate")
     cpu = torch.device("cpu")
     results = []
     for train, evaluate in ((plain_train, plain_evaluate), (tat.train_epoch, tat.evaluate)):
@@ -166,8 +176,7 @@ def random_lengths(n: int, seed: int) -> tuple[list[int], list[int]]:
 def test_grown_sampler_and_loader_give_chapter_9s_and_14s_batches_with_their_defaults(
     seed, shuffle
 ):
-    plain_sampler = first_definition("TokenBudgetSampler")
-    assert plain_sampler is not tat.TokenBudgetSampler
+    plain_sampler = first_and_grown("TokenBudgetSampler")
     src, tgt = random_lengths(300, seed)
     options = {"max_tokens": 120, "pool_size": 100, "shuffle": shuffle, "seed": seed}
     plain, grown = plain_sampler(src, tgt, **options), tat.TokenBudgetSampler(src, tgt, **options)
@@ -176,8 +185,7 @@ def test_grown_sampler_and_loader_give_chapter_9s_and_14s_batches_with_their_def
         grown.set_epoch(epoch)
         assert list(grown) == list(plain) and len(grown) == len(plain)
     examples = [([5] * a, [6] * b) for a, b in zip(src, tgt, strict=True)]
-    plain_loader = first_definition("multi30k_loader")
-    assert plain_loader is not tat.multi30k_loader
+    plain_loader = first_and_grown("multi30k_loader")
     batches = [[(b.src.tolist(), b.tgt.tolist()) for b in load(examples, max_tokens=120,
                                                                shuffle=shuffle, seed=seed)]
                for load in (plain_loader, tat.multi30k_loader)]
@@ -195,8 +203,7 @@ def test_grown_sampler_deals_each_rank_an_equal_disjoint_share():
 
 
 def test_grown_train_config_keeps_chapter_14s_fields_presets_and_errors():
-    plain = first_definition("TrainConfig")
-    assert plain is not tat.TrainConfig
+    plain = first_and_grown("TrainConfig")
     first = [(f.name, f.default) for f in dataclasses.fields(plain)]
     grown = [(f.name, f.default) for f in dataclasses.fields(tat.TrainConfig)]
     assert grown[:len(first)] == first
