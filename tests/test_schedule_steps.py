@@ -1,9 +1,11 @@
 """Schedules in optimizer steps: every preset leaves its warm-up on 1, 4 and 8 devices, and the
-`gpu` preset keeps its global batch, steps and warm-up on 1, 2, 4 and 8."""
+`gpu` preset keeps its global batch and warm-up on 1, 2, 4 and 8 (tests/test_gpu_preset.py
+checks it on every count from 1 to 8)."""
 
 import math
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -101,7 +103,7 @@ def test_every_subword_preset_passes_the_margin_after_its_warm_up(subword_length
     assert 4 * plan["total_steps"] >= 5 * plan["warmup"], plan
 
 
-def test_the_gpu_preset_takes_the_same_steps_and_warm_up_on_1_2_4_and_8_devices(
+def test_the_gpu_preset_takes_the_same_batch_and_warm_up_on_1_2_4_and_8_devices(
     subword_lengths_of_multi30k
 ):
     plans, batches = {}, {}
@@ -113,19 +115,20 @@ def test_the_gpu_preset_takes_the_same_steps_and_warm_up_on_1_2_4_and_8_devices(
         plans[world_size] = schedule_steps(config, batches_per_epoch=len(loader),
                                            world_size=world_size)
     assert set(batches.values()) == {training_config("gpu").batch_tokens}  # the global batch
-    assert len({(p["total_steps"], p["warmup"], p["steps_per_epoch"])
-                for p in plans.values()}) == 1, plans
+    assert len({p["warmup"] for p in plans.values()}) == 1, plans
+    # each device's share of the batch pads less than one micro-batch: at most a step an epoch less
+    assert {plans[1]["steps_per_epoch"] - p["steps_per_epoch"] for p in plans.values()} <= {0, 1}
     assert plans[1]["total_steps"] >= 4 * plans[1]["warmup"]  # a long decay after the peak
 
 
 def test_config_for_devices_derives_accumulation_from_the_global_batch():
-    gpu = training_config("gpu")
+    gpu = training_config("gpu", max_tokens=2048, batch_tokens=16384)  # 8 micro-batches a step
     assert [config_for_devices(gpu, n).accum_iter for n in (1, 2, 4, 8, 16)] == [8, 4, 2, 1, 1]
     assert config_for_devices(training_config("base", accum_iter=3), 4).accum_iter == 3
     resolved = config_for_devices(gpu, 2)
     assert config_for_devices(resolved, 2) == resolved  # resuming keeps it
     with pytest.raises(ValueError, match=r"accum_iter=4 and batch_tokens=16384 both set"):
-        config_for_devices(training_config("gpu", accum_iter=4), 1)
+        config_for_devices(replace(gpu, accum_iter=4), 1)
     with pytest.raises(ValueError, match="world_size must be a positive integer, got 0"):
         config_for_devices(gpu, 0)
     with pytest.raises(ValueError, match="batch_tokens must be an integer >= 0, got -1"):

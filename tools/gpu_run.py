@@ -4,22 +4,26 @@
     python tools/gpu_run.py --out FILE            # the JSON elsewhere (on a device machine, $OUT)
     python tools/gpu_run.py --dry-run --out FILE  # the same steps on a CPU, tiny, in about a minute
 
-On one H100 or H200 it takes at most 8 minutes (--budget-minutes; the bench, which comes last,
-leaves out the rows that no longer fit), in four steps:
+It takes four steps; --budget-minutes (8) bounds the bench, which comes last and leaves out the
+rows that would end the run later. How long the training takes on a GPU has not been measured
+(the stored benches time steps of a few thousand tokens, the preset's are 32,768), so give the
+run a time limit with room; the JSON is rewritten after each step:
 
 1. tests/test_gpu.py in its own process, where a skip fails (the first part of `make gpu-check`);
 2. training_config("gpu") on Multi30k German-English to the end of its schedule (one process,
-   bfloat16 autocast, a greedy validation BLEU after every epoch), its last keep_epochs epochs
-   averaged as tools/average_checkpoints.py averages them;
+   one micro-batch of 32,768 tokens a step, the rate falling to zero in a straight line after
+   its warm-up, bfloat16 autocast, a greedy validation BLEU after every epoch), its last
+   keep_epochs epochs averaged as tools/average_checkpoints.py averages them;
 3. the average scored on val and test_2016_flickr with sacreBLEU and its signature, greedy and
    beam 4 (tools/evaluate.py's decodings; the beam runs with the cache);
 4. training throughput of the preset's model on batches of 4k, 16k and 32k tokens: the readable
    model and the fast path, each in float32, TF32 and bfloat16, and the fast path in bfloat16
    under torch.compile (tools/bench.py's batches and timing).
 
-The JSON holds the device, torch and CUDA versions, every epoch of the run, the training minutes
-until the validation BLEU first reached 38 and 40, tokens/s, MFU, peak memory, the scores, the
-averaged weights' SHA-256 and the bench's rows. It is rewritten after each step, so a run cut
+The JSON holds the device, torch and CUDA versions, the schedule (steps, warm-up, the peak rate
+and the last update's), every epoch of the run, the training minutes until the validation BLEU
+first reached 38 and 40, tokens/s, MFU, peak memory, the scores, the averaged weights' SHA-256
+and the bench's rows. It is rewritten after each step, so a run cut
 short leaves what it measured ("complete" is false until the end).
 
 The data is never downloaded here: Multi30k must be in multi30k_dir() ($MULTI30K_DIR,
@@ -77,12 +81,14 @@ from the_annotated_transformer import (  # noqa: E402
     config_for_devices,
     encode_examples,
     export_for_shipping,
+    linear_rate,
     load_checkpoint,
     load_multi30k,
     load_trained_model,
     make_model,
     multi30k_dir,
     multi30k_loader,
+    rate,
     read_vocabularies,
     schedule_steps,
     sha256_of,
@@ -130,8 +136,9 @@ def real_plan(checkpoint_dir: Path) -> Plan:
 
 def dry_plan(checkpoint_dir: Path) -> Plan:
     """The same steps at tiny sizes: a 1-layer model, 300 pairs, two short epochs of the
-    preset's schedule (8 micro-batches a step), 40 sentences scored, tiny bench batches, and
-    torch.compile with the "eager" backend (Dynamo captures the graphs; no code generation)."""
+    preset's schedule (8 micro-batches a step, where the preset takes one on one GPU, so that
+    accumulation runs too), 40 sentences scored, tiny bench batches, and torch.compile with the
+    "eager" backend (Dynamo captures the graphs; no code generation)."""
     config = training_config(
         "gpu", N=1, d_model=32, d_ff=64, h=4, subwords=600, max_tokens=128, batch_tokens=1024,
         warmup=16, epochs=2, keep_epochs=2, train_limit=300, val_limit=40,
@@ -223,6 +230,19 @@ def minutes_to(history: list[dict[str, float]], mark: float) -> float | None:
     return None
 
 
+def schedule_rates(config: TrainConfig, schedule: dict[str, int]) -> dict[str, float]:
+    """The rate at the end of the warm-up (the peak) and at the run's last update (LambdaLR's
+    step total - 1), as the trainer's schedule gives them."""
+    warmup, total = schedule["warmup"], schedule["total_steps"]
+
+    def at(step: int) -> float:
+        if config.decay == "linear":
+            return linear_rate(step, config.d_model, config.lr_factor, warmup, total)
+        return rate(step, config.d_model, config.lr_factor, warmup)
+
+    return {"peak_rate": at(warmup), "last_rate": at(total - 1)}
+
+
 def weights_sha256(weights: dict[str, torch.Tensor]) -> str:
     """SHA-256 of the weights' names, dtypes, shapes and bytes: the same weights, the same sum,
     whatever file holds them."""
@@ -249,6 +269,7 @@ def train(plan: Plan, threads: int | None, result: dict[str, Any]) -> Path:
     examples = encode_examples(pairs, sp, sp, (None, None), max_len=config.max_len)
     batches = len(multi30k_loader(examples, max_tokens=config.max_tokens, shuffle=True))
     schedule = schedule_steps(config, batches_per_epoch=batches, world_size=1)
+    schedule |= schedule_rates(config, schedule)
     done = load_checkpoint(folder / "last.pt")["train_state"]["accum_step"]
     epochs = list(range(config.epochs - config.keep_epochs + 1, config.epochs + 1))
     seconds = sum(row["seconds"] for row in history)
