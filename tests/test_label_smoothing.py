@@ -105,10 +105,15 @@ def test_loss_is_smallest_when_the_prediction_equals_the_smoothed_target():
     target = torch.tensor([2])
     exact = crit.smoothed_targets(target)
     assert crit(exact.log(), target).item() == pytest.approx(0.0, abs=1e-7)
+    # KL(smoothed || prediction) by hand: 0.9 on the word, 0.025 on each of the 4 others
     sharper = torch.tensor([[0.0, 0.01, 0.96, 0.01, 0.01, 0.01]])
     expected = 0.9 * math.log(0.9 / 0.96) + 4 * 0.025 * math.log(0.025 / 0.01)
     assert crit(sharper.log(), target).item() == pytest.approx(expected, rel=1e-5)
-    assert expected > 0.03  # more confident than the target costs loss
+    flatter = torch.tensor([[0.0, 0.05, 0.8, 0.05, 0.05, 0.05]])
+    expected = 0.9 * math.log(0.9 / 0.8) + 4 * 0.025 * math.log(0.025 / 0.05)
+    assert crit(flatter.log(), target).item() == pytest.approx(expected, rel=1e-5)
+    others = [crit(p.log(), target).item() for p in (sharper, flatter)]
+    assert min(others) > crit(exact.log(), target).item() + 1e-3  # both miss the minimum
 
 
 @pytest.mark.parametrize(
