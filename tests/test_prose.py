@@ -680,9 +680,9 @@ def test_quantifiers_differences_and_durations_are_found():
              "Training takes a minute or two. The paper trained for 12 hours {cite} here.")
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(prose), cell("loss 1.2")])
     assert [claim for claim, _ in unsupported_claims(nb, "x")] == [
-        "every averaged six-epoch seed", "the only difference", "a minute"]
+        "every averaged six-epoch seed", "only difference", "a minute"]
     nb.cells[1].outputs[0].text = "seed 0: 39.1\nseed 1: 39.4\ntrained in 71.5 s"
-    assert [claim for claim, _ in unsupported_claims(nb, "x")] == ["the only difference"]
+    assert [claim for claim, _ in unsupported_claims(nb, "x")] == ["only difference"]
     ordinary = ("Each head attends. All layers share one width. As all positions run at once, "
                 "every rank seeds its generator. A second product averages the values.")
     nb.cells[0].source = ordinary
