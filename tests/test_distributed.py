@@ -43,16 +43,24 @@ def _finish(procs: list[subprocess.Popen]) -> list[tuple[int, str]]:
     return results
 
 
-def two_nodes(folders: list[Path], epochs: int, extra: list[list[str]] | None = None):
-    """Two torchrun agents, one process each, meeting on 127.0.0.1 (c10d rendezvous)."""
+def two_nodes(folders: list[Path], epochs: int, extra: list[list[str]] | None = None,
+              node_ranks: list[int] | None = None):
+    """Two torchrun agents, one process each, meeting on 127.0.0.1: by c10d rendezvous, which
+    gives the ranks in the order the agents arrive, or, with node_ranks, by static rendezvous,
+    which makes the process of folders[i] the rank node_ranks[i]."""
     port = free_port()
     extra = extra or [[], []]
+    if node_ranks is None:
+        meeting = [["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                    "--rdzv-id", "test"]] * 2
+    else:
+        meeting = [["--node-rank", str(rank), "--master-addr", "127.0.0.1",
+                    "--master-port", str(port)] for rank in node_ranks]
     procs = []
-    for folder, more in zip(folders, extra, strict=True):
+    for folder, more, rendezvous in zip(folders, extra, meeting, strict=True):
         command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
-                   "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-                   "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "test",
-                   "--max-restarts", "0", str(SCRIPT), str(folder), str(epochs), *more]
+                   "--nproc-per-node", "1", *rendezvous, "--max-restarts", "0", str(SCRIPT),
+                   str(folder), str(epochs), *more]
         procs.append(subprocess.Popen(command, env=_env(), stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
     return _finish(procs)
@@ -99,24 +107,33 @@ def test_two_torchrun_nodes_train_like_one_process_and_resume_from_rank_0_only(
     assert_same_schedule(state, reference[2])
     assert_same_weights(state["model"], reference[2]["model"])
 
-    # Resume with the checkpoint on one node only (the other has an empty folder).
-    for folder in nodes:
-        if folder not in written:
-            shutil.rmtree(folder, ignore_errors=True)
-            folder.mkdir()
-    results = two_nodes(nodes, 3, extra=[["--resume"], ["--resume"]])
-    codes = [code for code, _ in results]
-    if codes == [0, 0]:  # the node with the checkpoint was rank 0: both resumed its state
-        resumed = load_checkpoint(written[0] / "last.pt")
-        assert resumed["epoch"] == 3
-        assert_same_schedule(resumed, reference[3])
-        assert_same_weights(resumed["model"], reference[3]["model"])
-        assert "resumed from" in "".join(out for _, out in results)
-    else:  # rank 0 had no checkpoint: both ranks stop with its error, and nothing trained
-        assert all(code != 0 for code in codes), results
-        for _, out in results:
-            assert "cannot resume: the checkpoint folder" in out and "holds no last.pt" in out
-        assert load_checkpoint(written[0] / "last.pt")["epoch"] == 2
+    # Resume with the checkpoint on one node only (the other has an empty folder), once with
+    # that node as rank 1 and once as rank 0: the ranks are fixed by static rendezvous.
+    holder = nodes.index(written[0])
+    empty = nodes[1 - holder]
+    shutil.rmtree(empty, ignore_errors=True)
+    empty.mkdir()
+    holder_first = [0, 1] if holder == 0 else [1, 0]  # the rank of each node's process
+    results = two_nodes(nodes, 3, extra=[["--resume"], ["--resume"]],
+                        node_ranks=holder_first[::-1])
+    # rank 0 has no checkpoint: both ranks stop with its error, naming its folder; none trained
+    assert all(code != 0 for code, _ in results), results
+    for _, out in results:
+        assert f"cannot resume: the checkpoint folder {empty} holds no last.pt" in out, out
+    assert load_checkpoint(written[0] / "last.pt")["epoch"] == 2
+    assert list(empty.iterdir()) == []
+
+    results = two_nodes(nodes, 3, extra=[["--resume"], ["--resume"]],
+                        node_ranks=holder_first)
+    # rank 0 has the checkpoint: both ranks resume its state and end like one process
+    assert [code for code, _ in results] == [0, 0], results
+    assert f"resumed from {written[0] / 'last.pt'} after epoch 2" in results[holder][1]
+    resumed = load_checkpoint(written[0] / "last.pt")
+    assert resumed["epoch"] == 3
+    assert resumed["train_state"]["accum_step"] == reference[3]["train_state"]["accum_step"]
+    assert_same_schedule(resumed, reference[3])
+    assert_same_weights(resumed["model"], reference[3]["model"])
+    assert not (empty / "last.pt").exists(), "only rank 0 writes checkpoints"
 
 
 def test_a_node_with_other_data_stops_both_with_the_batch_count_error(tmp_path):
