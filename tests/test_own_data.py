@@ -5,6 +5,7 @@ and every bad input refused in one line with exit status 2 before anything train
 import gzip
 import importlib.util
 import io
+import itertools
 import json
 import os
 import shutil
@@ -25,7 +26,8 @@ ENGLISH = SHARED / "multi30k"
 FRENCH = SHARED / "multi30k-fr-cs"
 N_TRAIN, N_VAL = 300, 40
 TINY = ["--set", "N=1", "--set", "d_model=32", "--set", "d_ff=64", "--set", "h=2",
-        "--set", "subwords=400", "--set", "warmup=2", "--epochs", "2", "--threads", "1"]
+        "--set", "subwords=400", "--set", "warmup=2", "--set", "bleu_every=1", "--epochs", "2",
+        "--threads", "1"]
 
 
 def load_tool(name: str):
@@ -257,7 +259,7 @@ def test_langs_without_train_reads_that_pair_of_multi30k_without_downloading(mon
 
     monkeypatch.setattr(urllib.request, "urlopen", no_network)  # both folders are on disk
     monkeypatch.delenv("MULTI30K_DIR", raising=False)
-    config, languages, pairs = prepare(parse_args(["--langs", "en", "fr", *SMALL]), 1)
+    config, languages, pairs, _ = prepare(parse_args(["--langs", "en", "fr", *SMALL]), 1)
     assert languages == ("en", "fr")
     assert config.checkpoint_dir == "checkpoints/en-fr_cpu_fast_dropout"
     assert (len(pairs["train"]), len(pairs["val"])) == (29_000, 1_014)
@@ -271,7 +273,7 @@ def test_langs_de_en_without_train_is_the_default_run():
 
     given = prepare(parse_args(["--langs", "de", "en", *SMALL]), 1)
     assert given == prepare(parse_args(SMALL), 1)
-    assert given[1:] == (("de", "en"), None)  # the chapters' own Multi30k path
+    assert given[1:] == (("de", "en"), None, [])  # the chapters' own Multi30k path, as it is
 
 
 @pytest.mark.parametrize("langs", [["en", "es"], ["fr", "fr"]])
@@ -365,3 +367,67 @@ def test_a_refused_run_creates_no_folder_and_no_vocabulary(data, tmp_path, capfd
     folder = tmp_path / "new"
     line = refused_in(folder, [*own_files(data), *tiny_with(*argv)], capfd)
     assert line.startswith("train.py: error: " + message.format(folder=folder)), line
+
+
+# Your own text sized by config_for_corpus: given only --train and --valid.
+
+
+def test_config_for_corpus_gives_multi30k_the_shipped_recipe_unchanged():
+    fields = {name: value for group, _ in tat.config_for_corpus(29_000)
+              for name, value in group.items()}
+    assert tat.training_config("cpu_fast_dropout", **fields) == tat.training_config(
+        "cpu_fast_dropout")
+
+
+def test_config_for_corpus_moves_each_setting_the_way_chapter_18s_table_does():
+    sizes = [50, 400, 2_000, 9_999, 10_000, 29_000, 100_000, 1_000_000, 4_500_000]
+    configs = [tat.training_config("cpu_fast_dropout", **{
+        name: value for group, _ in tat.config_for_corpus(n) for name, value in group.items()})
+        for n in sizes]
+    for fewer, more in itertools.pairwise(configs):
+        assert fewer.subwords <= more.subwords and fewer.dropout >= more.dropout
+        assert (fewer.N, fewer.d_model, fewer.d_ff) <= (more.N, more.d_model, more.d_ff)
+        assert fewer.epochs >= more.epochs
+    assert configs[1].subwords < 8_000 and configs[1].epochs <= 100
+    assert configs[-1].subwords == 32_000 and configs[-1].batch_tokens == 25_000
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="pairs must be a positive integer"):
+            tat.config_for_corpus(bad)
+
+
+def test_four_hundred_pairs_given_only_train_and_valid_pass_every_check(data, tmp_path):
+    """The README's own-data command on 400 pairs: sized, then the worker's own schedule
+    check on the batches it would train on, which the recipe's settings fail."""
+    from train import parse_args, prepare
+
+    folder = tmp_path / "data"
+    for language, source in (("en", ENGLISH), ("fr", FRENCH)):
+        lines = first_lines(source / f"train.{language}.gz", 400)
+        (folder / f"train.{language}").parent.mkdir(exist_ok=True)
+        (folder / f"train.{language}").write_text("\n".join(lines) + "\n", "utf-8")
+    argv = ["--train", str(folder / "train.en"), str(folder / "train.fr"),
+            "--valid", str(data / "val.en.gz"), str(data / "val.fr.gz")]
+    config, languages, pairs, notes = prepare(parse_args(argv), 1)
+    assert config.checkpoint_dir == "checkpoints/en-fr" and languages == ("en", "fr")
+    assert notes[0].startswith("sized for 400 training pairs (config_for_corpus;")
+    assert [line.split(":")[0] for line in notes[1:]] == [
+        "subwords=1000", "N=2 d_model=256 d_ff=512 h=4", "dropout=0.3",
+        "warmup=28 lr_factor=0.0592",
+        "epochs=100 bleu_every=10"]
+    sp = tat.train_sentencepiece([s for pair in pairs["train"] for s in pair],
+                                 vocab_size=config.subwords)
+    examples = tat.encode_examples(pairs["train"], sp, sp, (None, None), max_len=config.max_len)
+    loader = tat.multi30k_loader(examples, max_tokens=config.max_tokens, shuffle=True,
+                                 num_replicas=1, rank=0, seed=0)
+    plan = tat.schedule_steps(config, batches_per_epoch=len(loader), world_size=1)
+    assert plan["total_steps"] >= 5 * plan["warmup"]  # well past its warm-up
+    with pytest.raises(ValueError, match="the run would take"):  # what the recipe would do
+        tat.schedule_steps(tat.training_config("cpu_fast_dropout"),
+                           batches_per_epoch=len(loader), world_size=1)
+    given = prepare(parse_args([*argv, "--config", "cpu_fast_dropout", "--set", "subwords=999"]),
+                    1)  # a preset as it is, but for what --set changes
+    assert (given[0].subwords, given[0].epochs, given[0].dropout, given[3]) == (999, 11, 0.1, [])
+    given = prepare(parse_args([*argv, "--set", "dropout=0.2", "--epochs", "150"]), 1)
+    assert (given[0].dropout, given[0].epochs, given[0].subwords) == (0.2, 150, 1000)
+    assert [line.split(":")[0] for line in given[3][1:]][-2:] == ["warmup=28 lr_factor=0.0592",
+                                                                "bleu_every=10"]

@@ -18,7 +18,11 @@ built from the --train pair only. Without --train, --langs picks two of Multi30k
 (de, en, fr, cs): load_multi30k reads that pair's train and val files, downloading any that
 ../shared/data lacks into the cache and checking each against its checksum. --config takes any
 preset that training_config knows, and --set FIELD=VALUE changes any TrainConfig field; both
-are checked before anything runs.
+are checked before anything runs. Your own text without --config gets the book's recipe sized
+to it by config_for_corpus (book/appendix_data.ipynb, after chapter 18's table of settings by
+data size): subwords, model size, dropout, warm-up and epochs follow the number of pairs, and
+the run prints each choice and why. --resume takes the settings stored in last.pt, so only
+what changes (--epochs) needs giving.
 
 Under torchrun (which sets RANK and WORLD_SIZE) each process trains directly; otherwise
 --devices processes are started here: one per GPU, or CPU processes talking through gloo.
@@ -30,8 +34,9 @@ model folder (--model-dir, by default <checkpoint-dir>/model) that tools/transla
 --checkpoint and tools/evaluate.py --model read; its info.json names the languages.
 
 Bad input (a missing file, bad bytes, an empty line, files of unequal length, a vocabulary
-larger than the text allows, an unknown --set field or a bad value) ends with one line on
-stderr and exit status 2, before training starts.
+larger than the text allows, an unknown --set field or a bad value, a schedule that would not
+leave its warm-up, a folder that holds another run) ends with one line on stderr and exit
+status 2, before anything in the checkpoint folder is written or deleted.
 """
 
 import argparse
@@ -54,6 +59,7 @@ from translate import OneLineParser
 from the_annotated_transformer import (
     MULTI30K_FOLDERS,
     TrainConfig,
+    config_for_corpus,
     config_for_devices,
     export_for_shipping,
     load_checkpoint,
@@ -181,10 +187,13 @@ def check_folder(config: TrainConfig, args: argparse.Namespace) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line; --help explains every option."""
     parser = OneLineParser(prog="train.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default=DEFAULT_CONFIG,
-                        help="a preset of training_config (default: cpu_fast_dropout, the "
-                             "book's best recipe; cpu: chapter 14's word model; base: the "
-                             "paper's base model; a wrong name lists them all)")
+    parser.add_argument("--config",
+                        help="a preset of training_config, trained as it is (default: "
+                             "cpu_fast_dropout, the book's best recipe, on Multi30k; for "
+                             "--train, that recipe sized to the text by config_for_corpus: "
+                             "subwords, model size, dropout, warm-up and epochs follow the "
+                             "number of pairs; cpu: chapter 14's word model; base: the paper's "
+                             "base model; a wrong name lists them all)")
     parser.add_argument("--train", nargs=2, metavar=("SRC_FILE", "TGT_FILE"),
                         help="your own training text: source and target files, plain or .gz, "
                              "one sentence per line (default: Multi30k German-English)")
@@ -253,14 +262,19 @@ def guess_languages(train: list[str], valid: list[str]) -> tuple[str, str]:
     return codes
 
 
-def check_vocabulary(config: TrainConfig, train: list[tuple[str, str]]) -> None:
+def check_vocabulary(config: TrainConfig, train: list[tuple[str, str]], *,
+                     adjust: bool = False) -> int:
     """Train the joint sentencepiece vocabulary once, so that a size the text cannot give is
-    refused before the run starts (the run trains it again: a second or so on Multi30k)."""
+    refused before the run starts (the run trains it again: a second or so on Multi30k); with
+    adjust, the nearest size the text allows instead. The size to train with."""
     try:
         train_sentencepiece([s for pair in train for s in pair], vocab_size=config.subwords)
+        return config.subwords
     except ValueError as err:
         most = re.search(r"value <= (\d+)", str(err))
         least = re.search(r"smaller than required_chars\. \d+ vs (\d+)", str(err))
+        if adjust and (most or least):
+            return int((most or least)[1])
         if most is not None:
             raise BadInput(
                 f"subwords={config.subwords} is a larger vocabulary than the {len(train):,} "
@@ -274,10 +288,42 @@ def check_vocabulary(config: TrainConfig, train: list[tuple[str, str]]) -> None:
         raise BadInput(" ".join(str(err).split())) from None
 
 
+def resumed_config(folder: Path, overrides: dict[str, Any]) -> TrainConfig | None:
+    """The configuration stored in folder/last.pt with the options given now on top (None
+    when there is no last.pt): --resume needs no --set repeated."""
+    path = folder / "last.pt"
+    if not path.is_file():
+        return None
+    try:
+        stored = load_checkpoint(path)["config"]
+    except Exception as err:  # not a checkpoint: one line, not a traceback
+        raise BadInput(f"cannot resume from {path}: {err}") from None
+    names = {field.name for field in dataclasses.fields(TrainConfig)}
+    return TrainConfig(**{name: value for name, value in stored.items() if name in names}
+                       | overrides)
+
+
+def sized_settings(pairs: int, overrides: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """config_for_corpus's fields for a text of this many pairs, less those given on the
+    command line, and one line for each group: the values and the reason."""
+    settings, notes = {}, []
+    for fields, why in config_for_corpus(pairs):
+        kept = {name: value for name, value in fields.items() if name not in overrides}
+        if "batch_tokens" in kept and "accum_iter" in overrides:
+            kept.pop("batch_tokens")
+        if kept:
+            settings |= kept
+            notes.append(" ".join(f"{name}={value}" for name, value in kept.items())
+                         + f": {why}")
+    return settings, notes
+
+
 def prepare(args: argparse.Namespace, world_size: int
-            ) -> tuple[TrainConfig, tuple[str, str], dict | None]:
-    """The configuration, the languages and the sentence pairs (None: Multi30k), every
-    option and input file checked; bad ones end here with one line and exit status 2."""
+            ) -> tuple[TrainConfig, tuple[str, str], dict | None, list[str]]:
+    """The configuration, the languages, the sentence pairs (None: Multi30k) and the lines
+    that say how the settings were chosen, every option and input file checked; bad ones end
+    here with one line and exit status 2. Your own text without --config is sized by
+    config_for_corpus; --resume takes the settings stored in last.pt."""
     fields = ("epochs", "checkpoint_dir", "max_tokens", "accum_iter", "keep_epochs", "bleu_every")
     overrides = {name: getattr(args, name) for name in fields if getattr(args, name) is not None}
     if args.batch_tokens is not None and args.accum_iter is not None:
@@ -288,8 +334,9 @@ def prepare(args: argparse.Namespace, world_size: int
         overrides["batch_tokens"] = args.batch_tokens
     if args.save_every < 0:
         fail(f"save_every must be a whole number of steps >= 0, got {args.save_every}")
+    name = args.config or DEFAULT_CONFIG
     try:
-        training_config(args.config)  # the name alone first: its error lists the presets
+        training_config(name)  # the name alone first: its error lists the presets
     except ValueError as err:
         fail(f"--config: {err}")
     try:
@@ -299,11 +346,11 @@ def prepare(args: argparse.Namespace, world_size: int
             raise ValueError(f"{both[0]} is set twice, by --{both[0].replace('_', '-')} and by "
                              "--set: give it once")
         overrides |= sets
-        config = training_config(args.config, **overrides)  # a bad value is one line
-        config = config_for_devices(config, world_size)  # batch_tokens: the same global batch
+        config = training_config(name, **overrides)  # a bad value is one line
     except ValueError as err:
         fail(str(err))
-    languages, pairs = MULTI30K_LANGUAGES, None
+    languages, pairs, notes = MULTI30K_LANGUAGES, None, []
+    sized = args.train is not None and args.config is None
     try:
         if args.train is not None:
             pairs = {"train": read_parallel(*args.train), "val": read_parallel(*args.valid)}
@@ -313,22 +360,40 @@ def prepare(args: argparse.Namespace, world_size: int
             languages = tuple(args.langs)
             pairs = {split: load_multi30k(split, languages=languages) for split in ("train", "val")}
         if pairs is not None and "checkpoint_dir" not in overrides:
-            config = dataclasses.replace(
-                config, checkpoint_dir=f"checkpoints/{'-'.join(languages)}_{args.config}")
+            folder = f"checkpoints/{'-'.join(languages)}" + ("" if sized else f"_{name}")
+            config = dataclasses.replace(config, checkpoint_dir=folder)
+        resumed = resumed_config(Path(config.checkpoint_dir), overrides) if args.resume else None
+        if resumed is not None:
+            config, sized = resumed, False
+            notes.append(f"settings from {Path(config.checkpoint_dir) / 'last.pt'}, with the "
+                         f"options given now ({', '.join(sorted(overrides)) or 'none'}) on top")
+        if sized:
+            train = pairs["train"][: overrides.get("train_limit")]
+            settings, notes = sized_settings(len(train), overrides)
+            config = training_config(name, **(settings | overrides
+                                              | {"checkpoint_dir": config.checkpoint_dir}))
+            notes.insert(0, f"sized for {len(train):,} training pairs (config_for_corpus; "
+                            "--set changes any setting, --config takes a preset as it is):")
+        config = config_for_devices(config, world_size)  # batch_tokens: the same global batch
         if not config.subwords and languages != MULTI30K_LANGUAGES:
             raise BadInput(
-                f"--config {args.config} has word vocabularies, which need spaCy's German and "
+                f"--config {name} has word vocabularies, which need spaCy's German and "
                 f"English tokenizers; for {'-'.join(languages)} choose a subword preset "
                 "(cpu_subword, cpu_fast_dropout) or --set subwords=8000")
         check_folder(config, args)
         if config.subwords and not args.resume:
             train = pairs["train"] if pairs else load_multi30k("train")
-            check_vocabulary(config, train[: config.train_limit])
+            adjust = sized and "subwords" not in overrides
+            size = check_vocabulary(config, train[: config.train_limit], adjust=adjust)
+            if size != config.subwords:
+                notes.append(f"subwords={size}: the nearest size to {config.subwords} that "
+                             f"the {len(train[: config.train_limit]):,} training pairs allow")
+                config = dataclasses.replace(config, subwords=size)
     except BadInput as err:
         fail(str(err))
     except (OSError, ValueError) as err:  # Multi30k missing and not downloadable, or corrupt
         fail(str(err), status=1)
-    return config, languages, pairs
+    return config, languages, pairs, notes
 
 
 def write_model_folder(config: TrainConfig, model_dir: Path, languages: tuple[str, str],
@@ -364,13 +429,16 @@ def main(argv: list[str] | None = None) -> None:
     torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ  # one of torchrun's processes
     world_size = int(os.environ["WORLD_SIZE"]) if torchrun else args.devices
     rank0 = int(os.environ.get("RANK", 0)) == 0
-    config, languages, pairs = prepare(args, world_size)
+    config, languages, pairs, notes = prepare(args, world_size)
     model_dir = Path(args.model_dir or Path(config.checkpoint_dir) / "model")
     data = None if pairs is None else {
         "train": args.train or "Multi30k train", "valid": args.valid or "Multi30k val",
         "train_pairs": len(pairs["train"]), "valid_pairs": len(pairs["val"])}
     if rank0:
-        print(f"{'-'.join(languages)}, {args.config}: {world_size} process(es) x accum_iter "
+        for line in notes:  # how the settings were chosen, one line each
+            print(("" if line.endswith(":") else "  ") + line, file=sys.stderr)
+        recipe = args.config or (f"{DEFAULT_CONFIG}, sized" if args.train else DEFAULT_CONFIG)
+        print(f"{'-'.join(languages)}, {recipe}: {world_size} process(es) x accum_iter "
               f"{config.accum_iter} x max_tokens {config.max_tokens} = "
               f"{world_size * config.accum_iter * config.max_tokens:,} padded tokens per "
               "optimizer step", file=sys.stderr)
