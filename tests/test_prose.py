@@ -767,7 +767,8 @@ def test_narrated_evidence_that_the_book_does_not_store_is_found():
 # and the bibliography are reference, not reading. Words are the whitespace-split words of the
 # markdown cells; code lines are the non-blank lines of code cells other than the setup cell.
 READING_PATH_WORDS = 45_000
-PART_II_WORDS = 5_630  # chapters 07 to 13
+PARTS_I_II_WORDS = 10_000  # the intro and chapters 01 to 13, the core a course assigns
+PART_II_WORDS = 4_650  # chapters 07 to 13
 CHAPTER_BUDGETS = {"21": (3_200, 500), "22": (1_800, 500)}  # (words, code lines)
 README_WORDS = 2_000
 
@@ -792,7 +793,9 @@ def test_the_reading_path_keeps_its_word_budget():
     assert [p.stem for p in path][:2] == ["intro", "01_background"] and len(path) == 28
     words = {p.stem: prose_words(notebook(p)) for p in path}
     part_ii = sum(n for stem, n in words.items() if "07" <= stem[:2] <= "13")
+    core = sum(n for stem, n in words.items() if stem == "intro" or stem[:2] <= "13")
     assert sum(words.values()) <= READING_PATH_WORDS, f"reading path: {sum(words.values())} words"
+    assert core <= PARTS_I_II_WORDS, f"intro and chapters 01-13: {core} words"
     assert part_ii <= PART_II_WORDS, f"Part II (chapters 07-13): {part_ii} words"
 
 
