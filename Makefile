@@ -15,8 +15,9 @@
 #                and print the git commands that tag and publish it (tools/release.py)
 #   make clean   remove what the build made (keeps .venv; `make distclean` removes it too)
 #   make train   train a translator with the book's best recipe (cpu_fast_dropout): on Multi30k,
-#                or on your files: TRAIN="src tgt" VALID="src tgt"; CONFIG=cpu|base|...
-#                SET="dropout=0.3 epochs=20" DEVICES=1 EPOCHS= RESUME=1 (tools/train.py)
+#                LANGS="en fr" for another of its pairs, or on your files, sized to them:
+#                TRAIN="src tgt" VALID="src tgt"; CONFIG=cpu|base|... SET="dropout=0.3"
+#                DEVICES=1 EPOCHS= RESUME=1 OVERWRITE=1 CHECKPOINT_DIR= (tools/train.py)
 #   make translate   German on stdin, English on stdout (CHECKPOINT= to pick another model)
 #   make bench   training and decoding speed of the readable and fast paths (chapter 21),
 #                about 10 minutes on a CPU; writes book/data/bench_cpu.json (or _cuda)
@@ -41,7 +42,6 @@ TEST_LAYER := $(VENV)/.layer-test
 NBVAL := OMP_NUM_THREADS=2 $(PY) -m pytest --nbval --nbval-current-env \
 	--nbval-sanitize-with tests/sanitize.cfg
 
-CONFIG ?= cpu_fast_dropout
 DEVICES ?= 1
 
 # `make test` runs every chapter under nbval with one thread and another CPU's kernels (the set
@@ -107,9 +107,10 @@ sync: $(BOOK_LAYER)
 	$(PY) tools/sync.py
 
 train: $(CLI_LAYER)
-	$(PY) tools/train.py --config $(CONFIG) --devices $(DEVICES) \
-		$(if $(TRAIN),--train $(TRAIN)) $(if $(VALID),--valid $(VALID)) $(addprefix --set ,$(SET)) \
-		$(if $(EPOCHS),--epochs $(EPOCHS)) $(if $(RESUME),--resume)
+	$(PY) tools/train.py $(if $(CONFIG),--config $(CONFIG)) --devices $(DEVICES) \
+		$(if $(TRAIN),--train $(TRAIN)) $(if $(VALID),--valid $(VALID)) $(if $(LANGS),--langs $(LANGS)) \
+		$(addprefix --set ,$(SET)) $(if $(EPOCHS),--epochs $(EPOCHS)) $(if $(RESUME),--resume) \
+		$(if $(OVERWRITE),--overwrite) $(if $(CHECKPOINT_DIR),--checkpoint-dir $(CHECKPOINT_DIR))
 
 translate: $(CLI_LAYER)
 	@$(PY) tools/translate.py $(if $(CHECKPOINT),--checkpoint $(CHECKPOINT))

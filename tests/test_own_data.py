@@ -431,3 +431,41 @@ def test_four_hundred_pairs_given_only_train_and_valid_pass_every_check(data, tm
     assert (given[0].dropout, given[0].epochs, given[0].subwords) == (0.2, 150, 1000)
     assert [line.split(":")[0] for line in given[3][1:]][-2:] == ["warmup=28 lr_factor=0.0592",
                                                                 "bleu_every=10"]
+
+
+# What a user types after training: resume without repeating the settings, evaluate without
+# a results file or with the shipped model.
+
+
+def test_resume_takes_the_runs_settings_from_its_checkpoint_without_set(data, finished, capfd):
+    from train import main
+
+    main([*own_files(data), "--resume", "--epochs", "3", "--threads", "1",
+          "--checkpoint-dir", str(finished)])  # none of TINY's --set options repeated
+    err = capfd.readouterr().err
+    assert f"settings from {finished / 'last.pt'}, with the options given now (epochs" in err
+    state = tat.load_checkpoint(finished / "last.pt")
+    assert state["epoch"] == 3
+    assert (state["config"]["d_model"], state["config"]["subwords"]) == (32, 400)
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"model folder {finished / 'model'} (epochs 2, 3 averaged); translate "
+                           f"with: make -s translate CHECKPOINT={finished / 'model'} < "
+                           "sentences.en; score with: ")
+    assert f"tools/evaluate.py --model {finished / 'model'} --test SRC_FILE REF_FILE" in last
+
+
+def test_evaluate_needs_only_a_model_and_a_test_set(data, model_dir, capfd):
+    load_tool("evaluate").main(["--model", str(model_dir), "--test", str(data / "val.en.gz"),
+                                str(data / "val.fr.gz")])
+    err = "".join(capfd.readouterr())  # tqdm.write prints the scores on stdout
+    assert f"{model_dir}" in err and "val: BLEU" in err and "chrF" in err
+
+
+def test_evaluate_without_a_model_scores_the_shipped_one(tmp_path, capfd):
+    for language in ("de", "en"):
+        lines = first_lines(ENGLISH / f"val.{language}.gz", 3)
+        (tmp_path / f"three.{language}").write_text("\n".join(lines) + "\n", "utf-8")
+    load_tool("evaluate").main(["--test", str(tmp_path / "three.de"), str(tmp_path / "three.en")])
+    err = "".join(capfd.readouterr())
+    assert f"{tat.BEST_SHIPPED_MODEL} greedy" in " ".join(err.split())
+    assert "three: BLEU" in err and not list(tmp_path.glob("*.json"))  # printed, not stored

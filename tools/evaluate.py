@@ -1,5 +1,6 @@
 """Score trained models with sacreBLEU and chrF under several decodings, for chapter 18's table.
 
+    python tools/evaluate.py --model checkpoints/en-fr/model --test val.en.gz val.fr.gz
     python tools/evaluate.py --model words=book/models/multi30k_cpu \
         --model subwords=checkpoints/multi30k_cpu_subword/last.pt \
         --decodings greedy beam4 --splits val test_2016_flickr --threads 2 \
@@ -8,17 +9,19 @@
         --test val.en.gz val.fr.gz --test test_2016_flickr.en.gz test_2016_flickr.fr.gz \
         --decodings beam4 --results checkpoints/en-fr_cpu_fast_dropout/model/results.json
 
-Each model is NAME=PATH, where PATH is anything load_trained_model reads (a shipped folder, a
-model folder from tools/train.py, a model.pt, last.pt or an averaged checkpoint with its
-vocabularies beside it). --splits scores Multi30k's German-English splits; --test SRC_FILE
-REF_FILE scores any parallel text (plain or gzipped, one sentence per line; the split is named
-after the source file, test_2016_flickr.en.gz -> test_2016_flickr), and is what a model of
-another language pair needs. Each decoding is one of DECODINGS below. Every (model, decoding,
-split) gets one entry in --results, replacing an entry with the same three names, with its BLEU
-and sacreBLEU's signature, its chrF and chrF's signature, the time it took and the mean output
-length (and with --keep-outputs the translations); a line per entry is printed as it is
-measured. Bad input (a missing file, bad bytes, an empty line, files of unequal length, Multi30k
-splits for a model of other languages) ends with one line on stderr and exit status 2.
+Each model is NAME=PATH, or PATH alone (named by its path), where PATH is anything
+load_trained_model reads (a shipped folder, a model folder from tools/train.py, a model.pt,
+last.pt or an averaged checkpoint with its vocabularies beside it); without --model, the book's
+best shipped model, as tools/translate.py uses it. --splits scores Multi30k's German-English
+splits; --test SRC_FILE REF_FILE scores any parallel text (plain or gzipped, one sentence per
+line; the split is named after the source file, test_2016_flickr.en.gz -> test_2016_flickr),
+and is what a model of another language pair needs. Each decoding is one of DECODINGS below.
+Every (model, decoding, split) gets one entry in --results (when given), replacing an entry
+with the same three names, with its BLEU and sacreBLEU's signature, its chrF and chrF's
+signature, the time it took and the mean output length (and with --keep-outputs the
+translations); a line per entry is printed as it is measured. Bad input (a missing file, bad
+bytes, an empty line, files of unequal length, Multi30k splits for a model of other languages)
+ends with one line on stderr and exit status 2.
 """
 
 import argparse
@@ -32,9 +35,10 @@ from pathlib import Path
 import torch
 from parallel_text import BadInput, read_parallel, split_name  # sibling scripts in tools/
 from tqdm import tqdm
-from translate import model_languages
+from translate import OneLineParser, model_languages
 
 from the_annotated_transformer import (
+    BEST_SHIPPED_MODEL,
     beam_translate,
     bleu,
     hardware_name,
@@ -57,10 +61,12 @@ DECODINGS = {
 
 
 def model_spec(text: str) -> tuple[str, Path]:
-    """NAME=PATH from the command line."""
+    """NAME=PATH from the command line, or PATH alone, named by itself."""
     name, sep, path = text.partition("=")
-    if not sep or not name or not path:
-        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=PATH")
+    if not sep:
+        name, path = text, text
+    if not name or not path:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=PATH or PATH")
     return name, Path(path)
 
 
@@ -117,9 +123,10 @@ def record(results: Path, entries: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=model_spec, action="append", required=True,
-                        help="NAME=PATH of a model to score (repeat for several)")
+    parser = OneLineParser(prog="evaluate.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=model_spec, action="append",
+                        help="NAME=PATH or PATH of a model to score (repeat for several; "
+                             f"default: the shipped {BEST_SHIPPED_MODEL})")
     parser.add_argument("--decodings", nargs="+", choices=sorted(DECODINGS), default=["greedy"])
     parser.add_argument("--splits", nargs="+", choices=MULTI30K_SPLITS,
                         help="Multi30k German-English splits to score (default: val "
@@ -129,7 +136,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="a parallel test set to score, source then reference, plain or "
                              ".gz (repeat for several)")
     parser.add_argument("--threads", type=int, help="CPU threads for torch")
-    parser.add_argument("--results", type=Path, required=True, help="JSON file to add to")
+    parser.add_argument("--results", type=Path,
+                        help="JSON file to add the entries to (default: print them only)")
     parser.add_argument("--keep-outputs", action="store_true",
                         help="store the translations too, for scoring them in other ways")
     args = parser.parse_args(argv)
@@ -137,6 +145,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.threads < 1:
             parser.error(f"--threads must be at least 1, got {args.threads}")
         torch.set_num_threads(args.threads)
+    if args.model is None:  # None: load_trained_model fetches the shipped model
+        args.model = [(BEST_SHIPPED_MODEL, None)]
     if args.splits is None:
         args.splits = [] if args.test else list(MULTI30K_SPLITS)
     command = shlex.join(["python", "tools/evaluate.py", *(sys.argv[1:] if argv is None else argv)])
@@ -152,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     for name, path, decoding, split in tqdm(jobs, desc="evaluating", unit="run"):
         if name not in loaded:
             try:
-                loaded[name] = load_trained_model(path)
+                loaded[name] = load_trained_model(path, name=BEST_SHIPPED_MODEL)
             except (OSError, ValueError) as err:
                 sys.exit(f"evaluate.py: error: model {name}: {err}")
         model, vocab_src, vocab_tgt, config = loaded[name]
@@ -165,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
         score, signature = bleu(outputs, list(references))
         chrf_score, chrf_signature = chrf(outputs, list(references))
         entry = {
-            "model": name, "path": str(path), "decoding": decoding,
+            "model": name, "path": str(path or name), "decoding": decoding,
             "decoding_description": DECODINGS[decoding][0], "split": split,
             "bleu": round(score, 2), "signature": signature,
             "chrf": round(chrf_score, 2), "chrf_signature": chrf_signature,
@@ -181,7 +191,8 @@ def main(argv: list[str] | None = None) -> None:
             entry["files"] = files
         if args.keep_outputs:
             entry["outputs"] = outputs
-        record(args.results, [entry])
+        if args.results is not None:
+            record(args.results, [entry])
         tqdm.write(f"{name:>12} {decoding:>16} {split:>16}: BLEU {score:5.2f}, chrF "
                    f"{chrf_score:5.2f} ({seconds:.0f} s, {entry['mean_words']} words per output)")
 

@@ -45,6 +45,7 @@ import difflib
 import json
 import os
 import re
+import shlex
 import sys
 import tempfile
 import typing
@@ -74,6 +75,15 @@ from the_annotated_transformer import (
 DEFAULT_CONFIG = "cpu_fast_dropout"  # the book's best recipe (chapter 21)
 MULTI30K_LANGUAGES = ("de", "en")
 TRUE, FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
+
+
+def python_command() -> str:
+    """The Python that runs this script, as a user can type it: .venv/bin/python from the
+    repository root, else its full path."""
+    try:
+        return Path(sys.executable).relative_to(Path.cwd()).as_posix()
+    except ValueError:
+        return shlex.quote(sys.executable)
 
 
 def fail(message: str, status: int = 2) -> NoReturn:
@@ -168,8 +178,8 @@ def finished_run(config: TrainConfig, model_dir: Path) -> str | None:
     return (f"the run in {config.checkpoint_dir} has finished: {path} is after epoch {done} of "
             f"{config.epochs}, so there is nothing to train. To train longer, resume with more "
             "epochs (--resume --epochs N, or make train RESUME=1 EPOCHS=N); to start again, "
-            "--overwrite; to use the model, tools/translate.py --checkpoint "
-            + str(model_dir if (model_dir / "model.pt").is_file() else path))
+            "--overwrite (OVERWRITE=1); to use the model, make -s translate CHECKPOINT="
+            + shlex.quote(str(model_dir if (model_dir / "model.pt").is_file() else path)))
 
 
 def check_folder(config: TrainConfig, args: argparse.Namespace) -> None:
@@ -292,12 +302,10 @@ def resumed_config(folder: Path, overrides: dict[str, Any]) -> TrainConfig | Non
     """The configuration stored in folder/last.pt with the options given now on top (None
     when there is no last.pt): --resume needs no --set repeated."""
     path = folder / "last.pt"
-    if not path.is_file():
-        return None
     try:
         stored = load_checkpoint(path)["config"]
-    except Exception as err:  # not a checkpoint: one line, not a traceback
-        raise BadInput(f"cannot resume from {path}: {err}") from None
+    except Exception:  # none, or no settings in it: the worker's own checks answer that
+        return None
     names = {field.name for field in dataclasses.fields(TrainConfig)}
     return TrainConfig(**{name: value for name, value in stored.items() if name in names}
                        | overrides)
@@ -365,8 +373,9 @@ def prepare(args: argparse.Namespace, world_size: int
         resumed = resumed_config(Path(config.checkpoint_dir), overrides) if args.resume else None
         if resumed is not None:
             config, sized = resumed, False
+            given = sorted(overrides.keys() - {"checkpoint_dir"})
             notes.append(f"settings from {Path(config.checkpoint_dir) / 'last.pt'}, with the "
-                         f"options given now ({', '.join(sorted(overrides)) or 'none'}) on top")
+                         f"options given now ({', '.join(given) or 'none'}) on top")
         if sized:
             train = pairs["train"][: overrides.get("train_limit")]
             settings, notes = sized_settings(len(train), overrides)
@@ -456,8 +465,11 @@ def main(argv: list[str] | None = None) -> None:
             return
         if rank0:
             what = write_model_folder(config, model_dir, languages, data)
-            print(f"model folder {model_dir} ({what}); translate with: python "
-                  f"tools/translate.py --checkpoint {model_dir}", file=sys.stderr)
+            folder = shlex.quote(str(model_dir))
+            print(f"model folder {model_dir} ({what}); translate with: make -s translate "
+                  f"CHECKPOINT={folder} < sentences.{languages[0]}; score with: "
+                  f"{python_command()} tools/evaluate.py --model {folder} --test SRC_FILE "
+                  "REF_FILE", file=sys.stderr)
     except (FileExistsError, FileNotFoundError, ValueError) as err:  # a wrong folder or config
         fail(user_error(err))
     except torch.multiprocessing.ProcessRaisedException as err:  # the same, in a spawned worker
