@@ -57,6 +57,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("09_training_data", "4.5"): CITED + " (WMT 2014's 4.5 million pairs, the paper's §5.1)",
     ("09_training_data", "25,000"): CITED + " (the paper's §5.1: tokens per batch)",
     ("09_training_data", "37,000"): CITED + " (the paper's §5.1: the shared byte-pair vocabulary)",
+    ("09_training_data", "32,000"): CITED + " (the paper's §5.1: English-French word-pieces)",
     ("11_regularization", "25.3"): CITED + " (the paper's Table 3)",
     ("12_copy_task", "20,000"): "the exercise's input (its answer draws 20_000 sequences)",
     ("14_multi30k_training", "25,000"): CITED + " (the paper's §5.1: tokens per batch)",
