@@ -85,7 +85,7 @@ def test_the_dry_run_trains_the_gpu_preset_to_the_end_of_its_schedule(dry_run):
     assert training["preset"] == "gpu" and config["fast"] and config["paper_dropout"]
     assert config["share_embeddings"] and config["subwords"] > 0
     assert config["batch_tokens"] == 8 * config["max_tokens"] and config["accum_iter"] == 8
-    assert preset.batch_tokens == 8 * preset.max_tokens  # so 1, 2, 4 or 8 devices: 8 a step
+    assert preset.batch_tokens == preset.max_tokens  # one micro-batch a step on one GPU
     assert training["tokens_per_step"] == config["batch_tokens"]
     assert schedule["micro_batches_per_step"] == 8
     assert training["optimizer_steps"] == schedule["total_steps"] == (
