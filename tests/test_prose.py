@@ -74,6 +74,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("18_results", "213"): BIG_SIZE,
     ("18_results", "29,000"): PAIRS,
     ("18_results", "4.5"): CITED + " (WMT 2014's 4.5 million pairs)",
+    ("18_results", "42"): "the peer run's 42.0 training minutes, printed by the peer section's "
+                          "cell (peer_multi30k.json)",
     ("18_results", "65"): BASE_SIZE,
     ("19_model_variations", "100,000"): CITED + " (the paper's §5.2, Table 3: base steps)",
     ("19_model_variations", "two rows"): "rows B and E of the paper's Table 3, named in the next "
