@@ -1,5 +1,8 @@
 # The Annotated Transformer, as a book.
-#   make book    build the HTML book into _build/html (the default)
+#   make book    build the HTML book into _build/html (the default), and its Chinese edition
+#                into _build/html/zh_CN (tools/build_book.py)
+#   make locales update the translations' catalogs (locales/) after an English edit; START=
+#                "03_attention" (or all) also creates a chapter's catalog (tools/locales.py)
 #   make test    run every test: lint, unit tests, every chapter (nbval, as other machines run
 #                it), sync check, build, browser, a chapter in JupyterLab, and a fresh venv
 #                with only the first layer running `make translate`, and chapters as a fresh
@@ -51,7 +54,7 @@ NBVAL_FIRST_HALF := $(addprefix book/,05_full_model.ipynb 08_training_loop.ipynb
 	11_regularization.ipynb 13_sort_task.ipynb 14_multi30k_training.ipynb \
 	19_model_variations.ipynb 20_constituency_parsing.ipynb 25_what_came_after.ipynb)
 
-.PHONY: book test nbval test-portable test-portable-all test-cli-layer test-colab test-colab-all sync lint lock clean distclean setup train \
+.PHONY: book locales test nbval test-portable test-portable-all test-cli-layer test-colab test-colab-all sync lint lock clean distclean setup train \
 	translate bench bench-quick seeds release
 
 # Set-up messages go to stderr, so that `make translate` writes nothing but translations.
@@ -68,6 +71,9 @@ setup: $(TEST_LAYER)
 
 book: $(BOOK_LAYER)
 	$(PY) tools/build_book.py
+
+locales: $(BOOK_LAYER)
+	$(PY) tools/locales.py $(if $(START),--start $(START))
 
 test: lint
 	$(PY) -m pytest tests --ignore=tests/test_browser.py --ignore=tests/test_jupyterlab.py
