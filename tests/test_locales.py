@@ -229,3 +229,28 @@ def test_math_and_code_only_messages_need_no_translation():
     assert locales.nothing_to_translate("$O(n^2 \\cdot d)$")
     assert locales.nothing_to_translate(" \\mathrm{FFN}(x) = \\max(0, x W_1 + b_1) W_2 + b_2 ")
     assert not locales.nothing_to_translate("$O(1)$ per layer")
+
+
+def test_a_complete_translation_gets_a_colab_edition_in_its_language(tmp_path, monkeypatch):
+    import nbformat
+    from colab_notebooks import colab_path, translated_colab_files
+    from sync import chapters, refreshed, repository, toc_files
+
+    url, ref = repository()
+    notebooks = {path: refreshed(nbformat.read(path, as_version=4), url, ref)
+                 for path in chapters() if path.exists()}
+    monkeypatch.setattr(locales, "LOCALES", tmp_path)
+    assert translated_colab_files(notebooks, url, ref, toc_files()) == {}  # no catalog: none
+    heading = sorted(locales.headings("book/intro"))[0]
+    from babel.messages.catalog import Catalog
+
+    catalog = Catalog(locale="zh_CN")
+    catalog.add(heading, "【标题】")
+    locales.write_catalog(catalog, catalog_path("zh_CN", "book/intro"), "zh_CN", "book/intro")
+    files = translated_colab_files(notebooks, url, ref, toc_files())
+    intro = ROOT / "book" / "intro.ipynb"
+    assert list(files) == [colab_path(intro, "zh_CN")] == [ROOT / "colab/zh_CN/intro.ipynb"]
+    edition = nbformat.reads(files[colab_path(intro, "zh_CN")], as_version=4)
+    text = "\n".join(cell.source for cell in edition.cells if cell.cell_type == "markdown")
+    assert "【标题】" in text and f"# {heading}\n" not in text
+    assert "/zh_CN/book/intro.html" in edition.cells[0].source  # links lead to the Chinese book

@@ -66,6 +66,7 @@ class Book:
     bibliography: BibliographyData
     titles: dict[str, str] = field(default_factory=dict)  # docname -> page title
     labels: dict[str, tuple[str, str]] = field(default_factory=dict)  # label -> (docname, text)
+    edition: str = ""  # a translation's language (tools/locales.py); "" for the English book
 
     def owner_and_name(self) -> tuple[str, str]:
         found = re.fullmatch(r"https://github\.com/([^/]+)/([^/]+?)/?", self.url)
@@ -76,7 +77,8 @@ class Book:
     def page_url(self, docname: str, anchor: str = "") -> str:
         """The page on the book's site (GitHub Pages of the repository, built from the root)."""
         owner, name = self.owner_and_name()
-        return f"https://{owner.lower()}.github.io/{name}/{docname}.html" + (
+        edition = f"{self.edition}/" if self.edition else ""
+        return f"https://{owner.lower()}.github.io/{name}/{edition}{docname}.html" + (
             f"#{anchor}" if anchor else "")
 
     def file_url(self, repo_path: str) -> str:
@@ -306,9 +308,19 @@ def docname(path: Path) -> str:
     return path.relative_to(ROOT).with_suffix("").as_posix()
 
 
-def colab_path(path: Path) -> Path:
-    """Where the Colab edition of a book notebook lives: colab/<stem>.ipynb."""
-    return COLAB / f"{path.stem}.ipynb"
+def colab_path(path: Path, edition: str = "") -> Path:
+    """Where the Colab edition of a book notebook lives: colab/<stem>.ipynb, or for a
+    translation colab/<language>/<stem>.ipynb."""
+    return COLAB / edition / f"{path.stem}.ipynb"
+
+
+# The line above a Colab edition, in each edition's language.
+EDITION_LINE = {
+    "": "*The Colab edition of [this page of the book]({page}), generated from `{name}.ipynb` "
+        "by `make sync`.*",
+    "zh_CN": "*本书[这一页]({page})的 Colab 版，由 `make sync` 从 `{name}.ipynb` 及其中文译文"
+             "（`locales/zh_CN/`）生成。*",
+}
 
 
 def colab_notebook(nb: nbformat.NotebookNode, name: str, book: Book) -> nbformat.NotebookNode:
@@ -321,9 +333,7 @@ def colab_notebook(nb: nbformat.NotebookNode, name: str, book: Book) -> nbformat
             cell.source = markdown(cell.source, name, book, cited)
         elif cell.cell_type == "code":
             with_chart_html(cell)
-    page = book.page_url(name)
-    intro = (f"*The Colab edition of [this page of the book]({page}), generated from "
-             f"`{name}.ipynb` by `make sync`.*")
+    intro = EDITION_LINE[book.edition].format(page=book.page_url(name), name=name)
     cells = [nbformat.v4.new_markdown_cell(intro, id="colab-edition")] + nb.cells
     if cited:
         references = references_markdown(cited, book.bibliography)
@@ -334,10 +344,12 @@ def colab_notebook(nb: nbformat.NotebookNode, name: str, book: Book) -> nbformat
 
 
 def colab_files(notebooks: dict[Path, nbformat.NotebookNode], url: str, ref: str,
-                pages: list[str]) -> dict[Path, str]:
-    """colab/<stem>.ipynb for every notebook, with its text. `pages` are all the book's
-    docnames (Markdown pages included), which cross-references may name."""
-    book = Book(url=url, ref=ref, bibliography=parse_file(str(BIBLIOGRAPHY)))
+                pages: list[str], edition: str = "",
+                only: set[Path] | None = None) -> dict[Path, str]:
+    """colab/<stem>.ipynb for every notebook (or those in `only`), with its text. `pages` are
+    all the book's docnames (Markdown pages included), which cross-references may name;
+    `edition` a translation's language, whose book the links lead to."""
+    book = Book(url=url, ref=ref, bibliography=parse_file(str(BIBLIOGRAPHY)), edition=edition)
     texts = {docname(path): "\n\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
              for path, nb in notebooks.items()}
     for page in pages:
@@ -346,8 +358,34 @@ def colab_files(notebooks: dict[Path, nbformat.NotebookNode], url: str, ref: str
     for page, text in texts.items():
         book.titles[page] = page_title(text, page)
         book.labels.update(labels(page, text))
-    return {colab_path(path): nbformat.writes(colab_notebook(nb, docname(path), book)) + "\n"
-            for path, nb in notebooks.items()}
+    return {colab_path(path, edition):
+            nbformat.writes(colab_notebook(nb, docname(path), book)) + "\n"
+            for path, nb in notebooks.items() if only is None or path in only}
+
+
+def translated_colab_files(notebooks: dict[Path, nbformat.NotebookNode], url: str, ref: str,
+                           pages: list[str]) -> dict[Path, str]:
+    """colab/<language>/<stem>.ipynb for every page whose translation is complete
+    (tools/locales.py): its Markdown cells translated from the page's catalog, then made
+    Colab's as the English edition's are; code cells and outputs the chapter's own."""
+    from locales import LANGUAGES, is_complete, translate_markdown, translations
+
+    files = {}
+    for language in LANGUAGES:
+        done = {path for path in notebooks if is_complete(language, docname(path))}
+        if not done:
+            continue
+        edition = {}
+        for path, nb in notebooks.items():
+            if path in done:
+                nb = nbformat.from_dict(json.loads(json.dumps(nb)))
+                messages = translations(language, docname(path))
+                for cell in nb.cells:
+                    if cell.cell_type == "markdown":
+                        cell.source = translate_markdown(cell.source, messages)
+            edition[path] = nb
+        files.update(colab_files(edition, url, ref, pages, edition=language, only=done))
+    return files
 
 
 def colab_launch_url(url: str) -> str:

@@ -6,7 +6,8 @@ each setup cell's Colab block (and the module's BOOK_REPOSITORY and BOOK_REPOSIT
 the repository URL and the tag or commit (`repository.branch`) from `_config.yml`, so that
 Colab installs the package from the same commit as the notebook it opened, and rewrites each
 chapter's text twin in `book/twins/`, and writes each chapter's Colab edition in `colab/`
-(tools/colab_notebooks.py: the same code cells, its MyST as Markdown that Colab renders).
+(tools/colab_notebooks.py: the same code cells, its MyST as Markdown that Colab renders), and
+in `colab/<language>/` for each chapter whose translation is complete (tools/locales.py).
 `python tools/sync.py --check` changes nothing and fails when any of those files is out of
 date; the tests run it.
 """
@@ -20,7 +21,7 @@ from pathlib import Path
 import jupytext
 import nbformat
 import yaml
-from colab_notebooks import colab_files
+from colab_notebooks import colab_files, translated_colab_files
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULE = ROOT / "the_annotated_transformer.py"
@@ -178,6 +179,7 @@ def expected_files(read: dict[Path, str] | None = None) -> dict[Path, str]:
         files[path] = nbformat.writes(nb) + "\n"
         files[twin_path(path)] = twin_text(nb)
     files.update(colab_files(notebooks, url, ref, pages=toc_files()))
+    files.update(translated_colab_files(notebooks, url, ref, pages=toc_files()))
     return files
 
 
