@@ -8,6 +8,7 @@ that leaves the local test server is blocked and counted as a failure.
 import functools
 import http.server
 import re
+import subprocess
 import threading
 from pathlib import Path
 from urllib.parse import urlparse
@@ -52,7 +53,12 @@ def test_no_built_page_references_an_external_script():
     assert offenders == []
 
 
-@pytest.mark.parametrize("page_path", built_pages())
+# A page of the Chinese edition (tools/build_book.py builds it into _build/html/zh_CN) with
+# charts and math: checked as every English page is, and below for its Chinese text.
+CHINESE_PAGES = ["zh_CN/book/03_attention.html"]
+
+
+@pytest.mark.parametrize("page_path", built_pages() + CHINESE_PAGES)
 def test_page_renders_offline_with_charts_and_math(server, browser, page_path):
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
@@ -98,6 +104,52 @@ def test_page_renders_offline_with_charts_and_math(server, browser, page_path):
     context.close()
     assert outside == [], f"requests that left the machine: {outside}"
     assert errors == [], f"console errors: {errors}"
+
+
+# Two characters drawn in the page's own font: where no installed font has them, Chromium
+# draws the same empty box for both, and the two images are equal.
+DRAWS_CHINESE = """() => {
+    const canvas = document.createElement('canvas');
+    canvas.width = canvas.height = 48;
+    const g = canvas.getContext('2d');
+    const family = getComputedStyle(document.querySelector('.book-languages')).fontFamily;
+    const draw = (text) => {
+        g.clearRect(0, 0, 48, 48);
+        g.font = `32px ${family}`;
+        g.fillText(text, 4, 38);
+        return g.getImageData(0, 0, 48, 48).data.join(',');
+    };
+    return draw('中') !== draw('文');
+}"""
+
+
+def test_a_chinese_page_reads_in_chinese_and_links_to_the_english(server, browser):
+    fonts = subprocess.run(["fc-list", ":lang=zh", "family"], capture_output=True, text=True)
+    assert fonts.stdout.strip(), "no font with Chinese characters: run tools/ensure_chromium.sh"
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(server)
+               else route.abort())
+    page.goto(f"{server}/zh_CN/book/03_attention.html", wait_until="load")
+    assert page.locator("html").get_attribute("lang") == "zh-CN"
+    page.wait_for_function(
+        """() => document.querySelectorAll('mjx-container').length > 0
+                 && [...document.querySelectorAll('div.book-chart')]
+                    .some(el => el.querySelector('svg, canvas'))""", timeout=30_000)
+    text = page.locator("article").inner_text()
+    # the translated text, or the note that the page is not translated yet
+    assert re.search(r"[\u4e00-\u9fff]{4}", text), "no Chinese text on the Chinese page"
+    assert page.evaluate(DRAWS_CHINESE), "Chinese characters draw as empty boxes (no CJK font)"
+    english = page.locator("p.book-languages a[hreflang=en]")
+    assert english.count() == 1
+    with page.expect_navigation():
+        english.click()
+    assert page.url == f"{server}/book/03_attention.html"
+    assert page.locator("html").get_attribute("lang") == "en"
+    chinese = page.locator("p.book-languages a[hreflang=zh-CN]")
+    with page.expect_navigation():
+        chinese.click()
+    assert page.url == f"{server}/zh_CN/book/03_attention.html"
+    page.close()
 
 
 # The narrowest window in which the theme shows its content column at full width.
