@@ -2,7 +2,7 @@
 #   make book    build the HTML book into _build/html (the default), and its Chinese edition
 #                into _build/html/zh_CN (tools/build_book.py)
 #   make locales update the translations' catalogs (locales/) after an English edit; START=
-#                "03_attention" (or all) also creates a chapter's catalog (tools/locales.py)
+#                "03_attention" (or all) creates or updates that chapter's only (tools/locales.py)
 #   make test    run every test: lint, unit tests, every chapter (nbval, as other machines run
 #                it), sync check, build, browser, a chapter in JupyterLab, and a fresh venv
 #                with only the first layer running `make translate`, and chapters as a fresh

@@ -2,17 +2,19 @@
 
 The English chapters are the one source. Sphinx's gettext builder extracts every translatable
 message of a page (a paragraph, heading, list item, admonition paragraph, figure caption or
-display equation, as its MyST source text) into a template, `_build/gettext/<docname>.pot`;
-this tool merges the template into the page's catalog for each language,
+display equation, as its MyST source text) into a template;
+this tool merges it into the page's catalog for each language,
 `locales/<language>/LC_MESSAGES/<docname>.po` (Sphinx's `locale_dirs` layout, one catalog per
 page with `gettext_compact: false`). Merging keeps every translation whose English is
 unchanged, marks a translation whose English changed as fuzzy (with the old English as
 `#| msgid`), and adds the new messages untranslated. Each catalog records a digest of the
 English it was merged from, so a test sees at once when the English changed since.
 
-    python tools/locales.py                      # `make locales`: update the existing catalogs
-    python tools/locales.py --start 03_attention # also create a catalog to translate (or `all`)
+    python tools/locales.py                      # `make locales`: update every catalog
+    python tools/locales.py --start 03_attention # create or update this page's catalog only
+    python tools/locales.py --start all          # create or update every page's catalog
     python tools/locales.py --status             # counts only, no extraction
+    python tools/locales.py --check              # every problem of every catalog, no extraction
 
 Only the pages in TRANSLATED_PARTS (the introduction and Parts I-II) get catalogs; the other
 pages appear in English in every edition, with a note (tools/book_languages.py).
@@ -34,7 +36,6 @@ from babel.messages.pofile import read_po, write_po
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCALES = ROOT / "locales"
-TEMPLATES = ROOT / "_build" / "gettext"
 # The editions besides English, as Sphinx names their languages.
 LANGUAGES = ["zh_CN"]
 LANGUAGE_NAMES = {"zh_CN": "Chinese (Simplified)"}
@@ -105,25 +106,27 @@ def nothing_to_translate(msgid: str) -> bool:
     return is_display_math(msgid) or not re.search(r"[^\W\d_]", kept_parts(msgid)[1])
 
 
-def extract(out: Path = TEMPLATES) -> dict[str, Catalog]:
+def extract() -> dict[str, Catalog]:
     """Run Sphinx's gettext builder on the whole book (cross-references need every page) and
-    read the templates of the translated pages."""
+    read the templates of the translated pages. It works in a folder of its own, so that
+    translators may run it side by side."""
     from jupyter_book.sphinx import build_sphinx
 
-    with tempfile.TemporaryDirectory() as doctrees:
+    with tempfile.TemporaryDirectory() as work:
+        out, doctrees = Path(work) / "gettext", Path(work) / "doctrees"
         result = build_sphinx(
             ROOT, str(out), noconfig=True, path_config=str(ROOT / "_config.yml"),
             confoverrides={"external_toc_path": str(ROOT / "_toc.yml"),
                            "latex_individualpages": False},
-            builder="gettext", doctreedir=doctrees, freshenv=True, force_all=True,
+            builder="gettext", doctreedir=str(doctrees), freshenv=True, force_all=True,
             warningiserror=True, keep_going=True, quiet=True,
         )
-    if result != 0:
-        sys.exit("the gettext builder failed (see the warnings above)")
-    templates = {}
-    for page in translated_pages():
-        with open(out / f"{page}.pot", "rb") as f:
-            templates[page] = read_po(f)
+        if result != 0:
+            sys.exit("the gettext builder failed (see the warnings above)")
+        templates = {}
+        for page in translated_pages():
+            with open(out / f"{page}.pot", "rb") as f:
+                templates[page] = read_po(f)
     return templates
 
 
@@ -406,7 +409,8 @@ def translate_markdown(source: str, messages: dict[str, str]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--start", nargs="+", default=[], metavar="PAGE",
-                        help="create the catalogs of these pages (stems, or `all`)")
+                        help="create or update the catalogs of these pages only (stems, or "
+                        "`all`); without it, every catalog that exists is updated")
     parser.add_argument("--language", choices=LANGUAGES, action="append",
                         help="only this language (default: every one)")
     parser.add_argument("--status", action="store_true",
@@ -430,7 +434,7 @@ def main(argv: list[str] | None = None) -> None:
         for language in languages:
             for page, template in templates.items():
                 path = catalog_path(language, page)
-                if path.exists() or page in start:
+                if page in start or (not start and path.exists()):
                     existing = read_catalog(path) if path.exists() else None
                     write_catalog(merged(template, existing, language), path, language, page)
     for language in languages:
