@@ -373,7 +373,10 @@ from torch import nn
 def make_model(src_vocab: int, tgt_vocab: int, N: int = 6, d_model: int = 512, d_ff: int = 2048,
                h: int = 8, dropout: float = 0.1, *, norm_first: bool = True,
                share_embeddings: bool = False) -> EncoderDecoder:
-    """Build a Transformer from hyperparameters; defaults are the paper's base model."""
+    """A Transformer. Defaults: the paper's base sizes (N=6, d_model=512, d_ff=2048, h=8,
+    dropout=0.1), but pre-norm layers and separate embeddings, unlike the paper's model. Dropout
+    also falls on the attention weights and feed-forward hidden units (the classic's sites, not
+    the paper's; paper_dropout_only turns it off there)."""
     if share_embeddings and src_vocab != tgt_vocab:
         raise ValueError(f"share_embeddings=True needs one vocabulary: src_vocab={src_vocab} "
                          f"!= tgt_vocab={tgt_vocab}")
@@ -388,8 +391,8 @@ def make_model(src_vocab: int, tgt_vocab: int, N: int = 6, d_model: int = 512, d
         nn.Sequential(Embeddings(d_model, tgt_vocab), c(position)),
         Generator(d_model, tgt_vocab),
     )
-    for p in model.parameters():
-        if p.dim() > 1:  # matrices: Xavier/Glorot; biases and norms keep 0 and 1
+    for p in model.parameters():  # biases keep nn.Linear's U(±1/sqrt(fan_in)), norms 1 and 0
+        if p.dim() > 1:  # matrices: Xavier/Glorot
             nn.init.xavier_uniform_(p)
     if share_embeddings:  # one (vocab, d_model) matrix, three uses (§3.4)
         shared = model.src_embed[0].lut.weight
@@ -405,8 +408,8 @@ def count_parameters(model: nn.Module) -> int:
 
 
 # %%
-# The ids of <s>, </s>, <blank> (padding) and <unk> in every vocabulary of the book (chapter
-# 9's order); the toy tasks of chapters 12 and 13 have no <unk> and give id 3 to a symbol
+# The ids of <s>, </s>, <blank> (padding) and <unk> in the translation vocabularies (chapter 9's
+# order); the toy tasks of chapters 12 and 13 have no <unk> and give id 3 to a symbol
 BOS_ID, EOS_ID, PAD_ID, UNK_ID = 0, 1, 2, 3
 
 
@@ -4968,6 +4971,7 @@ def label_smoothing_loss(
 
 
 # %%
+import math
 from dataclasses import dataclass, replace
 
 
@@ -5044,29 +5048,35 @@ def training_config(name: str, **overrides) -> TrainConfig:
     presets["cpu_avx2"] = replace(presets["cpu_fast_dropout"], subwords=4000, epochs=7,
                                   decay="linear", warmup=1000, keep_epochs=0,
                                   checkpoint_dir="checkpoints/multi30k_cpu_avx2")
-    # One GPU: cpu_fast_dropout's model and recipe (bfloat16 autocast comes with CUDA, see
-    # autocast_dtype_for). At this size a GPU waits on kernel launches, not on arithmetic: the
-    # fast path took about 22 ms a step on an H200 at the bench's batches (bench_cuda.json, 6%
-    # MFU), so Multi30k's 252 micro-batches of 2,048 tokens take about 5.5 s an epoch, and a
-    # validation BLEU 2 to 3 s more: 30 epochs train in about 4 minutes. A step takes 8 of
-    # them, 16,384 tokens on 1, 2, 4 or 8 GPUs (config_for_devices): 32 steps an epoch, 960 in
-    # all. The warm-up, 200 steps, peaks at 2.2e-3, 3.2 times the CPU's peak for 22 times its
-    # batch (the square-root rule would allow 4.7); keep_epochs=5 averages the last sixth, as
-    # the CPU recipe's last two of 11 epochs do.
-    presets["gpu"] = replace(presets["cpu_fast_dropout"], max_tokens=2048, batch_tokens=16384,
-                             warmup=1600, epochs=30, keep_epochs=5,
+    # One GPU: cpu_fast_dropout's model and dropout (bfloat16 autocast comes with CUDA, see
+    # autocast_dtype_for). At the CPU's batches a GPU mostly waits on the host's kernel launches
+    # (bench_cuda.json, gpu_check_cuda.json; the appendix's GPU section), so a step here is one
+    # micro-batch of 32,768 padded tokens, about 24,400 target tokens on Multi30k: the paper's
+    # batch, 17 steps an epoch. On R devices config_for_devices gives each about 32,768 / R, so
+    # the global batch, the warm-up and the peak stay (chapter 22 prints it for 1 to 8). About
+    # 1,000 steps in 60 epochs; the 200-step warm-up peaks at 2.2e-3, and the rate then falls in
+    # a straight line to zero, as cpu_avx2's short run does; keep_epochs=5 averages the last 5.
+    presets["gpu"] = replace(presets["cpu_fast_dropout"], max_tokens=32768, batch_tokens=32768,
+                             warmup=200, epochs=60, decay="linear", keep_epochs=5,
                              checkpoint_dir="checkpoints/multi30k_gpu")
     if name not in presets:
         raise ValueError(f"name must be one of {', '.join(presets)}, got {name!r}")
-    return replace(presets[name], **overrides)
+    config = replace(presets[name], **overrides)
+    if name == "base" and config.batch_tokens and "lr_factor" not in overrides:
+        # the paper's model keeps the paper's peak rate, d_model^-0.5 * 4000^-0.5, at any global
+        # batch: the square-root rule (chapter 22) would raise it sqrt(k) times at k micro-batches
+        config = replace(config, lr_factor=config.lr_factor * math.sqrt(
+            config.max_tokens / config.batch_tokens))
+    return config
 
 
 # %%
 def config_for_devices(config: TrainConfig, world_size: int) -> TrainConfig:
     """config as world_size devices train it. With batch_tokens set, accum_iter is the one that
-    brings world_size x accum_iter x max_tokens nearest batch_tokens (at least 1), so that a
-    step sees the same global batch, and the run takes the same steps, on any number of
-    devices; without it, config as it is."""
+    brings world_size x accum_iter x max_tokens nearest batch_tokens (at least 1); where that
+    would overshoot, each device takes batch_tokens / (world_size x accum_iter) tokens instead,
+    and warmup is scaled to count the same tokens, so that a step sees the same global batch,
+    and the run the same warm-up, on any number of devices. Without it, config as it is."""
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
     if not config.batch_tokens:
@@ -5078,7 +5088,15 @@ def config_for_devices(config: TrainConfig, world_size: int) -> TrainConfig:
             f"accumulation (batch_tokens gives accum_iter={accum} on {world_size} device(s)): "
             "set batch_tokens=0 to choose accum_iter yourself"
         )
-    return replace(config, accum_iter=accum)
+    share = config.batch_tokens // (world_size * accum)  # each device's tokens, to the token
+    if share >= config.max_tokens:  # max_tokens is what a device may hold: never above it
+        return replace(config, accum_iter=accum)
+    if share < config.max_len:
+        raise ValueError(
+            f"batch_tokens={config.batch_tokens} on {world_size} devices leaves {share} tokens "
+            f"per device, fewer than max_len={config.max_len}: use fewer devices")
+    return replace(config, accum_iter=accum, max_tokens=share,
+                   warmup=max(1, round(config.warmup * config.max_tokens / share)))
 
 
 # %%
@@ -5494,9 +5512,11 @@ def check_same_on_all_ranks(process: Process, values: list[int], what: str) -> N
 
 
 def prepare_checkpoint_dir(
-    folder: str | os.PathLike, *, resume: bool, overwrite: bool, restarted: bool = False
+    folder: str | os.PathLike, *, resume: bool, overwrite: bool, restarted: bool = False,
+    check_only: bool = False,
 ) -> bool:
-    """2) Whether to resume from folder/last.pt; never mix a fresh run with another's files."""
+    """2) Whether to resume from folder/last.pt; never mix a fresh run with another's files.
+    With check_only it only looks: the worker deletes nothing until every check has passed."""
     if resume and overwrite:
         raise ValueError("resume and overwrite exclude each other: choose one")
     folder = Path(folder)
@@ -5514,8 +5534,9 @@ def prepare_checkpoint_dir(
             f"{', '.join(p.name for p in old)}: resume it, overwrite it (its checkpoints are "
             "deleted), or choose another checkpoint folder"
         )
-    for path in old:
-        path.unlink()
+    if not check_only:
+        for path in old:
+            path.unlink()
     return False
 
 
@@ -5555,7 +5576,7 @@ def load_data(
     def vocabularies() -> tuple[Vocab, Vocab]:
         if resuming:  # the ids the checkpoint's embeddings were trained with
             return read_vocabularies(config.checkpoint_dir, subwords=config.subwords > 0)
-        return multi30k_vocabularies(config, tokenizers, pairs=pairs["train"])
+        return multi30k_vocabularies(config, tokenizers, pairs=pairs["train"], save=False)
 
     vocab_src, vocab_tgt = from_rank0(process, vocabularies)
     train_data, val_data = (
@@ -5567,6 +5588,25 @@ def load_data(
     train_loader = multi30k_loader(train_data, shuffle=True, **shard)
     val_loader = multi30k_loader(val_data, shuffle=False, **shard)
     return RunData(vocab_src, vocab_tgt, train_loader, val_loader, pairs["val"], tokenizers)
+
+
+def start_run_folder(process: Process, config: TrainConfig, data: RunData, *, overwrite: bool,
+                     restarted: bool) -> None:
+    """5b) A fresh run's first writes, once every check has passed, so that a refused run
+    leaves its folder as it found it: rank 0 deletes the checkpoints that overwrite replaces
+    and writes the vocabularies beside last.pt."""
+    def write() -> None:
+        prepare_checkpoint_dir(config.checkpoint_dir, resume=False, overwrite=overwrite,
+                               restarted=restarted)
+        if config.subwords:  # one sentencepiece model serves both sides
+            proto = data.vocab_src.serialized_model_proto()
+            writers = {SUBWORD_FILE: lambda path: Path(path).write_bytes(proto)}
+        else:
+            writers = dict(zip(VOCAB_FILES, (data.vocab_src.save, data.vocab_tgt.save),
+                               strict=True))
+        write_run_files(config.checkpoint_dir, writers)
+
+    from_rank0(process, write)
 
 
 def build_training(
@@ -5916,7 +5956,8 @@ def train_worker(
     try:
         restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
         resuming = from_rank0(process, lambda: prepare_checkpoint_dir(
-            config.checkpoint_dir, resume=resume, overwrite=overwrite, restarted=restarted))
+            config.checkpoint_dir, resume=resume, overwrite=overwrite, restarted=restarted,
+            check_only=True))
         split_pairs = training_pairs(config, pairs)
         data = load_data(process, config, split_pairs, resuming=resuming)
         plan = schedule_steps(config, batches_per_epoch=len(data.train_loader),
@@ -5927,6 +5968,8 @@ def train_worker(
         run = build_training(process, config, len(data.vocab_src), len(data.vocab_tgt),
                              warmup=plan["warmup"], total=plan["total_steps"])
         resume_run(process, config, run, resuming=resuming)
+        if not resuming:  # every check has passed: only now is anything written or deleted
+            start_run_folder(process, config, data, overwrite=overwrite, restarted=restarted)
         if process.distributed:  # only now: every rank holds rank 0's state
             run.model = wrap_ddp(run.model, process.device)
         history = train_epochs(process, config, run, data, progress=progress,
@@ -6146,6 +6189,69 @@ def length_histogram(pairs: Sequence[tuple[Sequence[str], Sequence[str]]], *, ti
         )
         .properties(width=520, height=220, title=title)
     )
+
+
+# %%
+import math
+from typing import Any
+
+SMALL_CORPUS, LARGE_CORPUS, HUGE_CORPUS = 10_000, 100_000, 1_000_000  # pairs: the table's rows
+
+
+def config_for_corpus(pairs: int) -> list[tuple[dict[str, Any], str]]:
+    """The TrainConfig fields that depend on how many training pairs there are, in groups,
+    each with its reason: chapter 18's table of settings by data size as rules, anchored at
+    Multi30k's size, which gets cpu_fast_dropout's values."""
+    if isinstance(pairs, bool) or not isinstance(pairs, int) or pairs < 1:
+        raise ValueError(f"pairs must be a positive integer, got {pairs!r}")
+    anchor, recipe = MULTI30K_SPLITS["train"], training_config("cpu_fast_dropout")
+    scale = pairs / anchor
+    # 1) the vocabulary grows with the square root of the text, in steps of 500
+    subwords = min(32_000, max(1_000, 500 * round(recipe.subwords * math.sqrt(scale) / 500)))
+    choices = [({"subwords": subwords}, f"{recipe.subwords:,} pieces at {anchor:,} pairs times "
+                f"the square root of {pairs:,} / {anchor:,}, in steps of 500 within 1,000 to "
+                "32,000: fewer merges for less text")]
+    # 2) the model: smaller and shallower below the table's first row, the paper's above it
+    if pairs < SMALL_CORPUS:
+        model, why = {"N": 2, "d_model": 256, "d_ff": 512, "h": 4}, (
+            f"under {SMALL_CORPUS:,} pairs, a smaller, shallower model than chapter 21's")
+    elif pairs < LARGE_CORPUS:
+        model, why = {"N": recipe.N, "d_model": recipe.d_model, "d_ff": recipe.d_ff,
+                      "h": recipe.h}, f"chapter 21's model, for {SMALL_CORPUS:,} to "\
+                                      f"{LARGE_CORPUS:,} pairs"
+    else:
+        base = TrainConfig()
+        model, why = {"N": base.N, "d_model": base.d_model, "d_ff": base.d_ff, "h": base.h}, (
+            f"the paper's base model, from {LARGE_CORPUS:,} pairs")
+    choices.append((model, why))
+    # 3) dropout: stronger for less text, at the paper's sites
+    if pairs < SMALL_CORPUS:
+        choices.append(({"dropout": 0.3}, f"three times the paper's rate under "
+                        f"{SMALL_CORPUS:,} pairs, at the paper's sites"))
+    else:
+        choices.append(({"dropout": recipe.dropout}, "the paper's rate at the paper's sites"))
+    # 4) the warm-up covers the same share of the text as Multi30k's; the paper's from a million
+    if pairs >= HUGE_CORPUS:
+        accum = round(25_000 / recipe.max_tokens)  # micro-batches in one of the paper's steps
+        choices.append(({"batch_tokens": 25_000, "warmup": 4_000 * accum},
+                        f"the paper's batch and its 4,000 warm-up steps, from {HUGE_CORPUS:,} "
+                        f"pairs ({accum} micro-batches of {recipe.max_tokens} tokens a step)"))
+    else:  # a shorter warm-up peaks higher (rate); lr_factor keeps Multi30k's peak
+        warmup = max(1, round(recipe.warmup * min(1.0, scale)))
+        lr_factor = round(recipe.lr_factor * math.sqrt(warmup / recipe.warmup), 4)
+        choices.append(({"warmup": warmup, "lr_factor": lr_factor},
+                        f"{recipe.warmup:,} micro-batches at {anchor:,} pairs, scaled down with "
+                        "the pairs, so that the warm-up covers the same share of the text; "
+                        "lr_factor keeps the peak rate where Multi30k's is"))
+    # 5) the run: Multi30k's optimizer steps for less text (at most 100 epochs), its epochs
+    # for more; validation BLEU about as often per run as Multi30k's
+    epochs = recipe.epochs if pairs >= anchor else min(100, round(recipe.epochs / scale))
+    bleu_every = math.ceil(epochs / recipe.epochs)
+    choices.append(({"epochs": epochs, "bleu_every": bleu_every},
+                    f"{recipe.epochs} epochs at {anchor:,} pairs; fewer pairs, more epochs "
+                    f"(about Multi30k's optimizer steps, at most 100 epochs); BLEU about "
+                    f"{recipe.epochs} times a run"))
+    return choices
 
 
 # %%

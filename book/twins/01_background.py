@@ -1,9 +1,10 @@
 # %% [markdown]
 # # Background: from recurrence to attention
 #
-# Before 2017, a neural translation system read a sentence one word at a time. This chapter
-# follows sections 1 and 2 of {cite:t}`vaswani2017attention`: what that cost, what convolutional
-# models did about it, and the idea the Transformer kept.
+# **The paper, §1–2.** Recurrent networks, the state of the art in translation, compute one
+# position after another, so a sentence cannot be processed in parallel; convolutional models work
+# in parallel, but the operations needed to relate two positions grow with their distance. The
+# Transformer relates any two positions in a constant number of operations, with attention alone.
 
 # %% tags=["setup", "hide-cell"]
 # Setup (hidden in the book): in Colab, install the book's package; everywhere, import what
@@ -25,34 +26,32 @@ enable_book_charts()
 # %% [markdown]
 # ## Recurrence: one position after another
 #
-# Translation is *transduction*: a German sentence goes in, an English one of another length
-# comes out. The leading models of 2017 had an
-# **encoder** that turned the source into vectors and a **decoder** that wrote the target one
-# symbol at a time {cite}`sutskever2014sequence`, both recurrent: an LSTM
-# {cite}`hochreiter1997long` updates a hidden state, $h_t = f(h_{t-1}, x_t)$, which summarises
-# everything up to position $t$. That has two costs.
+# Translation is *transduction*: a German sentence goes in, an English one of another length comes
+# out. The leading models before 2017 had an **encoder** that turned the source into vectors and a
+# **decoder** that wrote the target one symbol at a time {cite}`sutskever2014sequence`, mostly
+# recurrent: an LSTM {cite}`hochreiter1997long` updates a hidden state, $h_t = f(h_{t-1}, x_t)$,
+# which summarises everything up to position $t$. That has two costs.
 #
 # * **No parallelism within a sequence.** $h_t$ waits for $h_{t-1}$: $n$ words are $n$ steps in
-#   order, and only the batch, which long sentences shrink, is left for parallel work.
-#   Factorized LSTMs {cite}`kuchaiev2017factorization` and conditional computation
-#   {cite}`shazeer2017outrageously` made each step cheaper, not fewer.
+#   order, and only the batch, which memory limits for long sentences, is left for parallel work;
+#   factorized LSTMs {cite}`kuchaiev2017factorization` and conditional computation
+#   {cite}`shazeer2017outrageously` made steps cheaper, not fewer.
 # * **Long paths between words.** For word $t$ to depend on word $t-d$, the information, and the
 #   gradient that teaches it, must pass through $d$ applications of $f$.
 #
-# **Attention** {cite}`bahdanau2015neural,luong2015effective` gave the decoder a shortcut: at
-# every output step, a weighted average of *all* the encoder's states, weighted by how relevant
-# each source word is now. But the recurrent networks around it still marched through their
-# sequences one position at a time.
+# **Attention** {cite}`bahdanau2015neural,luong2015effective` gave the decoder a shortcut: at each
+# output step, an average of *all* the encoder's states, weighted by how relevant each source word
+# is now. The recurrent networks around it still marched in order.
 #
 # ## Convolution: parallel, but distance still costs
 #
-# A convolution computes every position from a window of $k$ neighbours, all positions at once,
-# as ByteNet {cite}`kalchbrenner2016neural` and ConvS2S {cite}`gehring2017convolutional` did.
-# Now distance costs layers: an ordinary layer widens the window by $k-1$ positions, so relating
-# two words $d$ apart takes about $d/(k-1)$ layers in ConvS2S, **linear** in $d$; ByteNet's
-# *dilated* convolutions double their gaps from layer to layer and need about $\log_2 d$,
-# **logarithmic** in $d$. The cell counts these steps for $k = 3$, until one window first covers
-# both positions (chapter 6 asks a stricter question).
+# ByteNet {cite}`kalchbrenner2016neural` and ConvS2S {cite}`gehring2017convolutional` compute
+# every position from a window of $k$ neighbours, all positions at once. Distance now costs
+# layers: an ordinary layer widens the window by $k-1$ positions, so relating two words $d$ apart
+# takes about $d/(k-1)$ layers, **linear** in $d$ (ConvS2S); *dilated* convolutions double their
+# gaps from layer to layer and need about $\log_2 d$, **logarithmic** (ByteNet). The cell counts
+# these steps for $k = 3$, until one window first covers both positions (chapter 6 asks a stricter
+# question).
 
 # %%
 import math
@@ -91,41 +90,36 @@ line_chart(rows, x="distance:Q", y="steps:Q", color="model:N",
 
 
 # %% [markdown]
-# On log-log axes the recurrent line has slope one, ConvS2S runs parallel to it at half the
-# height, the dilated stack gains a layer each time the distance doubles, and self-attention stays
-# flat. Short paths make distant dependencies easier to learn (the paper's §4; chapter 6).
+# On log-log axes, look at the slopes: recurrence and ConvS2S grow linearly with the distance, the
+# dilated stack by one layer per doubling, self-attention not at all.
 #
 # ## Self-attention
 #
 # *Self-attention* applies attention inside one sequence: each position's new representation is a
-# weighted average over all positions of the same sequence. It had served next to recurrent
-# networks {cite}`cheng2016long,parikh2016decomposable,lin2017structured`, and memory networks
-# {cite}`sukhbaatar2015end` had repeated attention without recurrence. A self-attention layer
-# relates every pair of positions in one step, with matrix products that run in parallel, and
-# pays twice: all pairs of $n$ positions of width $d$ cost $O(n^2 \cdot d)$ per layer, against
-# $O(n \cdot d^2)$ for a recurrent layer, cheaper only while sentences are shorter than the representation is wide
-# (chapter 6); and an average blurs what it averages, a loss of resolution that the paper counters
-# with multi-head attention (§2; chapter 3).
+# weighted average over all positions of the same sequence. It had served, mostly beside recurrent
+# networks {cite}`cheng2016long,parikh2016decomposable,lin2017structured` (Parikh et al.'s used none,
+# §1), and in memory networks {cite}`sukhbaatar2015end`. A self-attention layer relates every pair of
+# positions in one step, with matrix products that run in parallel, and pays twice: comparing all
+# pairs costs work that grows with the square of the length (chapter 6), and an average blurs what it
+# averages, a loss of resolution that the paper counters with multi-head attention (§2; chapter 3).
 #
-# {cite:t}`vaswani2017attention` built encoder and decoder from self-attention alone, with
-# positional encodings for order (chapter 4), and translated better than the models before it at
-# a fraction of their training cost (the paper's Table 2). The next chapter builds its skeleton.
+# The Transformer builds encoder and decoder from attention and feed-forward layers alone, with
+# positional encodings for order (chapter 4). The next chapter builds its skeleton.
 
 # %% [markdown]
 # ## Exercises
 #
-# 1. **The reach of a dilated stack.** Write `dilated_reach(layers, k)`, the largest distance
-#    that `layers` layers of width `k` with dilations 1, 2, 4, ... span, as a closed formula. The
-#    check asks that a stack spanning your distance needs exactly `layers` layers of
-#    `dilated_convolution_layers`, and one position further one more. Our solution is in the
-#    hidden cell; replace its body with yours.
+# 1. **The reach of a dilated stack.** Write `dilated_reach(layers, k)`, the largest distance that
+#    `layers` layers of width `k` with dilations 1, 2, 4, ... span, as a closed formula. The check
+#    asks `dilated_convolution_layers` for exactly `layers` layers at your distance, and one more
+#    a position further. Our solution is in the hidden cell; replace its body with yours.
 # 2. **Parallel in training, serial at inference.** Which part of the Transformer is still
 #    sequential when it *translates*, and why does that part not slow down training?
 #
 # ```{dropdown} Answer to 2
-# The decoder at inference time: each output token is fed back in to choose the next one, so $m$
-# output tokens take $m$ calls. In training the whole target is known (teacher forcing, chapter
-# 7), and one masked call computes all $m$ positions at once.
+# The decoder at inference: each output token is fed back in to choose the next, so $m$ tokens
+# take $m$ calls. In training the whole target is known (teacher forcing, chapter 7), and one
+# masked call computes all $m$ positions at once.
 # ```
 
 # %% tags=["hide-cell"]

@@ -1,10 +1,11 @@
 # %% [markdown]
 # # The encoder and the decoder
 #
-# Section 3.1 of the paper: the **encoder** turns the source $(x_1, \dots, x_n)$ into vectors
-# $\mathbf{z} = (z_1, \dots, z_n)$ of width $d_\text{model}$; the *auto-regressive* **decoder**
-# writes $(y_1, \dots, y_m)$ one token at a time from $\mathbf{z}$ and its own earlier tokens.
-# This chapter builds the skeleton and the mask that keeps the decoder from reading ahead.
+# **The paper, §3, §3.1 and §3.4.** The Transformer has an **encoder**, which turns the source
+# $(x_1, \dots, x_n)$ into vectors $\mathbf{z} = (z_1, \dots, z_n)$, and an *auto-regressive*
+# **decoder**, which writes $(y_1, \dots, y_m)$ one token at a time from $\mathbf{z}$ and its own
+# earlier tokens. Each is a stack of $N = 6$ identical layers, and each sublayer sits in a residual
+# connection with a layer norm.
 
 # %% tags=["setup", "hide-cell"]
 # Setup (hidden in the book): in Colab, install the book's package; everywhere, import what
@@ -30,16 +31,15 @@ enable_book_charts()
 # :name: fig-transformer
 # :width: 560px
 #
-# The Transformer: left the encoder, $N$ layers of self-attention and feed-forward blocks; right
-# the decoder, with a third block attending to the encoder's output (the *memory*).
+# The Transformer, after the paper's Figure 1: the encoder (left) and the decoder (right), each
+# $N$ layers; the decoder's middle block attends to the encoder's output, the *memory*. "Add &
+# Norm" is the paper's post-norm; the code defaults to pre-norm (below).
 # ```
 #
-# `EncoderDecoder` holds five parts and calls them in order. The source is encoded once into the
-# memory, which the decoder reads at every target position; generation calls `encode` once and
-# `decode` token by token. Masks are boolean and **True where
-# attention is allowed**: `src_mask` hides source padding, `tgt_mask` also the future. The
-# `Generator` returns log-probabilities, with `log_softmax` to avoid the underflow of
-# `log(softmax(x))`. Each stack repeats one layer $N = 6$ times: `clones` makes the copies.
+# `EncoderDecoder` encodes the source once into the memory, which the decoder reads at every
+# target position. Masks are boolean and **True where attention is allowed**: `src_mask` hides
+# source padding, `tgt_mask` also the future. The `Generator` returns log-probabilities
+# (`log_softmax` avoids the underflow of `log(softmax(x))`).
 
 # %% tags=["export"]
 import copy
@@ -103,17 +103,16 @@ print(len(layers), "layers; weights shared:", layers[0].weight is layers[1].weig
 # %% [markdown]
 # ## Layer normalization
 #
-# Every block's output passes through a layer normalization {cite}`ba2016layer`: it subtracts
-# the mean $\mu$ of each position's $d$ features, divides by their standard deviation $\sigma$,
-# then applies a learned scale $\gamma$ (`weight`) and shift $\beta$ (`bias`),
+# Layer normalization {cite}`ba2016layer` subtracts the mean $\mu$ of each position's features,
+# divides by their standard deviation $\sigma$, then applies a learned scale $\gamma$ (`weight`)
+# and shift $\beta$ (`bias`):
 # $\mathrm{LayerNorm}(x) = \gamma \odot (x - \mu) / \sqrt{\sigma^2 + \epsilon} + \beta$. Working
 # on one position at a time, it behaves the same in training and inference, unlike batch
-# normalization, and keeps the activations' scale steady through a deep stack.
+# normalization.
 #
 # ```{note}
-# The classic Annotated Transformer divided by the unbiased $\mathrm{std}(x) + \epsilon$; ours,
-# like `torch.nn.LayerNorm`, uses the biased variance inside the square root, so the two can be
-# compared.
+# The classic Annotated Transformer divided by the unbiased $\mathrm{std}(x) + \epsilon$; ours
+# divides as `torch.nn.LayerNorm` does, so the check can compare the two.
 # ```
 
 # %% tags=["export"]
@@ -144,18 +143,18 @@ print("and variance 1:", torch.allclose(y.var(-1, unbiased=False), torch.ones(2,
 # %% [markdown]
 # ## Residual connections, and where the norm goes
 #
-# Each block is a *sublayer* inside a residual connection {cite}`he2016deep`: it adds a change to
-# its input, so signal and gradient always have a direct path through the stack. The paper
-# normalizes *after* the addition (**post-norm**, §3.1), with dropout on the sublayer's output
-# (§5.4): $\mathrm{LayerNorm}(x + \mathrm{Dropout}(\mathrm{Sublayer}(x)))$. Most later models
-# normalize the sublayer's input instead (**pre-norm**),
+# Each sublayer sits in a residual connection {cite}`he2016deep`: it adds a change to its input,
+# and the addition gives signal and gradient a path around it. The paper normalizes *after* the
+# addition (**post-norm**, §3.1), with dropout on the sublayer's output (§5.4):
+# $\mathrm{LayerNorm}(x + \mathrm{Dropout}(\mathrm{Sublayer}(x)))$. Later models such as GPT-2
+# {cite}`radford2019language` normalize the sublayer's input instead (**pre-norm**),
 # $x + \mathrm{Dropout}(\mathrm{Sublayer}(\mathrm{LayerNorm}(x)))$, so the residual path is never
 # normalized, and the stack ends with one final layer norm. `SublayerConnection` builds both;
-# pre-norm is the default, for reasons chapter 5 gives.
+# pre-norm is the default, for reasons chapter 5 gives ({doc}`departures`).
 #
 # ```{note}
-# The classic version could build only pre-norm. `norm_first=False` gives the paper's post-norm,
-# which the tests compare with PyTorch's `nn.TransformerEncoderLayer(norm_first=False)`.
+# The classic version built only pre-norm; `norm_first=False` gives the paper's post-norm, tested
+# against `nn.TransformerEncoderLayer(norm_first=False)`.
 # ```
 
 # %% tags=["export"]
@@ -178,11 +177,11 @@ class SublayerConnection(nn.Module):
 # %% [markdown]
 # ## The encoder and the decoder stacks
 #
-# An encoder layer has two sublayers: self-attention, in which every source position gathers
-# information from every other, then a position-wise feed-forward network (chapters 3 and 4). A
+# An encoder layer has two sublayers: self-attention, in which each source position gathers
+# information from the others, then a position-wise feed-forward network (chapters 3 and 4). A
 # decoder layer puts *cross-attention* (the paper's encoder-decoder attention) between the two:
-# queries from the decoder, keys and values from the memory, the only place where the target
-# side sees the source. `size` is $d_\text{model}$.
+# queries from the decoder, keys and values from the memory, the one place where the target side
+# sees the source.
 
 # %% tags=["export"]
 class EncoderLayer(nn.Module):
@@ -271,10 +270,10 @@ print("memory:", tuple(memory.shape), " decoder output:", tuple(out.shape))
 # ## Not reading ahead: the subsequent mask
 #
 # In training the decoder gets the whole target at once, shifted right by one (a start token in
-# front), and every position predicts the next token. As all positions run in parallel, $i$ could
-# read the answer at $i + 1$, so the decoder's self-attention lets $i$ attend only to $j \le i$:
-# a lower-triangular mask. With the shift, the prediction at $i$ depends only on earlier tokens,
-# as at inference. Below, the mask of a 4-token target (rows are queries, columns keys).
+# front), and each position predicts the next. Position $i$ could then read the answer at $i + 1$,
+# so the decoder's self-attention lets $i$ attend only to $j \le i$; with the shift, the
+# prediction at $i$ depends only on earlier tokens, as at inference. Below, the mask for 4 tokens
+# (rows are queries, columns keys).
 
 # %% tags=["export"]
 def subsequent_mask(size: int) -> torch.Tensor:
@@ -290,23 +289,23 @@ print(subsequent_mask(4).int())
 # %% [markdown]
 # ## What we have, and what comes next
 #
-# The next chapter builds what the layers wait for: attention.
+# The skeleton stands; the next chapter builds what its layers wait for: attention.
 #
 # ## Exercises
 #
 # 1. **A norm without the mean.** *RMS norm* {cite}`zhang2019root` does not subtract the mean:
 #    $\mathrm{RMSNorm}(x) = g \odot x / \sqrt{\overline{x^2} + \epsilon}$. Write
-#    `rms_norm(x, weight, eps)` over the last dimension; the check asks for a unit root mean
-#    square, invariance to scaling the input, and agreement with `LayerNorm` on zero-mean inputs.
+#    `rms_norm(x, weight, eps)` over the last dimension; the check wants a unit root mean square,
+#    invariance to the input's scale, and `LayerNorm`'s output on zero-mean inputs.
 # 2. **Looking back only a little.** Write `window_mask(size, k)`: like `subsequent_mask`, but
 #    query $i$ sees only the $k$ most recent positions, $i - k < j \le i$.
 # 3. **Why pre-norm needs a final norm.** What does the scale of the residual stream do as
 #    pre-norm layers are added, and what does the final `LayerNorm` fix?
 #
 # ```{dropdown} Answer to 3
-# Each pre-norm layer *adds* its sublayer's output to the stream and nothing rescales it, so the
-# stream tends to grow with depth. The final `LayerNorm` gives the generator's input mean 0 and
-# variance 1 per position, as a post-norm stack does by construction.
+# Each pre-norm layer *adds* to the stream and nothing rescales it, so the stream tends to grow
+# with depth {cite}`xiong2020layer`. The final `LayerNorm` brings each position back to mean 0
+# and variance 1 before its learned scale and shift, as the last norm of a post-norm stack does.
 # ```
 
 # %% tags=["hide-cell"]

@@ -1,10 +1,10 @@
 # %% [markdown]
 # # Attention
 #
-# Attention is the one operation the Transformer is built from (§3.2). A position asks with its
-# **query**; each position it may look at offers a **key** to be matched and a **value** to hand
-# over. The output is the values' average, each weighted by how well its key matches the query,
-# however far apart the two positions are.
+# **The paper, §3.2.** Attention maps a **query** and a set of **key**-**value** pairs to an
+# average of the values, each weighted by how well its key matches the query, however far apart
+# the positions are. The Transformer scores the match with a scaled dot product, and runs several
+# attentions side by side.
 
 # %% tags=["setup", "hide-cell"]
 # Setup (hidden in the book): in Colab, install the book's package; everywhere, import what
@@ -33,9 +33,9 @@ enable_book_charts()
 # %% [markdown]
 # ## Scaled dot-product attention
 #
-# Stack the queries into a matrix $Q$ (one row per position), the keys into $K$, the values into
-# $V$. Queries and keys have width $d_k$, so all the matches are one matrix product $QK^\top$; a
-# softmax over each row gives the weights, and a second product averages the values:
+# With the queries as rows of a matrix $Q$, the keys of $K$ and the values of $V$, all the matches
+# are one matrix product $QK^\top$; a softmax over each row gives the weights, and a second
+# product averages the values:
 #
 # $$
 # \mathrm{Attention}(Q, K, V) = \mathrm{softmax}\!\left(\frac{QK^\top}{\sqrt{d_k}}\right) V .
@@ -45,20 +45,17 @@ enable_book_charts()
 # :name: fig-scaled-dot-product-attention
 # :width: 340px
 #
-# Scaled dot-product attention: compare queries with keys, scale by $1/\sqrt{d_k}$, mask, take
-# the softmax of each row, and average the values with those weights.
+# Scaled dot-product attention, after the paper's Figure 2.
 # ```
 #
-# Matrix products are fast on hardware built for them, unlike the small network of additive
-# attention {cite}`bahdanau2015neural`, which beats *unscaled* dot products for large $d_k$
+# The paper prefers dot products to additive attention {cite}`bahdanau2015neural`, a small
+# network, because matrix products run fast; unscaled, they lose to it for large $d_k$
 # {cite}`britz2017massive`. A mask gives the pairs that may not attend (padding, the decoder's
-# future) the dtype's lowest score, so their weight is zero; a mask that does not fit the scores
-# gets a one-line error ({ref}`checking-inputs`).
+# future) the dtype's lowest score, so their weight underflows to zero.
 #
 # ```{note}
-# The classic version filled masked scores with $-10^9$, which float16 cannot hold;
-# `torch.finfo(scores.dtype).min` suits every dtype and, unlike $-\infty$, leaves a fully masked
-# row finite (exercise 1).
+# The classic version filled masked scores with $-10^9$, which float16 cannot hold; the dtype's
+# minimum suits any dtype and, unlike $-\infty$, keeps a fully masked row finite (exercise 1).
 # ```
 
 # %% tags=["export"]
@@ -87,11 +84,9 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 # %% [markdown]
 # ### A worked example: three tokens, $d_k = 2$
 #
-# Query 0, $(1, 0)$, agrees most with key 0, $(2, 0)$, so token 0 takes the largest share of its
-# output from value 0 and the smallest from token 1, whose key $(0, 2)$ is orthogonal to it.
-# Query 2, $(1, 1)$, scores every key the same and averages the values equally. The first weight
-# is the pencil's $e^{\sqrt 2} / (e^{\sqrt 2} + e^{0} + e^{1/\sqrt 2})$ (float64: same digits
-# anywhere):
+# Query 0, $(1, 0)$, matches key 0, $(2, 0)$, best and key 1, $(0, 2)$, not at all; query 2,
+# $(1, 1)$, scores every key the same and averages the values equally. The cell checks the first
+# weight against the pencil's $e^{\sqrt 2} / (e^{\sqrt 2} + e^{0} + e^{1/\sqrt 2})$:
 
 # %%
 import torch.nn.functional as F
@@ -112,10 +107,10 @@ assert torch.allclose(out[2], torch.tensor([2 / 3, 2 / 3], dtype=torch.float64))
 # %% [markdown]
 # ### Self-attention, before any parameters
 #
-# In *self*-attention queries, keys and values come from one sequence. With the token vectors
-# $X$ as all three, $\mathrm{Attention}(X, X, X)$ replaces each vector by a weighted average of
-# all of them, and as dot products are largest between vectors pointing the same way, the
-# weights favour similar tokens:
+# In *self*-attention queries, keys and values come from one sequence.
+# $\mathrm{Attention}(X, X, X)$ replaces each token vector by a weighted average of all of them;
+# as the dot product of vectors of one length is largest when they point the same way, the weights
+# favour similar tokens:
 
 # %%
 X = 2 * torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0]], dtype=torch.float64)  # (3, 2)
@@ -127,9 +122,8 @@ assert torch.equal(weights.argmax(dim=-1), torch.arange(3))  # most weight on it
 assert weights[0, 1] > weights[0, 2] and weights[2, 1] > weights[2, 0]  # then on its neighbour
 
 # %% [markdown]
-# Learned projections (below) let the model choose what counts as similar and what each token
-# hands over. With chapter 2's causal mask and equal scores, each output is the mean of the
-# values so far:
+# Learned projections (below) choose what counts as similar and what each token hands over. With
+# chapter 2's causal mask and equal scores, each output is the mean of the values so far:
 
 # %%
 values = torch.arange(8.0, dtype=torch.float64).view(4, 2)  # (n = 4, d_v = 2)
@@ -144,14 +138,15 @@ print("causal weights with equal scores =", weights, sep="\n")
 # %% [markdown]
 # ## Why divide by $\sqrt{d_k}$
 #
-# The paper suspects that large dot products push the softmax into regions where its gradients
-# are tiny (§3.2.1). If the components of $q$ and $k$ are independent with mean 0 and variance 1,
-# $q \cdot k$ has variance $d_k$ (the paper's footnote). For each $d_k$, 2,000 queries each score
-# 10 random keys, with and without scaling: the scores' spread, the largest weight and the
-# weights' entropy (at most $\ln 10 \approx 2.30$ nats).
+# The paper suspects that large dot products push the softmax into regions where its gradients are
+# tiny (§3.2.1): if the components of $q$ and $k$ are independent with mean 0 and variance 1,
+# $q \cdot k$ has variance $d_k$ (its footnote). The cell scores random queries against 10 random
+# keys at growing $d_k$, with and without the scaling (the weights' entropy is at most
+# $\ln 10 \approx 2.30$ nats).
 
 # %%
 import pandas as pd
+from torch.func import jacrev, vmap
 
 torch.manual_seed(0)
 n_queries, n_keys = 2000, 10
@@ -163,21 +158,23 @@ for d_k in [1, 4, 16, 64, 256, 1024]:
         scores = dots / math.sqrt(d_k) if scaled else dots  # (n_queries, n_keys)
         p = scores.softmax(dim=-1)
         entropy = -(p * p.clamp_min(1e-30).log()).sum(-1)
+        jacobian = vmap(jacrev(lambda s: s.softmax(-1)))(scores)  # (n_queries, n_keys, n_keys)
         rows.append({"d_k": d_k, "scores": "q·k / √d_k" if scaled else "q·k",
                      "std of scores": round(scores.std().item(), 3),
                      "mean max weight": round(p.max(-1).values.mean().item(), 3),
-                     "mean entropy (nats)": round(entropy.mean().item(), 3)})
+                     "mean entropy (nats)": round(entropy.mean().item(), 3),
+                     "mean Jacobian norm": round(jacobian.norm(dim=(-2, -1)).mean().item(), 3)})
 scaling = pd.DataFrame(rows)
 print(scaling.to_string(index=False))
 scaling_chart(scaling, n_keys=n_keys)
 
 
 # %% [markdown]
-# Unscaled, the spread grows like $\sqrt{d_k}$; look at how the largest weight climbs towards 1
-# and the entropy collapses, for random vectors that give no reason to prefer any key. The
-# softmax's Jacobian, $\partial p_i / \partial s_j = p_i(\delta_{ij} - p_j)$, vanishes as one
-# $p_i$ nears 1: the scores get almost no gradient. Scaled, the three curves stay flat at every
-# width.
+# Unscaled, the spread grows like $\sqrt{d_k}$; look at the largest weight climbing towards 1 and the
+# entropy collapsing, for random vectors that give no reason to prefer any key. The softmax's
+# Jacobian, $\partial p_i / \partial s_j = p_i(\delta_{ij} - p_j)$, vanishes as one $p_i$ nears 1:
+# the scores get almost no gradient (last column: its norm). Scaled, the three curves stay nearly
+# flat.
 #
 # ## Multi-head attention
 #
@@ -193,16 +190,16 @@ scaling_chart(scaling, n_keys=n_keys)
 # :name: fig-multi-head-attention
 # :width: 470px
 #
-# Multi-head attention: $h$ heads attend side by side, each on its own projections of $Q$, $K$,
-# $V$; their outputs are concatenated and projected back to $d_\text{model}$.
+# Multi-head attention, after the paper's Figure 2: $h$ heads side by side, concatenated and
+# projected back to $d_\text{model}$.
 # ```
 #
-# One head blends everything it attends to into one average; several heads can each look for
-# something else, in a subspace of their own, and keep the results apart (§3.2.2). The base
-# model has $h = 8$ heads of width $d_k = 64$, costing about as much as one full-width head. In
-# code, the $W_i^Q$ of all heads form one $d_\text{model} \times d_\text{model}$ linear layer whose
-# output is cut into $h$ pieces (likewise for $K$, $V$), and the heads become a tensor dimension
-# for one call of `attention`.
+# One head blends what it attends to into one average; several heads can each look for something
+# else, in a subspace of their own (§3.2.2). The base model's $h = 8$ heads of width $d_k = 64$ cost,
+# the paper notes, about as much as one head of full width. In code, one
+# $d_\text{model} \times d_\text{model}$ layer holds the $W_i^Q$ of all heads, and its output is cut
+# into $h$ pieces (likewise for $K$ and $V$). Unlike the paper's matrices, these layers and $W^O$'s
+# have biases ({doc}`departures`).
 
 # %% tags=["export"]
 class MultiHeadedAttention(nn.Module):
@@ -244,9 +241,8 @@ class MultiHeadedAttention(nn.Module):
 
 
 # %% [markdown]
-# PyTorch's `nn.MultiheadAttention` keeps $W^Q$, $W^K$, $W^V$ in one `in_proj_weight` and takes a
-# `key_padding_mask` that is True at *padding*. With our weights copied in, it gives the same
-# output; a width that does not split into equal heads is refused:
+# PyTorch's `nn.MultiheadAttention` keeps $W^Q$, $W^K$, $W^V$ in one `in_proj_weight`, and its
+# `key_padding_mask` is True at *padding*. With our weights copied in, it gives our output:
 
 # %%
 torch.manual_seed(0)
@@ -268,25 +264,19 @@ except ValueError as error:
 
 # %% [markdown]
 # ```{note}
-# The classic version stored `self.attn` undetached, which kept a pass's graph and activations
-# alive until the next call in an evaluation without `torch.no_grad()`; we store a detached
-# copy. In training mode `.attn` holds the weights *after* dropout, a dropout the paper's text
-# does not mention (§5.4).
+# The classic version stored `self.attn` with its graph; we store it detached. The dropout on the
+# weights is not the paper's ({doc}`departures`).
 # ```
 #
 # ## Three kinds of attention in the model
 #
-# One module serves three purposes, which differ in where $Q$, $K$, $V$ come from and the mask:
-#
-# 1. **Encoder self-attention.** All three from the previous encoder layer; the mask hides
-#    padding, (batch, 1, n_src).
-# 2. **Decoder self-attention.** All three from the previous decoder layer; the mask hides
-#    padding *and* the future (`subsequent_mask`), (batch, n_tgt, n_tgt).
-# 3. **Encoder-decoder (cross-) attention.** Queries from the decoder, keys and values from the
-#    memory, as in {cite}`bahdanau2015neural`; the mask hides source padding, (batch, 1, n_src).
-#
-# Below, head 0 of a decoder self-attention on a target padded by two tokens: the causal
-# triangle, with the padded key columns at zero (the padding queries' outputs go unused).
+# One module serves the model's three attentions (§3.2.3), which differ in where $Q$, $K$, $V$ come
+# from and in the mask: **encoder self-attention**, all three from the previous encoder layer, its
+# mask (batch, 1, n_src) hiding padding; **decoder self-attention**, likewise in the decoder, its
+# mask (batch, n_tgt, n_tgt) hiding padding *and* the future; and **cross-attention** (chapter 2), as
+# in {cite}`bahdanau2015neural`, with the source's mask. Below, a decoder self-attention head on a
+# target with two padding tokens: the causal triangle, its padded columns at zero. Padded rows still
+# attend; the loss skips them (chapter 7).
 
 # %%
 torch.manual_seed(0)
@@ -317,19 +307,18 @@ print("self-attention of the permuted inputs = the permuted outputs, for", perm.
 # %% [markdown]
 # ## What we have, and what comes next
 #
-# `attention` and `MultiHeadedAttention`, matching PyTorch's, and why scores are scaled. The
-# next chapter's positional encodings give self-attention the order it cannot see.
+# `attention` and `MultiHeadedAttention` match PyTorch's; chapter 4 gives them order.
 #
 # ## Exercises
 #
 # 1. **A query that may see nothing.** A mask hides all four keys of a query. Before running
-#    anything, what weights does `attention` give it? Write them as `answer_1`. (Why not NaN?)
-# 2. **A temperature.** Write `attention_with_temperature(query, key, value, temperature)`,
-#    which divides the scores by $T\sqrt{d_k}$. With $T = 1$ it must equal `attention`; as
-#    $T \to 0$ each query should take the value of its best key; as $T \to \infty$ it should
-#    average all values equally.
+#    anything, what weights does `attention` give it (`answer_1`)? Why not NaN?
+# 2. **A temperature.** Write `attention_with_temperature(query, key, value, temperature)`, which
+#    divides the scores by $T\sqrt{d_k}$. At $T = 1$ it is `attention`; as $T \to 0$ each query
+#    takes its best key's value; as $T \to \infty$, the mean of the values.
 # 3. **More heads, same size.** Write `mha_parameters(d_model)`, the number of parameters of
-#    `MultiHeadedAttention(h, d_model)`. Does it depend on $h$? The check tries 1 to 16 heads.
+#    `MultiHeadedAttention(h, d_model)`. Does it depend on $h$? The check tries 1, 2, 4, 8 and 16
+#    heads.
 #
 # Our solutions are in the hidden cell; replace them with yours.
 

@@ -1,10 +1,10 @@
 # %% [markdown]
 # # Feed-forward layers, embeddings and positions
 #
-# Attention mixes information *between* positions. Three simpler parts complete a layer and the
-# model's input (paper §3.3 to §3.5): a small network applied to each position on its own, the
-# embeddings that turn token ids into vectors (and vectors back into token scores), and the
-# positional encodings that tell an order-blind model where each token stands.
+# **The paper, §3.3–3.5.** Each layer also has a feed-forward network, applied to each position
+# alone. Learned embeddings, scaled by $\sqrt{d_\text{model}}$ and shared with the output layer,
+# turn tokens into vectors; and as nothing else in the model sees order, sinusoidal positional
+# encodings added to them say where each token stands.
 
 # %% tags=["setup", "hide-cell"]
 # Setup (hidden in the book): in Colab, install the book's package; everywhere, import what
@@ -32,16 +32,14 @@ enable_book_charts()
 # %% [markdown]
 # ## The position-wise feed-forward network
 #
-# After attention, each layer processes every position on its own with one two-layer network:
+# Each position goes through the same two-layer network, two convolutions of kernel size 1, in
+# the paper's words:
 #
 # $$ \mathrm{FFN}(x) = \max(0,\, x W_1 + b_1)\, W_2 + b_2 . $$
 #
-# It is like a convolution of kernel width 1: the same weights everywhere, no interaction between
-# positions. With $d_\text{ff} = 2048$ against $d_\text{model} = 512$, it holds two thirds of an
-# encoder layer's parameters (chapter 5 counts them); trained language models seem to store much
-# of what they memorise here {cite}`geva2021transformer`. The dropout between its two layers is
-# the classic version's choice: the paper's §5.4 drops sublayer outputs and the sums of
-# embeddings and positions, not the network's hidden layer.
+# With $d_\text{ff} = 4\, d_\text{model}$ it holds two thirds of an encoder layer's weights
+# ($8\, d_\text{model}^2$ against attention's $4\, d_\text{model}^2$, chapter 5). The dropout
+# between its two layers is the classic version's, not the paper's ({doc}`departures`).
 
 # %% tags=["export"]
 import torch
@@ -63,8 +61,7 @@ class PositionwiseFeedForward(nn.Module):
 
 
 # %% [markdown]
-# Since positions do not interact, the network on a whole sequence must give what it gives on
-# each position alone:
+# Positions do not interact, so a whole sequence gives what each position gives alone:
 
 # %%
 torch.manual_seed(0)
@@ -78,15 +75,12 @@ print("same as one position at a time:", torch.allclose(ffn(x), one_at_a_time, a
 # %% [markdown]
 # ## Embeddings, scaled by $\sqrt{d_\text{model}}$
 #
-# An embedding is a learned table with one row of width $d_\text{model}$ per token id. The paper
-# multiplies the rows by $\sqrt{d_\text{model}}$ without saying why, and any reason depends on the
-# initialization, which it does not give. In the authors' tensor2tensor code
-# {cite}`vaswani2018tensor2tensor` entries have standard deviation $d_\text{model}^{-1/2}$: rows of
-# norm about 1 suit the tied output layer (next section), and the factor lifts the input entries
-# to variance about 1, the scale of the positional encodings added next, so that neither drowns
-# the other. With the classic version's Xavier initialization, which this book keeps (chapter 5),
-# the factor narrows the gap without closing it. An id outside the table gets a one-line error
-# ({ref}`checking-inputs`).
+# The paper multiplies the rows of each learned embedding table by $\sqrt{d_\text{model}}$ without
+# saying why. In the authors' tensor2tensor code {cite}`vaswani2018tensor2tensor` the entries start
+# with standard deviation $d_\text{model}^{-1/2}$, rows of norm about 1 that suit the tied output
+# layer, and the factor lifts them to the scale of the positional encodings added next, perhaps so
+# that neither drowns the other. With the Xavier initialization this book keeps (chapter 5) and a
+# 37,000-token table, the factor narrows the gap without closing it:
 
 # %% tags=["export"]
 class Embeddings(nn.Module):
@@ -117,36 +111,33 @@ except ValueError as error:
     print("ValueError:", error)
 
 # %% [markdown]
-# Compare the two root mean squares with the positional signal's, $1/\sqrt{2}$: the factor turns
-# a gap of about a hundredfold into one of about fourfold.
+# Against the positional signal's root mean square, $1/\sqrt{2}$, the gap shrinks from about a
+# hundredfold to about fourfold.
 #
 # ## Sharing the embedding with the output layer
 #
-# The source embedding, the target embedding and the generator's weight, which scores every
-# vocabulary entry against the decoder's output, all have the shape (vocab, $d_\text{model}$). The
-# paper (§3.4) uses one matrix for all three: the target embedding and the output layer both say
-# what a token means, and tying them improves perplexity {cite}`press2017using`. Sharing the
-# *source* embedding too needs one vocabulary for both languages, as the paper had: about 37,000
-# byte-pair units {cite}`sennrich2016neural` for English and German. Chapter 5's
-# `make_model(..., share_embeddings=True)` ties them.
+# The source and target embeddings and the generator's weight are all tables of a row per token.
+# The paper (§3.4) shares one matrix among the three: the target embedding and the output layer
+# both say what a token means, and tying them improves perplexity {cite}`press2017using`. Tying
+# the source embedding too needs one vocabulary for both languages, as the paper had (about 37,000
+# byte-pair units {cite}`sennrich2016neural`). Chapter 5's
+# `make_model(..., share_embeddings=True)` ties them; its default does not ({doc}`departures`).
 
 # %% [markdown]
 # ## Positional encoding
 #
-# Self-attention does not see order (chapter 3), so order must be put into the input. The paper
-# adds to each embedding a vector that depends only on the position $pos$, sines and cosines of
-# geometrically spaced frequencies:
+# The paper adds to each embedding a vector that depends only on the position $pos$, sines and
+# cosines of geometrically spaced frequencies:
 #
 # $$
 # PE_{(pos,\,2i)} = \sin\!\left(\frac{pos}{10000^{2i/d_\text{model}}}\right), \qquad
 # PE_{(pos,\,2i+1)} = \cos\!\left(\frac{pos}{10000^{2i/d_\text{model}}}\right).
 # $$
 #
-# Pair $i$ is a clock turning at $\omega_i = 10000^{-2i/d_\text{model}}$ radians per position, from
-# one turn every $2\pi$ positions to almost one every $2\pi \cdot 10000$: fast pairs tell
-# neighbours apart, slow ones say roughly where in a long sentence a token is. The table is a
-# buffer: it moves with the module between devices but is neither trained nor saved
-# (`persistent=False`). Dropout on the sum is the paper's dropout on embeddings (§5.4).
+# Pair $i$ is a clock turning at $\omega_i = 10000^{-2i/d_\text{model}}$ radians per position,
+# from one turn every $2\pi$ positions to almost one every $2\pi \cdot 10000$: fast pairs tell
+# neighbours apart, slow ones say roughly where a token is. Dropout on the sum is the paper's
+# dropout on embeddings (§5.4).
 
 # %% tags=["export"]
 class PositionalEncoding(nn.Module):
@@ -175,8 +166,8 @@ class PositionalEncoding(nn.Module):
 
 
 # %% [markdown]
-# The first 32 positions of a table with $d_\text{model} = 64$: from left to right the stripes
-# widen as the frequency falls, until the last dimensions barely move.
+# Look at the stripes: they widen from left to right as the frequency falls, until the last
+# dimensions barely move.
 
 # %%
 pe = PositionalEncoding(d_model=64, dropout=0.0, max_len=32).pe[0]  # (32, d_model)
@@ -185,9 +176,9 @@ encoding_heatmap(pe, title="Sinusoidal positional encoding, d_model = 64")
 # %% [markdown]
 # ### Relative positions are linear maps
 #
-# The paper suggests that sinusoids make it easy to attend by *relative* position: for a fixed
-# offset $k$, $PE_{pos+k}$ is a linear function of $PE_{pos}$. Pair $i$ is a point on a circle at
-# angle $\omega_i \, pos$, and moving $k$ positions rotates it by $\omega_i k$:
+# The paper chose sinusoids expecting them to make attending by *relative* position easy: for a
+# fixed offset $k$, $PE_{pos+k}$ is a linear function of $PE_{pos}$. Pair $i$ is a point on a
+# circle at angle $\omega_i \, pos$, and moving $k$ positions rotates it by $\omega_i k$:
 #
 # $$
 # \begin{pmatrix} \sin \omega_i (pos + k) \\ \cos \omega_i (pos + k) \end{pmatrix}
@@ -195,8 +186,8 @@ encoding_heatmap(pe, title="Sinusoidal positional encoding, d_model = 64")
 #   \begin{pmatrix} \sin \omega_i\, pos \\ \cos \omega_i\, pos \end{pmatrix}.
 # $$
 #
-# So $PE_{pos+k} = M_k \, PE_{pos}$ with a block-diagonal $M_k$, one $2\times 2$ rotation per pair,
-# that does not depend on $pos$. We check it at every position of the table, in float64:
+# So $PE_{pos+k} = M_k \, PE_{pos}$ with a block-diagonal $M_k$, one $2\times 2$ rotation per
+# pair, that does not depend on $pos$. The cell checks it in float64:
 
 # %%
 import math
@@ -213,11 +204,11 @@ error = (predicted - table[k:]).abs().max().item()
 print(f"max |M_k PE(pos) - PE(pos + {k})| over positions 0..{200 - k - 1}: {error:.1e}")
 
 # %% [markdown]
-# The error is float32 rounding of the stored table: one matrix maps every position to the
-# position seven steps later. So $PE_{pos} \cdot PE_{pos+k}$, the part of an attention score that
-# comes from positions alone, depends only on the offset $k$ (it equals $\sum_i \cos \omega_i k$):
-# largest at offset 0, smaller with ripples elsewhere, and the same curve from every starting
-# position:
+# The error is the table's float32 rounding: one matrix maps each position to the one seven later. It
+# follows that $PE_{pos} \cdot PE_{pos+k} = \sum_i \cos \omega_i k$ depends on the offset $k$ alone:
+# largest at 0, smaller with ripples elsewhere, the same curve from each starting position drawn. An
+# attention score sees this dot product only through $W^Q$ and $W^K$, and keeps the property only if
+# together they scale and rotate each pair alone (exercise 3).
 
 # %%
 dots = table @ table.T  # (200, 200): row pos, column pos + k holds PE(pos) . PE(pos + k)
@@ -230,12 +221,11 @@ line_chart(offsets, x="offset k:Q", y="dot:Q", color="from position:N", dash=Tru
 # %% [markdown]
 # ### Learned position embeddings instead
 #
-# The alternative is a learned vector per position. The paper tried it (Table 3, row E), found
-# nearly identical results, and kept the sinusoids because they may extend to sentences longer
-# than any seen in training: a learned table has no row beyond `max_len` and untrained rows for
-# positions it never saw, while the formula has a value everywhere. Later models made both
-# choices (BERT and GPT-2 learn theirs). It is a drop-in replacement, and also refuses a sequence
-# longer than its table:
+# The paper also tried a learned vector per position (Table 3, row E), found nearly identical
+# results, and kept the sinusoids because they may extend to sentences longer than those seen in
+# training: a learned table has no row beyond `max_len`, and untrained rows where no training
+# sentence reached. BERT {cite}`devlin2019bert` and GPT-2 {cite}`radford2019language` learn
+# theirs. The module is a drop-in replacement:
 
 # %% tags=["export"]
 class LearnedPositionalEmbedding(nn.Module):
@@ -269,15 +259,14 @@ except ValueError as error:
 # %% [markdown]
 # ## What we have, and what comes next
 #
-# With `PositionwiseFeedForward`, `Embeddings` and `PositionalEncoding`, every part exists; the
-# next chapter fills chapter 2's skeleton with them and runs the full model.
+# Every part now exists; the next chapter assembles them.
 
 # %% [markdown]
 # ## Exercises
 #
-# 1. **The formula, one entry at a time.** Write `sinusoid(pos, i, d_model)`, the entry of the
-#    positional encoding at position `pos` and dimension `i`, straight from the paper's formulas
-#    with plain `math`. The check compares it with the table of `PositionalEncoding`.
+# 1. **The formula, one entry at a time.** Write `sinusoid(pos, i, d_model)`, the encoding's entry
+#    at position `pos` and dimension `i`, with plain `math`. The check compares it with
+#    `PositionalEncoding`'s table.
 # 2. **Order-blind without positions.** Write `permutes_along(layer, x, perm)`: whether permuting
 #    the positions of `x` (batch, n, d_model) by `perm` permutes `layer(x)` the same way. The
 #    check tries self-attention, the feed-forward network, and self-attention after
@@ -287,10 +276,9 @@ except ValueError as error:
 #    "the token $k$ back" at every position $p$? Why must the rotation keep to the same pairs?
 #
 # ```{dropdown} Answers to 2 and 3
-# 2. Permuting the input rows permutes the rows and columns of the scores alike, so each output
-#    row moves with its input row; the feed-forward network sees one row at a time. With the
-#    encodings added, a token moved elsewhere gets another encoding, so its output changes, not
-#    only its place.
+# 2. Permuting the input rows permutes the scores' rows and columns alike, so each output row
+#    moves with its input row; the feed-forward network sees one row at a time. With the encodings
+#    added, a moved token gets another encoding, so its output changes, not only its place.
 # 3. Pair $i$ of $PE_p$ is a unit vector at the angle $\omega_i p$. If $R$ rotates pair $i$ by
 #    $\theta_i$, the pair's share of $PE_{p+k} \cdot R\,PE_p$ is $\cos(\omega_i k - \theta_i)$
 #    whatever $p$ is, largest when $\theta_i = \omega_i k$: learned once, it works everywhere. A

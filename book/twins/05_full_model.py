@@ -1,9 +1,9 @@
 # %% [markdown]
 # # The full model
 #
-# This chapter puts the parts of chapters 2 to 4 together in `make_model`, counts the parameters
-# against the paper's Table 3, runs the untrained model and decodes a first, meaningless,
-# translation.
+# **The paper, §3 and Table 3.** The parts of §3 make up the model of the paper's Figure 1. Its
+# base configuration has $N = 6$ layers per stack, $d_\text{model} = 512$, $d_\text{ff} = 2048$,
+# $h = 8$ heads and dropout $P_\text{drop} = 0.1$: 65 million parameters.
 
 # %% tags=["setup", "hide-cell"]
 # Setup (hidden in the book): in Colab, install the book's package; everywhere, import what
@@ -39,19 +39,17 @@ enable_book_charts()
 # %% [markdown]
 # ## `make_model`
 #
-# `make_model` takes the hyperparameters of the paper's Table 3, with the base model's values as
-# defaults ($N = 6$ layers per stack, $d_\text{model} = 512$, $d_\text{ff} = 2048$, $h = 8$,
-# $P_\text{drop} = 0.1$). It deep-copies one attention module, one feed-forward network and one
-# positional encoding into every box of chapter 2's figure, so that no two share weights, and
-# initializes the matrices with Xavier's uniform distribution, which keeps the activations'
-# variance roughly constant from layer to layer. `share_embeddings=True` ties the source
-# embedding, the target embedding and the generator's weight into one matrix (§3.4, chapter 4).
+# `make_model` takes the hyperparameters of Table 3, the base sizes as defaults. Each box of
+# chapter 2's figure gets its own deep copy of a module, and the matrices start from Xavier's
+# uniform distribution, as in the classic version (the paper does not give its initialization).
 #
-# ```{admonition} Which model the book trains: pre-norm
-# `make_model`'s default, `norm_first=True`, builds chapter 2's pre-norm model, not the paper's
-# post-norm one (`norm_first=False`). The book trains pre-norm everywhere: at its scale it trains
-# reliably with a short warm-up, where post-norm needs a careful one {cite}`xiong2020layer`
-# (the gradient chart below shows why). Chapter 19 trains both.
+#
+# ```{admonition} The defaults: pre-norm, untied
+# The defaults build chapter 2's pre-norm layers (`norm_first=True`) with separate embeddings.
+# `norm_first=False, share_embeddings=True` builds the paper's architecture; `paper_dropout_only`
+# (chapter 21) then removes the dropout on attention weights and feed-forward hidden units, which
+# the paper does not have. The training presets build pre-norm models, for the reason the gradient
+# chart below illustrates, and the subword ones tie the embeddings ({doc}`departures`).
 # ```
 
 # %% tags=["export"]
@@ -64,7 +62,10 @@ from torch import nn
 def make_model(src_vocab: int, tgt_vocab: int, N: int = 6, d_model: int = 512, d_ff: int = 2048,
                h: int = 8, dropout: float = 0.1, *, norm_first: bool = True,
                share_embeddings: bool = False) -> EncoderDecoder:
-    """Build a Transformer from hyperparameters; defaults are the paper's base model."""
+    """A Transformer. Defaults: the paper's base sizes (N=6, d_model=512, d_ff=2048, h=8,
+    dropout=0.1), but pre-norm layers and separate embeddings, unlike the paper's model. Dropout
+    also falls on the attention weights and feed-forward hidden units (the classic's sites, not
+    the paper's; paper_dropout_only turns it off there)."""
     if share_embeddings and src_vocab != tgt_vocab:
         raise ValueError(f"share_embeddings=True needs one vocabulary: src_vocab={src_vocab} "
                          f"!= tgt_vocab={tgt_vocab}")
@@ -79,8 +80,8 @@ def make_model(src_vocab: int, tgt_vocab: int, N: int = 6, d_model: int = 512, d
         nn.Sequential(Embeddings(d_model, tgt_vocab), c(position)),
         Generator(d_model, tgt_vocab),
     )
-    for p in model.parameters():
-        if p.dim() > 1:  # matrices: Xavier/Glorot; biases and norms keep 0 and 1
+    for p in model.parameters():  # biases keep nn.Linear's U(±1/sqrt(fan_in)), norms 1 and 0
+        if p.dim() > 1:  # matrices: Xavier/Glorot
             nn.init.xavier_uniform_(p)
     if share_embeddings:  # one (vocab, d_model) matrix, three uses (§3.4)
         shared = model.src_embed[0].lut.weight
@@ -91,9 +92,8 @@ def make_model(src_vocab: int, tgt_vocab: int, N: int = 6, d_model: int = 512, d
 
 # %% [markdown]
 # ```{note}
-# The classic Annotated Transformer showed weight sharing as a snippet naming attributes the model
-# does not have (`tgt_embeddings`, a `lut` in the generator). Here it is an option, which needs
-# one vocabulary for both sides.
+# The classic Annotated Transformer showed weight sharing as a snippet naming attributes its model
+# lacks; here it is an option.
 # ```
 
 # %%
@@ -109,11 +109,9 @@ except ValueError as error:
 # %% [markdown]
 # ## Counting parameters
 #
-# Table 3 of the paper gives 65 million parameters for the base model and 213 million for the
-# big one ($d_\text{model} = 1024$, $d_\text{ff} = 4096$, $h = 16$), both with a shared vocabulary of
-# about 37,000 tokens. We count on PyTorch's `meta` device, where tensors have a shape but no
-# storage (the big model would take about a gigabyte), and build the base model for real once to
-# check the count; `model.parameters()` lists a shared parameter once.
+# Table 3 gives 65 million parameters for the base model and 213 million for the big one, with a
+# shared vocabulary of about 37,000 tokens (§5.1). We count on PyTorch's `meta` device (shapes,
+# no storage) and check the base count on a real model:
 
 # %% tags=["export"]
 def count_parameters(model: nn.Module) -> int:
@@ -142,12 +140,12 @@ print(f"base model built for real: {real_base:,} parameters (the meta count agre
 pd.DataFrame.from_dict(rows, orient="index").rename_axis("model")
 
 # %% [markdown]
-# Our counts are within a few percent of the paper's, smaller for the base model and larger for
-# the big one. A different vocabulary would move both counts the same way, so it cannot explain
-# both gaps, and the paper does not say what else it counted; ours follow the architecture it
-# describes. Where do the parameters sit? Per layer, attention has $4\,d_\text{model}^2$ weights
-# and the feed-forward network $2\,d_\text{model}\,d_\text{ff} = 8\,d_\text{model}^2$ (plus
-# biases); an encoder layer has one attention, a decoder layer two.
+# Look at the two gaps: our count is below the paper's for the base model and above it for the big
+# one. A different vocabulary would move both counts the same way, so it cannot explain both, and
+# the paper does not say what else it counted.
+# Per layer, attention has $4\,d_\text{model}^2$ weights and the feed-forward network
+# $2\,d_\text{model}\,d_\text{ff} = 8\,d_\text{model}^2$ (plus biases); an encoder layer has one
+# attention, a decoder layer two.
 
 # %%
 with torch.device("meta"):
@@ -163,14 +161,13 @@ for group, n in sizes.items():
 # %% [markdown]
 # ## A forward pass
 #
-# A small model runs on a toy vocabulary of 11 tokens. Every vocabulary in the book reserves its
-# first four ids for the same special tokens (next cell). The second source sentence is padded
-# with `PAD_ID`, which the source mask hides; each target starts with `BOS_ID`, and its mask
-# combines its own padding with `subsequent_mask` (chapter 7 wraps this in a `Batch` class).
+# A model of two layers per stack runs on a toy vocabulary of 11 tokens, with the special ids of
+# the next cell. The second source sentence is padded with `PAD_ID`, which the source mask hides;
+# each target starts with `BOS_ID`, and its mask combines its own padding with `subsequent_mask`.
 
 # %% tags=["export"]
-# The ids of <s>, </s>, <blank> (padding) and <unk> in every vocabulary of the book (chapter
-# 9's order); the toy tasks of chapters 12 and 13 have no <unk> and give id 3 to a symbol
+# The ids of <s>, </s>, <blank> (padding) and <unk> in the translation vocabularies (chapter 9's
+# order); the toy tasks of chapters 12 and 13 have no <unk> and give id 3 to a symbol
 BOS_ID, EOS_ID, PAD_ID, UNK_ID = 0, 1, 2, 3
 
 # %%
@@ -194,7 +191,7 @@ print("memory", tuple(memory.shape), "| decoder output", tuple(out.shape),
 
 # %% [markdown]
 # The mask is what makes training in parallel honest: the decoder's output at position $i$ must
-# not change when the target tokens after $i$ change. We change the last two target tokens:
+# not change when later target tokens do. We change the last two:
 
 # %%
 tgt_changed = tgt.clone()
@@ -205,16 +202,13 @@ print("positions 0-2 unchanged:", torch.allclose(out[0, :3], out_changed[0, :3],
 print("position 3 changed:", not torch.allclose(out[0, 3], out_changed[0, 3]))
 
 # %% [markdown]
-# Position 3 changes because token 3 itself changed; positions 0 to 2 do not see it. Between
-# sublayers every tensor has the shape (batch, positions, $d_\text{model}$), which lets layers
-# stack and residual connections add.
+# Position 3 changes because token 3 itself changed; positions 0 to 2 do not see it.
 
 # %% [markdown]
 # ## Pre-norm and post-norm, at initialization
 #
-# Where the layer norm sits changes how an untrained model's gradients are spread over its
-# layers. We build both models from one seed (8 layers per stack, $d_\text{model} = 128$, no
-# dropout) and measure each layer's weight gradients on one batch of random tokens.
+# The cell builds a deeper, narrower model with each norm placement from one seed, and measures
+# how its layers' gradients spread on one batch of random tokens.
 
 # %%
 import torch.nn.functional as F
@@ -240,21 +234,20 @@ line_chart(rows, x="layer:O", y="gradient norm:Q", color="model:N", column="stac
            y_title="gradient norm of the layer's matrices", title="Gradients at initialization")
 
 # %% [markdown]
-# Look at the post-norm decoder, whose top feeds the output layer: its gradients grow steeply
-# from the first layer to the last, while the pre-norm model's stay within a small factor of each
-# other. {cite:t}`xiong2020layer` derive this effect and argue that it is why post-norm
-# Transformers need a learning-rate warm-up (chapter 10): at full learning rate, the large
-# gradients near the output make the top layers' steps too big, while pre-norm models train
-# without one. One seed at initialization is a demonstration, not a finding.
+# Look at the post-norm decoder, whose top feeds the output layer: its gradients grow about
+# sixteenfold from the first layer to the last, while the pre-norm model's fall by less than a
+# factor of three. {cite:t}`xiong2020layer` derive this effect and argue that it is why post-norm
+# Transformers need a learning-rate warm-up (chapter 10) and pre-norm ones can do without. One
+# seed at initialization is a demonstration, not a finding about training; chapter 19 tests the
+# consequence on several seeds.
 #
 # ## Greedy decoding
 #
-# To translate, the model encodes the source once, starts the target with the start symbol,
-# appends the decoder's most likely next token, and repeats. This *greedy* decoding never
-# reconsiders a choice (the paper used beam search, chapter 15). `greedy_decode` works on a
-# batch: a sentence that has produced `end_symbol` is padded with it while the others go on,
-# until all have ended or `max_len` tokens stand. Chapter 14 grows it to ban ids, chapter 21 to
-# cache keys and values. The caller sets `model.eval()`, so that dropout is off.
+# To translate, the model encodes the source once, starts the target with the start symbol, and
+# appends the decoder's most likely next token until the end. This *greedy* decoding never
+# reconsiders a choice (the paper used beam search, chapter 15). `greedy_decode` works on a batch:
+# a sentence that has ended is padded with `end_symbol` until all have ended or `max_len` tokens
+# stand. Call `model.eval()` first, to turn dropout off.
 
 # %% tags=["export"]
 def greedy_decode(model: EncoderDecoder, src: torch.Tensor, src_mask: torch.Tensor, max_len: int,
@@ -288,14 +281,13 @@ print(greedy_decode(model, src, src_mask, max_len=10, start_symbol=BOS_ID, end_s
 
 
 # %% [markdown]
-# The untrained model's "translation" is noise: it repeats whichever tokens its random weights
-# favour. Chapter 12 trains the same small model to copy its input.
+# The untrained model's "translation" is noise, repeating whichever tokens its random weights
+# favour. Chapter 12 trains a much smaller model of the same shape to copy its input.
 #
 # ## What we have, and what comes next
 #
-# `make_model` builds the whole Transformer in the paper's sizes, and `greedy_decode` turns it
-# into a translator. The next chapter gives a reason to believe in the design: it compares
-# self-attention with recurrent and convolutional layers, as the paper's section 4 does.
+# The whole Transformer runs; the next chapter weighs self-attention against recurrence and
+# convolution (§4).
 
 # %% [markdown]
 # ## Exercises
@@ -304,15 +296,14 @@ print(greedy_decode(model, src, src_mask, max_len=10, start_symbol=BOS_ID, end_s
 #    of `make_model(vocab, vocab, N, d_model, d_ff, share_embeddings=True)` from its parts: one
 #    shared table, $N$ encoder and $N$ decoder layers (with two and three layer norms), a final
 #    norm per stack and the generator's bias. The check counts built models.
-# 2. **Where greedy goes wrong.** Greedy decoding keeps only the most probable next token.
-#    Construct two steps of next-token probabilities for which the most probable two-token
-#    output is not the one greedy decoding returns. What does chapter 15 do about it?
+# 2. **Where greedy goes wrong.** Construct two steps of next-token probabilities for which the
+#    most probable two-token output is not greedy decoding's. What does chapter 15 do about it?
 #
 # ```{dropdown} Answer to 2
-# Let the first step give "a" 0.6 and "b" 0.4; after "a" the best next token has probability
-# 0.5, after "b" 0.9. Greedy takes "a" and ends with $0.6 \times 0.5 = 0.30$; "b" then its best
-# token has $0.4 \times 0.9 = 0.36$. Beam search (chapter 15) keeps the $k$ best prefixes at
-# each step instead of one, and finds the second output with $k \ge 2$.
+# Let the first step give "a" 0.6 and "b" 0.4; after "a" the best next token has probability 0.5,
+# after "b" 0.9. Greedy takes "a" and ends with $0.6 \times 0.5 = 0.30$; "b" then its best token
+# has $0.4 \times 0.9 = 0.36$. Beam search (chapter 15) keeps the $k$ best prefixes at each step,
+# and finds the second with $k \ge 2$.
 # ```
 
 # %% tags=["hide-cell"]

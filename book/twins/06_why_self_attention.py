@@ -1,11 +1,10 @@
 # %% [markdown]
 # # Why self-attention
 #
-# Section 4 of {cite:t}`vaswani2017attention` argues for its central choice by comparing a
-# self-attention layer with the recurrent and convolutional layers it replaces: what a layer
-# costs, how much of it must run one step after another, and how far apart two positions are in
-# the network. This chapter counts the operations, checks the path lengths with autograd and
-# times the three layers.
+# **The paper, §4.** Unlike a recurrent layer, self-attention needs a constant number of sequential
+# operations; unlike recurrent and convolutional layers, a constant path length between any two
+# positions; and less computation than a recurrent layer while sentences are shorter than the
+# representation is wide.
 
 # %% tags=["setup", "hide-cell"]
 # Setup (hidden in the book): in Colab, install the book's package; everywhere, import what
@@ -39,31 +38,23 @@ enable_book_charts()
 #
 # **Complexity.** Self-attention takes $n^2$ dot products of length $d$; a recurrent layer
 # multiplies a $d$-vector by a $d \times d$ matrix at each of $n$ positions, a convolution $k$
-# times per position. So self-attention is the cheaper layer while $n < d$, the usual case: a
-# sentence is a few dozen word pieces, and $d = 512$. Even a separable convolution,
-# $O(k \cdot n \cdot d + n \cdot d^2)$, costs with $k = n$ what a self-attention layer plus a
-# point-wise feed-forward layer costs, the model's own combination (§4). Multi-head attention
-# also projects every position with four $d \times d$ matrices, $O(n \cdot d^2)$ like a
-# recurrent layer.
+# times per position. So self-attention is the cheaper layer while $n < d$, which the paper calls
+# the usual case for sentences cut into word pieces. Multi-head attention also projects every
+# position with four $d \times d$ matrices, $O(n \cdot d^2)$ like a recurrent layer.
 #
-# **Sequential operations.** A recurrent layer cannot compute position $t$ before position
-# $t - 1$; self-attention and convolution compute all positions at once, in a few large matrix
-# products, what parallel hardware does best.
+# **Sequential operations.** Only the recurrent layer must compute its positions in order (chapter
+# 1).
 #
-# **Maximum path length**, the number of steps a signal takes between two positions. Learning a
-# dependency means sending gradients along that path, and the shorter the easier
-# {cite}`hochreiter2001gradient`. Self-attention connects every pair directly, a recurrent layer
-# through $j$ steps for positions $j$ apart; convolutions of width $k$ need $n / k$ stacked layers
-# with contiguous kernels, or $\log_k n$ with dilated ones {cite}`kalchbrenner2016neural`.
-# Restricting self-attention to $r$ neighbours makes it linear in $n$ at the price of $n / r$
-# layers; the paper leaves that for future work.
+# **Maximum path length**, the number of steps a signal takes between two positions: the shorter
+# the path, the easier a dependency is to learn {cite}`hochreiter2001gradient`. Chapter 1 counted
+# these steps; below, autograd checks them. Restricting self-attention to $r$ neighbours makes it
+# linear in $n$ at the price of $n / r$ layers, which the paper leaves for future work.
 #
 # ## Counting the operations
 #
-# The floating-point operations (a multiply and an add count as two) of one layer of each kind,
-# with $d = 512$, per sequence: self-attention's four projections apart from the attention
-# proper, and an LSTM {cite}`hochreiter1997long` with four gates, each an input and a recurrent
-# $d \times d$ product.
+# The floating-point operations of one layer of each kind, per sequence: self-attention's four
+# projections apart from the attention proper, and an LSTM {cite}`hochreiter1997long` with four
+# gates, each an input and a recurrent $d \times d$ product.
 
 # %%
 def self_attention_flops(n: int, d: int) -> tuple[int, int]:
@@ -90,16 +81,15 @@ for n in (16, 64, 256, 512, 1024, 4096):
           f"{lstm_flops(n, d) / 1e6:8,.0f} {convolution_flops(n, d) / 1e6:9,.0f}")
 
 # %% [markdown]
-# The attention proper costs less than its own projections until $n = 2d$, and less than an
-# LSTM layer until $n = 4d$. For sentences the three layers are within a small factor of each
-# other; what separates them is how the operations can be scheduled.
+# The attention proper costs less than its own projections until $n = 2d$, and less than an LSTM
+# layer until $n = 4d$.
 #
 # ## Path lengths, checked with autograd
 #
 # Does output position $n - 1$ depend on input position 0? Forward-mode autograd carries each
-# value's derivative with respect to input position 0; we stack layers until that derivative
-# reaches position $n - 1$ (with random weights, non-zero means a path exists), in double
-# precision so that tiny derivatives stay above zero.
+# value's derivative with respect to input position 0; we stack layers until it reaches position
+# $n - 1$ (with random weights, non-zero means a path exists), in double precision so that tiny
+# derivatives stay above zero.
 
 # %%
 import torch
@@ -151,18 +141,16 @@ for n in (16, 64, 256):
     print(f"{n:4d} " + " ".join(f"{layers_to_connect(f, n):25d}" for f in kinds.values()))
 
 # %% [markdown]
-# Width-3 convolutions, each reaching one position to either side, need $n - 1$ layers. Chapter 1
-# counted about half as many because it asked when one window first covers two positions, which
-# happens halfway between them; here position $n - 1$ itself must see position 0. Both grow
-# linearly, as the paper's $O(n/k)$ (§4). With dilations $1, 2, 4, \dots$ the reach doubles with
-# each layer, and $\lceil \log_2 n \rceil$ layers do; one self-attention layer suffices at any
-# length. One LSTM layer connects them too, through $n - 1$ applications of its cell: autograd
-# counts layers, and the LSTM hides its path inside one.
+# Width-3 convolutions need $n - 1$ layers, about twice chapter 1's count, which stopped when one
+# window first covered both positions; here position $n - 1$ itself must see position 0. Both grow
+# linearly, as §4's $O(n/k)$ for contiguous kernels; Table 1's $O(\log_k n)$ is for dilated ones,
+# whose reach doubles with each layer (dilations $1, 2, 4, \dots$): $\lceil \log_2 n \rceil$ layers
+# do; one self-attention layer connects any two positions. So does one LSTM layer, through $n - 1$
+# applications of its cell: autograd counts layers, and the LSTM hides its path inside one.
 #
 # ## Timing the three layers
 #
-# Speed also depends on the hardware. The next cell times a forward pass of each layer
-# ($d = 256$, 4 heads, a batch of 4) on one CPU thread, the fastest of 7 calls.
+# The next cell times a forward pass of each layer on one CPU thread.
 
 # %% nbval_reason="wall-clock timings: they vary from run to run and from machine to machine" tags=["nbval-ignore-output"]
 import timeit
@@ -194,16 +182,14 @@ line_chart(timings, x="n:Q", y="ms:Q", color="layer:N", x_scale={"type": "log", 
 
 
 # %% [markdown]
-# The digits vary from run to run; look at the shape of the curves: the convolution, one large
-# matrix product, is the fastest; the LSTM's $n$ small steps run one after another; and
-# self-attention, faster than the LSTM on short sequences, falls behind it on long
-# ones as its $n \times n$ score matrices grow. A GPU speeds up attention and convolution far
-# more than the LSTM's sequential steps.
+# The digits vary from machine to machine; look at the shapes. In the stored run the convolution, one
+# large matrix product, is the fastest at each length; self-attention beats the LSTM's $n$ sequential
+# steps on short sequences and falls behind from about $n = d_\text{model}$, sooner than the operation
+# count predicts (exercise 1). On parallel hardware (not measured here), attention's and the
+# convolution's work can spread over many cores; the LSTM's steps cannot.
 #
-# So for the sentences of a translation task a self-attention layer costs about as much as a
-# recurrent one, does all of it in parallel, and puts every pair of words one step apart; its
-# $n^2$ cost is the price for very long inputs. Part II trains the model, starting with batches
-# and masks.
+# So for sentences a self-attention layer costs no more operations than a recurrent one, runs them in
+# parallel and puts every pair of words one step apart. Part II trains the model.
 
 # %% [markdown]
 # ## Exercises
@@ -211,10 +197,10 @@ line_chart(timings, x="n:Q", y="ms:Q", color="layer:N", x_scale={"type": "log", 
 # 1. **Where attention becomes the dearer layer.** With `self_attention_flops` (both parts) and
 #    `lstm_flops`, find by algebra the shortest length $n$ at which a self-attention layer costs
 #    more FLOPs than an LSTM layer of width $d$: `crossover_length(d)`. The check counts it out.
-# 2. **Restricted self-attention.** Write `restricted_layer(r)`, like `attention_layer` but with
-#    a band mask so that each position sees only those at most $r$ away, and
-#    `restricted_path(n, r)`, the number of such layers after which position $n - 1$ depends on
-#    position 0 (Table 1 says $O(n/r)$). The check lets `layers_to_connect` count them.
+# 2. **Restricted self-attention.** Write `restricted_layer(r)`, like `attention_layer` but with a
+#    band mask so that each position sees those at most $r$ away, and `restricted_path(n, r)`, the
+#    layers it takes for position $n - 1$ to depend on position 0 (Table 1 says $O(n/r)$). The
+#    check lets `layers_to_connect` count them.
 
 # %% tags=["hide-cell"]
 # Exercises 1 and 2: our solutions (hidden in the book). Replace them with yours.

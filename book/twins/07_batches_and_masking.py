@@ -1,11 +1,12 @@
 # %% [markdown]
 # # Batches and masking
 #
-# Part I built a model that maps a source sentence and the beginning of its translation to a
-# guess at the next word. Training feeds it many sentences at once, of different lengths. This
-# chapter packs them into rectangular tensors, marks the filler, and builds the two masks that
-# attention reads: one hides the filler, the other keeps the decoder from seeing the words it
-# must predict.
+# The paper fixes how the decoder is trained (§3.1 and §3.2.3 of
+# {cite:t}`vaswani2017attention`): its input is the target offset by one position, and its
+# self-attention is masked so that no position sees a later one; each prediction then depends
+# only on words already known. This chapter packs sentences of different lengths into rectangular
+# tensors, marks the filler, which the paper does not discuss, and builds the two masks that
+# attention reads.
 
 # %% tags=["setup", "hide-cell"]
 # Setup (hidden in the book): in Colab, install the book's package; everywhere, import what
@@ -52,27 +53,25 @@ src
 #
 # ## Teacher forcing: inputs and labels from one sequence
 #
-# With *teacher forcing* the decoder is given the true target words so far, not its own guesses,
-# and predicts the next one at every position in parallel. From one target sequence
+# With *teacher forcing* the decoder is given the true target words so far and predicts the next
+# word at every position at once. From one target sequence
 # $y_0 y_1 \dots y_m$ ($y_0$ is `<s>`, $y_m$ is `</s>`), the decoder's input is
-# $y_0 \dots y_{m-1}$ (`tgt`) and the labels are $y_1 \dots y_m$ (`tgt_y`): the same sequence
-# shifted one step, the paper's output embeddings offset by one position
-# {cite}`vaswani2017attention`.
+# $y_0 \dots y_{m-1}$ (`tgt`) and the labels are $y_1 \dots y_m$ (`tgt_y`): the paper's offset
+# by one position.
 #
 # ## Two masks
 #
 # Attention takes a boolean mask, `True` where a query may look at a key (chapter 3). A batch
 # needs two:
 #
-# * `src_mask`, shape `(batch, 1, n_src)`: `True` at the source's real tokens; the one row
-#   broadcasts over every query of the encoder's self-attention and the decoder's
-#   cross-attention.
+# * `src_mask`, shape `(batch, 1, n_src)`: `True` at the source's real tokens; its one row
+#   broadcasts over every query of the encoder's self-attention and of the decoder-to-source
+#   attention.
 # * `tgt_mask`, shape `(batch, n_tgt, n_tgt)`: query $i$ may see key $j$ if $j$ is a real token
-#   **and** $j \le i$ (chapter 2's subsequent mask); without it the decoder would see the word it
-#   must predict and learn to copy it.
+#   **and** $j \le i$ (chapter 2's subsequent mask).
 #
-# A batch also carries `ntokens`, the number of real labels, by which the next chapter divides
-# the summed loss.
+# `ntokens` counts the real labels; the next chapter divides the summed loss by its total over one
+# update.
 
 # %% tags=["export"]
 import torch
@@ -114,8 +113,8 @@ class Batch:
 
 
 # %% [markdown]
-# Targets for the three sentences, each between `<s>` and `</s>` and then padded. The label row
-# is the input row moved one step left: `tgt_y[:, i]` is the word that follows `tgt[:, i]`.
+# Targets for the three sentences, between `<s>` and `</s>`, then padded. Look for each label row
+# as its input row moved one step left.
 
 # %%
 tgt = torch.tensor([[BOS_ID, 5, 6, 7, 8, 9, EOS_ID],
@@ -145,13 +144,11 @@ mask_chart(batch.tgt_mask[sentence], labels=words, x_title="key (attended to)",
            title="tgt_mask for '<s> 5 6 7 </s> <blank>'")
 
 # %% [markdown]
-# The padding row itself still sees the real tokens; that is harmless, since its label is
-# padding and the loss skips it. What matters is that no real query sees a padding or a future
-# key. In the target, trailing padding is already hidden from real queries by the subsequent
-# mask; in the source, where queries look both ways, only the padding mask keeps the filler out.
-# A direct check: `attention` (chapter 3) over `5 6 7 <blank> <blank>` with its `src_mask` gives
-# the same outputs at the real positions as over `5 6 7` alone (random vectors stand in for
-# queries, keys and values).
+# The padding row still sees real tokens, harmlessly: its label is padding, which the loss skips.
+# What matters is that no real query sees a padding or a future key; in the target the subsequent
+# mask already hides trailing padding, in the source only the padding mask does. A check:
+# `attention` (chapter 3) over `5 6 7 <blank> <blank>` with its `src_mask` gives, at the real
+# positions, the outputs of `5 6 7` alone.
 
 # %%
 torch.manual_seed(0)
@@ -166,8 +163,8 @@ assert torch.allclose(padded[:, :3], alone, atol=1e-6)
 # %% [markdown]
 # ## What we have
 #
-# `Batch` turns padded matrices into what a training step needs, and `Batch.to(device)` moves it
-# all; the next chapter writes the loop.
+# `Batch` turns padded matrices into what a training step needs, and `Batch.to(device)` moves it;
+# the next chapter writes the loop.
 #
 # ## Exercises
 #

@@ -1,10 +1,11 @@
 # %% [markdown]
 # # The training loop
 #
-# Training is a loop: run a batch through the model, score its predictions, backpropagate, and
-# let the optimizer move the parameters. This chapter writes it once, with what every later
-# chapter relies on: a loss per target token, gradient accumulation that gives exactly the
-# gradient of a larger batch, one scheduler step per update, and counters that outlive an epoch.
+# The paper gives no training loop, only what goes into one: batches of tens of thousands of
+# tokens (§5.1, chapter 9), Adam under a learning-rate schedule (§5.3, chapter 10), dropout and
+# label smoothing (§5.4, chapter 11). This chapter writes the loop, with what the later training
+# chapters rely on: a loss per target token, exact gradient accumulation, one scheduler step per
+# update, and counters that outlive an epoch.
 
 # %% tags=["setup", "hide-cell"]
 # Setup (hidden in the book): in Colab, install the book's package; everywhere, import what
@@ -26,9 +27,9 @@ enable_book_charts()
 # %% [markdown]
 # ## What the loop keeps count of
 #
-# A long run is many calls of one epoch function. The counts that carry over between calls
-# (batches, sentences, tokens, and the optimizer steps that chapter 10's schedule follows) live in
-# a dataclass that the caller owns and passes back in.
+# A long run is many calls of one epoch function; the counts that carry over (batches, sentences,
+# tokens, and the optimizer steps that chapter 10's schedule follows) live in a dataclass that the
+# caller passes back in.
 
 # %% tags=["export"]
 from dataclasses import dataclass
@@ -47,10 +48,10 @@ class TrainState:
 # %% [markdown]
 # ## The loss, per token
 #
-# The generator (chapter 2) turns decoder outputs into log-probabilities; a criterion returns the
-# **sum** of their loss over the real labels, and the loop decides what to divide it by, since
-# that is where the batch size enters the gradient. `SimpleLossCompute` returns the sum, for
-# reporting, and the sum divided by `norm`, to call `backward()` on.
+# A criterion returns the **sum** of the loss over the real labels; the loop chooses the divisor,
+# since that is where the batch size enters the gradient. `SimpleLossCompute` applies the
+# generator (chapter 2) and the criterion and returns the sum, for reporting, and the sum over
+# `norm`, for `backward()`.
 
 # %% tags=["export"]
 import torch
@@ -75,25 +76,22 @@ class SimpleLossCompute:
 # %% [markdown]
 # ## Gradient accumulation, done exactly
 #
-# When a batch of the paper's size (tens of thousands of tokens, chapter 9) does not fit in
-# memory, we split it into $k$ *micro-batches*, let their gradients add up in `.grad`, and take
-# one optimizer step at the end. The large batch's loss is its summed token loss over its token
-# count $T = T_1 + \dots + T_k$,
+# A batch too large for memory is split into $k$ *micro-batches* whose gradients add up in
+# `.grad` before one optimizer step. The large batch's loss is its summed token loss over its
+# token count $T = T_1 + \dots + T_k$,
 #
 # $$
 # \mathcal{L} = \frac{1}{T} \sum_{i=1}^{k} S_i ,
 # $$
 #
-# where $S_i$ is the summed loss of micro-batch $i$: each micro-batch is divided by the token
-# count of the **whole group**. Dividing by its own $T_i$ would weigh a micro-batch of short
-# sentences as much as one of long sentences, and the sum of $k$ means would be about $k$ times
-# too large.
+# where $S_i$ is micro-batch $i$'s summed loss: each is divided by the token count of the **whole
+# group**. Divided by its own $T_i$, a micro-batch of short sentences would weigh as much as one
+# of long sentences, and the sum of $k$ means would be about $k$ times too large.
 #
-# `run_groups` is that rule. It adds the `ntokens` of the next $k$ batches to get $T$ before the
-# first backward pass, runs them, then steps the optimizer once and the scheduler once: the
-# schedule counts optimizer steps, not micro-batches. A last group shorter than $k$ gets its own
-# step over its own tokens, so nothing is left in `.grad` for the next epoch. Without an
-# optimizer it only evaluates. `run_epoch` feeds it the groups and adds logging.
+# `run_groups` sums the next $k$ batches' `ntokens` before the first backward pass, runs them,
+# then steps the optimizer and the scheduler once each: the schedule counts updates, not
+# micro-batches. A shorter last group gets its own step over its own tokens, so nothing stays in
+# `.grad`. Without an optimizer it only evaluates; `run_epoch` feeds it groups and logs.
 
 # %% tags=["export"]
 import time
@@ -182,13 +180,12 @@ def run_epoch(data_iter: Iterable, model: nn.Module, loss_compute,
 
 # %% [markdown]
 # `run_epoch` sets the model's mode itself (`model.eval()` turns dropout off) and expects batches
-# on the model's device: `(batch.to(device) for batch in batches)`.
+# on the model's device.
 #
 # ## Checking the accumulation
 #
-# Four micro-batches of four sentences with different token counts: one SGD step on the 16
-# sentences at once and one accumulated over the four must move every parameter of a small
-# Transformer (dropout off) alike.
+# One SGD step on 16 sentences at once and one accumulated over four micro-batches of four, with
+# different token counts, must move every parameter of a small Transformer (dropout off) alike.
 
 # %%
 import copy
@@ -256,7 +253,7 @@ assert difference < 1e-6
 # %% [markdown]
 # Look for the two scales: the difference is float rounding, the step itself a few hundredths.
 # The classic Annotated Transformer divides each micro-batch by its own token count instead; on
-# the same data, with the same SGD, its step comes out about $k = 4$ times too large:
+# the same data and SGD, its step comes out about $k = 4$ times too large:
 
 # %%
 def classic_step(make_optimizer=sgd) -> nn.Module:
@@ -279,15 +276,14 @@ print(f"size of the classic step relative to the right one: "
 # %% [markdown]
 # ```{note}
 # The classic `run_epoch` also stepped the scheduler after every micro-batch, so its warm-up ran
-# $k$ times too fast, and stepped the optimizer on `i % accum_iter == 0`, so its first update came
-# from a single micro-batch and a partial last group stayed in `.grad`.
+# $k$ times too fast, and took its first update from a single micro-batch.
 # ```
 #
 # ## A first training run
 #
-# Does the loop train? The small model memorises 64 fixed random sentence pairs, in 8
-# micro-batches accumulated two at a time, with Adam {cite}`kingma2015adam` at a constant learning
-# rate and one `TrainState` carried from epoch to epoch.
+# The small model memorises 64 fixed random sentence pairs, in 8 micro-batches accumulated two at
+# a time, with Adam {cite}`kingma2015adam` at a constant learning rate and one `TrainState`
+# carried from epoch to epoch.
 
 # %% nbval_reason="training losses: their digits differ with another CPU's float kernels; the asserts check" tags=["nbval-ignore-output"]
 torch.manual_seed(0)
@@ -311,15 +307,29 @@ assert (state.step, state.accum_step, state.tokens) == (480, 240, 21120)
 assert first > 1.5 and last < 0.2 and eval_loss < 0.2, (first, last, eval_loss)
 
 # %% [markdown]
-# The counters add up (60 epochs of 8 micro-batches are 480 backward passes and 240 optimizer
-# steps), and the loss falls from about $\ln 12 \approx 2.5$ nats, a uniform guess over 12 tokens,
-# to near zero: gradients flow through every part of the model, and the loop applies them.
-#
+# Look for the counters adding up (60 epochs of 8 micro-batches are 480 backward passes and 240
+# optimizer steps) and the loss falling from the first epoch's mean, above a uniform guess's
+# $\ln 12 \approx 2.5$ nats, to near zero. That the gradients reach every parameter needs a check of
+# its own: after one backward pass through a fresh model, each parameter's gradient is finite and not
+# all zero:
+
+# %%
+torch.manual_seed(0)
+fresh = make_model(V, V, N=2, d_model=32, d_ff=64, h=4, dropout=0.0)
+out = fresh(big_batch.src, big_batch.tgt, big_batch.src_mask, big_batch.tgt_mask)
+compute = SimpleLossCompute(fresh.generator, criterion)
+compute(out, big_batch.tgt_y, big_batch.ntokens)[1].backward()  # one backward pass
+gradients = [p.grad for p in fresh.parameters()]
+reached = sum(g is not None and bool(g.isfinite().all()) and bool(g.abs().sum() > 0)
+              for g in gradients)
+print(f"parameter tensors with a finite, non-zero gradient: {reached} of {len(gradients)}")
+assert reached == len(gradients)
+
+# %% [markdown]
 # ## What we have
 #
 # `run_epoch` trains and evaluates any encoder-decoder that takes `(src, tgt, src_mask,
-# tgt_mask)`. Chapters 9 to 11 supply the paper's batches, schedule and regularization, and
-# chapters 12 and 13 put it all to work.
+# tgt_mask)`; chapters 9 to 11 supply what goes into it.
 #
 # ## Exercises
 #
@@ -327,7 +337,7 @@ assert first > 1.5 and last < 0.2 and eval_loss < 0.2, (first, last, eval_loss)
 #    Adam divides each update by a running estimate of the gradient's size. After one Adam step
 #    on `micro_batches`, how large is the classic step's largest parameter change relative to the
 #    right one's? Write it in `answer_1`; the check measures it.
-# 2. **Dropout and the accumulation check.** With dropout 0.1 and the same seed before each run,
+# 2. **Dropout and the accumulation check.** With dropout 0.1 and the same seed before each step,
 #    does one step on the big batch still equal the step accumulated over the four micro-batches,
 #    to $10^{-6}$? Set `answer_2` to `True` or `False`; the check runs both.
 

@@ -1,14 +1,14 @@
 # %% [markdown]
 # # Training data and batching
 #
-# Section 5.1 of the paper spends four sentences on data, and they carry two decisions. The
-# first is what a token is: {cite:t}`vaswani2017attention` trained on the 4.5 million
-# English-German sentence pairs of WMT 2014, split into byte-pair pieces
-# {cite}`sennrich2016neural` from a vocabulary of about 37,000 shared by both languages (chapter
-# 14 cuts our data into words, 17 into pieces). The second is what a batch is: not a fixed number
-# of sentences but sentences of *similar length*, gathered until a batch held roughly 25,000
-# source tokens and as many target tokens. This chapter builds that batching and measures what it
-# buys.
+# Section 5.1 of {cite:t}`vaswani2017attention` makes two decisions about data. The first is what a
+# token is: the paper trained on the 4.5 million English-German sentence pairs of WMT 2014, split into
+# byte-pair pieces {cite}`sennrich2016neural` from a shared vocabulary of about 37,000 (for
+# English-French, 36 million pairs in 32,000 word-pieces). The second is what a batch is: sentence
+# pairs of similar length, roughly 25,000 source and as many target tokens a batch. The book trains on
+# a much smaller corpus, German into English (the paper's reverse), cut into words (chapter 14) or
+# pieces (chapter 17), in smaller batches ({doc}`departures`); this chapter builds the batching and
+# measures what it buys.
 
 # %% tags=["setup", "hide-cell"]
 # Setup (hidden in the book): in Colab, install the book's package; everywhere, import what
@@ -37,10 +37,9 @@ enable_book_charts()
 # ## Multi30k
 #
 # Our data is Multi30k {cite}`elliott2016multi30k`: short English descriptions of photographs,
-# each with a German translation, in the three splits that the literature uses again and again
-# (training, validation, and the 2016 Flickr test set). `load_multi30k(split)` returns a split as
-# (German, English) pairs; how it finds the files, downloads a missing one and checks it against
-# its published checksum is in the appendix {doc}`appendix_data`.
+# each with a German translation, in its usual three splits (training, validation, and the 2016
+# Flickr test set). `load_multi30k(split)` returns a split as (German, English) pairs; how it
+# finds, downloads and checks the files is in {doc}`appendix_data`.
 
 # %%
 splits = {split: load_multi30k(split) for split in MULTI30K_SPLITS}
@@ -52,9 +51,8 @@ print(train_pairs[0])
 # %% [markdown]
 # ## How long the sentences are
 #
-# Length decides how much a batch costs, and how much of it is padding when short and long
-# sentences share it. Chapter 14 cuts sentences into proper tokens; for lengths, words split at
-# spaces are close enough:
+# Length decides what a batch costs, and how much of it is padding when short and long sentences
+# share it. For lengths, words split at spaces will do (chapter 14 cuts proper tokens):
 
 # %%
 words = [(de.split(), en.split()) for de, en in train_pairs]  # (German, English) words
@@ -66,28 +64,24 @@ for language, side in [("German", 0), ("English", 1)]:
 length_histogram(words, title="Multi30k training sentences by length")
 
 # %% [markdown]
-# Look for the tail: half the captions are short, but the longest are several times the median,
-# and a batch that puts one of those among many typical sentences pads them all to its length.
+# Look for the tail: the longest captions are several times the median, and a batch that holds
+# one of them pads every other sentence in it to that length.
 #
 # ## Batches by token count
 #
-# A GPU does the same work for a padding position as for a real token, and random batches of a
-# fixed number of sentences waste much of it: each is as long as its longest sentence. The paper
-# batches sentences of similar length and sizes batches by tokens, which also evens out their
-# cost: a batch of short sentences holds more of them.
+# A GPU does the same work for a padding position as for a real token, and a random batch is as
+# long as its longest sentence. Batching sentences of similar length, as the paper does, wastes
+# little.
 #
-# `TokenBudgetSampler` does this for a PyTorch `DataLoader`. It keeps the *padded* size of a
-# batch (sentences times the longest sentence) within `max_tokens`, for source and target
-# separately. Each epoch it
+# `TokenBudgetSampler` does this for a PyTorch `DataLoader`, keeping the *padded* size of a batch
+# (sentences times the longest sentence) within `max_tokens`, for source and target separately.
+# Each epoch it shuffles the examples (seeded by `seed + epoch`, so a run can be repeated), sorts
+# them by length within pools of `pool_size` (all of them by default), closes a batch when the
+# next sentence would push it over budget, and shuffles the batches, so that training does not
+# meet short sentences first and long ones last.
 #
-# 1. shuffles the examples (seeded by `seed + epoch`, so every run agrees),
-# 2. sorts them by length, longest side first, within pools of `pool_size` examples (all of them
-#    by default; equal lengths keep their shuffled order),
-# 3. closes a batch when the next sentence would push it over budget,
-# 4. shuffles the batches, so that training does not see short sentences first and long last.
-#
-# Its argument checks are in the appendix {doc}`appendix_data`; chapter 22 grows it to deal the
-# batches out to several processes. `padding_fraction` measures what a set of batches wastes.
+# Chapter 22 grows it to deal the batches out to several processes. `padding_fraction` measures what a
+# set of batches wastes.
 
 # %% tags=["export"]
 from collections.abc import Iterable, Iterator, Sequence
@@ -170,10 +164,9 @@ def padding_fraction(batches: Iterable[Sequence[int]], src_lengths: Sequence[int
 
 
 # %% [markdown]
-# The measurement: three ways to batch the same training pairs, each sentence with its `<s>` and
-# `</s>`. The classic version's, which padded every sentence to 72 tokens; random batches of as
-# many sentences as the sampler puts in a batch on average; and the sampler, with a budget of
-# 2,048 tokens per side (Multi30k is tiny next to WMT).
+# Three ways to batch the same training pairs, each sentence with its `<s>` and `</s>`: the classic
+# version's, which pads every sentence to 72 tokens; random batches of as many sentences as the
+# sampler's batches hold on average; and the sampler, with a budget of 2,048 tokens per side.
 
 # %%
 import torch
@@ -206,15 +199,14 @@ def padded_sizes(batches: list[list[int]]) -> list[int]:
 assert max(padded_sizes(token_batches)) <= 2048  # every batch within its budget
 
 # %% [markdown]
-# Look for the orders of magnitude: random batches of the same average size spend about half of
-# every tensor on padding, batches by token count a few percent, and padding every sentence to a
-# fixed length is worse still. No batch goes over the budget.
+# Look for the orders of magnitude: random batches of the same average size spend about half their
+# positions on padding, batches by token count a few percent, and padding to a fixed length more
+# still. No batch goes over the budget.
 #
 # ## What we have
 #
-# `TokenBudgetSampler` batches sentences of similar length up to a token budget. Chapter 14 gives
-# Multi30k's words ids and trains a Transformer on these batches; the next chapter turns to the
-# optimizer and its learning-rate schedule.
+# `TokenBudgetSampler` batches sentences of similar length up to a token budget; chapter 14 trains
+# on its batches.
 
 # %% [markdown]
 # ## Exercises

@@ -1,10 +1,12 @@
 # %% [markdown]
 # # The schedule and the optimizer
 #
-# Sections 5.2 and 5.3 of {cite:t}`vaswani2017attention` give the training's hardware and length,
-# the optimizer and the learning rate. This chapter sets up the optimizer and builds the
-# learning-rate schedule; what the paper's runs cost in compute is worked out in chapter 14,
-# where training on real data starts.
+# Section 5.2 of {cite:t}`vaswani2017attention` gives the hardware and the length of training:
+# one machine with eight NVIDIA P100 GPUs; the base model trained for 100,000 steps of about 0.4
+# seconds, 12 hours in all, the big model for 300,000 steps of about 1.0 second, 3.5 days.
+# Section 5.3 gives the optimizer, Adam, under a learning rate that rises over the first 4,000
+# steps and then decays; this chapter builds the schedule. The book's runs are far smaller: the
+# shipped models' records say what they took.
 
 # %% tags=["setup", "hide-cell"]
 # Setup (hidden in the book): in Colab, install the book's package; everywhere, import what
@@ -20,46 +22,85 @@ if "google.colab" in sys.modules:
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
 
 from the_annotated_transformer import (
+    BOOK_REPOSITORY,
+    BOOK_REPOSITORY_REF,
+    SHIPPED_MODELS,
     check_schedule,
+    download_file,
     enable_book_charts,
     line_chart,
+    shipped_model_dir,
 )
 
 enable_book_charts()
 
+# %%
+import json
+
+# The paper's §5.2 (one machine, 8 P100 GPUs). It gives no token rate: ours is an estimate, §5.1's
+# batch of about 25,000 target tokens (pieces of a 37,000 byte-pair vocabulary) over a step.
+paper = {"base": (100_000, 0.4, "12 hours"), "big": (300_000, 1.0, "3.5 days")}
+for size, (steps, seconds, reported) in paper.items():
+    print(f"paper, {size}: 8 P100 GPUs, {steps:,} steps of {seconds} s, {reported}; our estimate "
+          f"{25_000 / seconds:,.0f} target tokens/s (25,000 a batch / {seconds} s; "
+          "byte-pair pieces)")
+
+
+def shipped_info(name: str) -> dict:
+    """A shipped model's training record, info.json: in Colab it alone is downloaded, no weights."""
+    path = shipped_model_dir(name) / "info.json"
+    if not path.is_file():
+        url = f"{BOOK_REPOSITORY}/raw/{BOOK_REPOSITORY_REF}/book/models/{name}/info.json"
+        download_file(url, path, sha256=SHIPPED_MODELS[name]["info.json"])
+    return json.loads(path.read_text())
+
+
+for name in SHIPPED_MODELS:  # the book's shipped models: what their training records hold
+    info = shipped_info(name)
+    seconds = sum(row["seconds"] for row in info["history"])
+    tokens = sum(row["tokens_per_s"] * row["seconds"] for row in info["history"])
+    config = info["config"]
+    unit = f"pieces of {config['subwords']:,}" if config.get("subwords") else "words"
+    print(f"{name}: {info['hardware']}, {info['epochs']} epochs, "
+          f"{info['training_seconds'] / 3600:.2f} hours, {tokens / seconds:,.0f} target tokens/s "
+          f"({unit}), warm-up {config['warmup']}, factor {config['lr_factor']}")
+
+
+# %% [markdown]
+# Look for the scale (the rates count different tokens): by our estimate, the paper's base run went
+# through tens of times more target tokens a second than any shipped model, for many times as long.
+# The last columns are the shipped models' schedules ({doc}`departures`).
 
 # %% [markdown]
 # ## Adam
 #
-# The optimizer is Adam {cite}`kingma2015adam` with $\beta_1 = 0.9$, $\beta_2 = 0.98$ and
-# $\epsilon = 10^{-9}$. Adam divides each parameter's update by a running estimate of the root
-# mean square of its gradient; $\beta_2 = 0.98$ makes that estimate remember roughly the last 50
-# steps (the usual 0.999: roughly 1,000), so that it follows the fast-changing gradients of early
-# training.
+# Adam {cite}`kingma2015adam` runs with $\beta_1 = 0.9$, $\beta_2 = 0.98$ and $\epsilon = 10^{-9}$.
+# It divides each parameter's update by a running root mean square of its gradient;
+# $\beta_2 = 0.98$ (the usual 0.999) shortens that memory to roughly the last 50 steps, which tracks
+# the fast-changing gradients of early training more closely; the paper gives no reason.
 #
 # ## The learning-rate schedule
 #
-# The learning rate rises linearly for the first $\text{warmup}$ steps, then decays with the
-# inverse square root of the step number:
+# The rate rises linearly for the first $\text{warmup}$ steps, then decays with the inverse square
+# root of the step number:
 #
 # $$
 # \text{lrate} = d_{\text{model}}^{-0.5} \cdot
 #   \min\left(\text{step}^{-0.5},\ \text{step} \cdot \text{warmup}^{-1.5}\right),
 # $$
 #
-# with $\text{warmup} = 4000$. The two terms are equal at $\text{step} = \text{warmup}$, where the
-# rate peaks at $d_{\text{model}}^{-0.5} \cdot \text{warmup}^{-0.5}$; the factor
-# $d_{\text{model}}^{-0.5}$ gives wider models smaller steps. Why warm up? At the start Adam's
-# estimates of the gradients' scale rest on a handful of steps, and full-size updates can throw a
-# Transformer into a region it does not recover from. {cite:t}`xiong2020layer` trace this to
-# where the layer norms sit: the pre-norm arrangement that this book trains (chapter 5 says why)
-# depends on warm-up less. Chapter 19 tests it on the sort task over ten runs: without warm-up,
-# the paper's post-norm model stays near the loss of a uniform guess in most of them and far
-# behind every other variant in all, while the pre-norm model still learns, if less in the same
-# number of steps than with warm-up.
+# with $\text{warmup} = 4000$. The two terms meet at $\text{step} = \text{warmup}$, where the rate
+# peaks at $d_{\text{model}}^{-0.5} \cdot \text{warmup}^{-0.5}$; the factor
+# $d_{\text{model}}^{-0.5}$ gives wider models smaller steps. The usual reason for warm-up: Adam's
+# early estimates of the gradients' scale rest on a handful of steps, and full-size updates then
+# can throw a Transformer into a region it does not recover from. {cite:t}`xiong2020layer` trace this
+# to where the layer norms sit: the pre-norm arrangement this book trains (chapter 5) needs
+# warm-up less. Chapter 19 measures it on the sort task over five seeds: without warm-up the
+# paper's post-norm model ends far behind every other variant, while the pre-norm model still
+# learns, if less than with warm-up.
 #
-# `rate` adds a `factor` that scales the whole curve, as the classic implementation did, and is
-# written for PyTorch's `LambdaLR`, which calls it with the number of steps taken so far.
+# `rate` adds a `factor` that scales the whole curve, as the classic implementation did; PyTorch's
+# `LambdaLR` calls it with the number of steps taken so far.
 
 # %% tags=["export"]
 def rate(step: int, model_size: int, factor: float, warmup: int) -> float:
@@ -71,8 +112,9 @@ def rate(step: int, model_size: int, factor: float, warmup: int) -> float:
 
 # %% [markdown]
 # Three settings over the first 20,000 steps: the paper's, a longer warm-up and a narrower model.
-# Doubling the warm-up lowers the peak by $\sqrt 2$ and moves it later, and once both curves decay
-# they coincide; halving $d_{\text{model}}$ raises the whole curve by $\sqrt 2$.
+# Look for the doubled warm-up lowering the peak by $\sqrt 2$ and moving it later, the two curves
+# coinciding once both decay, and the halved $d_{\text{model}}$ raising the whole curve by
+# $\sqrt 2$.
 
 # %%
 settings = [(512, 1.0, 4000), (512, 1.0, 8000), (256, 1.0, 4000)]
@@ -87,14 +129,13 @@ line_chart(points, x="step:Q", y="learning rate:Q", color="setting:N", points=Fa
 # %% [markdown]
 # ## Using it with PyTorch
 #
-# `LambdaLR` multiplies the optimizer's initial learning rate by what the function returns, so
-# Adam gets a learning rate of 1 and `rate` supplies the whole value; `scheduler.step()` follows
-# every `optimizer.step()`, since the schedule counts updates. A tiny model stands in for the
-# Transformer.
+# `LambdaLR` multiplies the optimizer's learning rate by what the function returns, so Adam gets a
+# rate of 1 and `rate` supplies the whole value; `scheduler.step()` follows every
+# `optimizer.step()`. A tiny model stands in for the Transformer.
 #
 # ```{note}
 # Step 0 counts as step 1, as in the classic version: `LambdaLR` calls the function with 0 when it
-# is created, and $0^{-0.5}$ has no value. So the first two updates share the rate of step 1.
+# is created, where $0^{-0.5}$ has no value. So the first two updates share a rate.
 # ```
 
 # %%

@@ -1,9 +1,11 @@
 # %% [markdown]
 # # Regularization: dropout and label smoothing
 #
-# A model as large as the Transformer can memorise its training data instead of learning to
-# translate. Section 5.4 of {cite:t}`vaswani2017attention` names two defences: dropout, built into
-# the model in chapters 2 to 4, and label smoothing, the loss this chapter builds.
+# Section 5.4 of {cite:t}`vaswani2017attention` regularizes training three ways: dropout on each
+# sub-layer's output, dropout on the sums of embeddings and positional encodings ($P_{drop} = 0.1$ in
+# the base model), and label smoothing of $\epsilon_{ls} = 0.1$, which it says hurts perplexity,
+# the model being less sure, but improves accuracy and BLEU. The dropout is in the model already
+# (chapters 2 to 4); this chapter shows what it does and builds the smoothed loss.
 
 # %% tags=["setup", "hide-cell"]
 # Setup (hidden in the book): in Colab, install the book's package; everywhere, import what
@@ -32,14 +34,12 @@ enable_book_charts()
 # %% [markdown]
 # ## Dropout
 #
-# Dropout {cite}`srivastava2014dropout` sets each element of a tensor to zero with probability
-# $P_{drop}$ during training and scales the survivors by $1/(1 - P_{drop})$, keeping the expected
-# value; at evaluation it does nothing, and a network trained this way cannot rely on any single
-# unit. The paper applies it with $P_{drop} = 0.1$ (base model) to each sub-layer's output
-# before the residual addition (`SublayerConnection`, chapter 2) and to the sums of embeddings and
-# positional encodings (chapter 4); like the classic version, the model also drops attention
-# weights and the feed-forward hidden layer. Residual dropout on a sub-layer that returns its
-# input unchanged:
+# Dropout {cite}`srivastava2014dropout` zeroes each element with probability $P_{drop}$ during
+# training and scales the survivors by $1/(1 - P_{drop})$, keeping the expected value; at
+# evaluation it does nothing. The book's model drops where the paper does (`SublayerConnection`,
+# chapter 2; the embeddings, chapter 4) and, like the classic version, also in the attention
+# weights and the feed-forward hidden layer ({doc}`departures`). Residual dropout on a sub-layer
+# that returns its input unchanged:
 
 # %%
 import torch
@@ -60,19 +60,18 @@ print("evaluation: the connection adds exactly the sub-layer's output:",
       torch.allclose(connection(x, torch.nn.Identity()) - x, normed, atol=1e-6))
 
 # %% [markdown]
-# The big model used $P_{drop} = 0.3$ for English-German; without dropout, the base model's
-# development BLEU drops from 25.8 to 24.6 (the paper's Table 3).
+# Without dropout, the base model's development BLEU drops from 25.8 to 24.6 (the paper's
+# Table 3).
 #
 # ## Label smoothing
 #
-# Training pushes the softmax towards the *one-hot* distribution of the reference. Reaching it
-# would need infinite logits, so the model keeps growing them and becomes over-confident. Label
-# smoothing {cite}`szegedy2016rethinking` trains towards a softer target; in its original form
-# each of $K$ classes gets $\epsilon / K$. The paper sets $\epsilon_{ls} = 0.1$ without a
-# formula; we use the classic Annotated Transformer's variant: the correct token gets
-# $1 - \epsilon_{ls}$, and each of the $V - 2$ other tokens except padding (never a right answer)
-# gets $\epsilon_{ls} / (V - 2)$. A position whose reference is padding gets an all-zero target
-# and contributes nothing.
+# Training pushes the softmax towards the reference's *one-hot* distribution, which only infinite
+# logits reach. Label smoothing {cite}`szegedy2016rethinking` trains towards a softer target: in its
+# original form every one of $K$ classes gets $\epsilon / K$, and the reference $1 - \epsilon$ more.
+# The paper gives $\epsilon_{ls}$ and cites that work, but no formula; we use the classic Annotated
+# Transformer's variant: the reference gets $1 - \epsilon_{ls}$, and each of the $V - 2$ other tokens
+# except padding (never a right answer) gets $\epsilon_{ls} / (V - 2)$. A position whose reference is
+# padding gets an all-zero target and contributes nothing.
 #
 # The loss is the Kullback-Leibler divergence from the target $q$ to the prediction $p$, summed
 # over positions and tokens:
@@ -84,7 +83,7 @@ print("evaluation: the connection adds exactly the sub-layer's output:",
 # It differs from the cross-entropy $-\sum_i q_i \log p_i$ by the entropy of $q$, a constant, so
 # it has the same gradients, and it is zero for a perfect prediction. Terms whose target is zero
 # are masked first, since $0 \cdot (-\infty)$ is `nan`; `LabelSmoothing` keeps its targets in
-# `self.true_dist` for inspection.
+# `self.true_dist`.
 
 # %% tags=["export"]
 import torch
@@ -127,16 +126,15 @@ class LabelSmoothing(nn.Module):
 
 # %% [markdown]
 # ```{note}
-# The classic version passed $x$ to `KLDivLoss` unmasked. That was safe under the torch 1.11 it
-# pinned, whose `kl_div` skipped the terms with a zero target; since 2022 PyTorch computes each
-# term as $\mathrm{xlogy}(q, q) - q x$, so a probability of 0 where the target is also 0 gives
-# `nan`, and the classic demonstrations, which feed `log(0)`, come out `nan`. Masking changes no
-# finite loss or gradient.
+# The classic version passed $x$ to `KLDivLoss` unmasked; in current PyTorch a zero probability
+# where the target is also zero gives `nan`, and so do the classic demonstrations, which feed
+# `log(0)`. Masking changes no finite loss or gradient.
 # ```
 #
-# The targets of five positions, with 6 tokens and a large smoothing of 0.4: look for the empty
-# row where the reference is padding, 0.6 on the reference in every other row, 0.1 on each
-# remaining token, and nothing in the padding column. The prediction gives padding probability 0, and the loss stays finite.
+# The targets of five positions, with 6 tokens and a large smoothing of 0.4: look for the empty row
+# where the reference is padding, 0.6 on the reference in every other row, 0.1 on each remaining
+# token, and nothing in the padding column. The prediction gives padding probability 0, and the loss
+# stays finite.
 
 # %% tags=["export", "hide-cell"]
 from typing import Any
@@ -200,17 +198,16 @@ line_chart(curves, x="p:Q", y="loss:Q", color="smoothing:N", color_title="smooth
 # %% [markdown]
 # Without smoothing the loss falls all the way to $p = 1$. With smoothing it bottoms out where
 # the prediction equals the target, at $p = 1 - \epsilon_{ls}$, and climbs beyond: the model is
-# penalised for being surer than the target. The paper notes the trade: smoothing hurts
-# perplexity but improves accuracy and BLEU; in its Table 3, training without it improves the
-# base model's development perplexity from 4.92 to 4.67 but lowers its BLEU from 25.8 to 25.3.
+# penalised for being surer than the target. That is the trade §5.4 names; in the paper's Table 3,
+# training without smoothing improves the base model's development perplexity from 4.92 to 4.67
+# but lowers its BLEU from 25.8 to 25.3.
 #
 # ## The same loss in PyTorch's terms
 #
 # `F.cross_entropy(logits, target, label_smoothing=eps)` trains towards
-# $(1 - \epsilon) \cdot \text{one-hot} + \epsilon / C$ over all $C$ classes and knows no padding
-# *column*. Taking that column out ($C = V - 1$) and choosing
-# $\epsilon = \epsilon_{ls} (V-1)/(V-2)$ gives the same target, so the two losses differ only by
-# the target's entropy, which we compute by hand:
+# $(1 - \epsilon) \cdot \text{one-hot} + \epsilon / C$ over all $C$ classes, padding included.
+# Without the padding column ($C = V - 1$) and with $\epsilon = \epsilon_{ls} (V-1)/(V-2)$ its
+# target is ours, so the two losses differ by the target's entropy, computed here by hand:
 
 # %%
 import math
@@ -237,17 +234,14 @@ print(f"LabelSmoothing {ours.item():.5f}; cross_entropy {theirs.item():.5f} "
 assert torch.isclose(ours, theirs - rows * entropy, atol=1e-5)
 
 # %% [markdown]
-# `F.cross_entropy` would train as well; `LabelSmoothing` keeps the target visible
-# (`true_dist`), reads as the paper describes the method, and reports 0 for a perfect prediction.
-# With dropout in the model and label smoothing in the loss, the training recipe is complete; the
-# next chapter puts it to work on a task small enough for a CPU, copying a sequence.
+# The toy tasks of the next two chapters train without dropout or smoothing; chapter 14 uses both.
 #
 # ## Exercises
 #
-# 1. **What dropout does not keep.** Dropout keeps the expected value of every element. In
-#    training mode, by what factor does it change the *mean square* of what `connection` adds to
-#    the residual stream, compared with evaluation, at $P_{drop} = 0.1$? Write it in `answer_1`;
-#    the check measures it on the connection above. What does that mean for the layers after it?
+# 1. **What dropout does not keep.** Dropout keeps each element's expected value. By what factor
+#    does it change the *mean square* of what `connection` adds to the residual stream, training
+#    against evaluation, at $P_{drop} = 0.1$? Write it in `answer_1`; the check measures it. What
+#    does that mean for the layers after it?
 # 2. **A smoothed target by hand.** For 6 tokens, `padding_idx=PAD_ID` and smoothing 0.2, write
 #    the target distributions that `LabelSmoothing` makes for the targets `[4, PAD_ID]`, as a
 #    nested list in `answer_2`; the check compares them with `smoothed_targets`.
@@ -255,10 +249,9 @@ assert torch.isclose(ours, theirs - rows * entropy, atol=1e-5)
 #    certain of the right word (higher perplexity) and still translate better?
 #
 # ```{dropdown} Answer to 3
-# Perplexity rewards putting almost all probability on the reference word; BLEU only needs the
-# right word on top when decoding. Smoothing keeps probabilities away from the extremes, which
-# keeps the scores of *other* candidates informative: beam search compares whole sentences by
-# those scores, and an over-confident model ranks the alternatives poorly.
+# Perplexity rewards putting almost all probability on the reference word; BLEU needs only the
+# right word on top. Smoothing keeps the scores of *other* candidates informative, and beam search
+# compares whole sentences by those scores.
 # ```
 
 # %% tags=["hide-cell"]

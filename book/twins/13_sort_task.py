@@ -1,11 +1,9 @@
 # %% [markdown]
 # # A second task: sorting
 #
-# Copying (chapter 12) asks each output position to look at the source position with the same
-# index. In sorting, the $i$-th output is the $i$-th smallest input, and which input that is
-# depends on all the others: the all-pairs comparison that self-attention computes in one layer.
-# With copying, it is the test of the Deep Graph Library's tutorial that builds the Transformer as
-# a graph {cite}`wang2019dgl`.
+# Sorting is not in the paper either. It stands in for what copying leaves out of translation: the
+# source word to use next is not at the position with the same index, and must be found by what
+# it is. The $i$-th output is the $i$-th smallest input, wherever it stands.
 
 # %% tags=["setup", "hide-cell"]
 # Setup (hidden in the book): in Colab, install the book's package; everywhere, import what
@@ -28,7 +26,6 @@ from the_annotated_transformer import (
     SimpleLossCompute,
     TrainState,
     attention_maps,
-    book_data,
     drop_sequences,
     enable_book_charts,
     exact_matches,
@@ -36,7 +33,6 @@ from the_annotated_transformer import (
     random_sequences,
     rate,
     run_epoch,
-    seeds_chart,
     seq2seq_batch,
     sequence_set,
 )
@@ -46,9 +42,9 @@ enable_book_charts()
 # %% [markdown]
 # ## The data
 #
-# The tokens are chapter 12's: `BOS_ID`, `EOS_ID`, `PAD_ID`, and ids 3 to 12 for the digits 0
-# to 9. A source is 1 to 10 random digits, its target the same digits in increasing order between
-# `<s>` and `</s>`. Padding gets an id above every digit before sorting, so it stays at the end.
+# The tokens are chapter 12's. A source is 1 to 10 random digits, its target the same digits in
+# increasing order between `<s>` and `</s>`; padding gets an id above every digit before sorting,
+# so it stays at the end.
 
 # %% tags=["export"]
 from collections.abc import Iterator
@@ -86,9 +82,9 @@ print("tgt_y (labels):\n", example.tgt_y)
 # %% [markdown]
 # ## Held-out sets that training never sees
 #
-# As in chapter 12, two sets of sequences of 4 to 10 digits are held out and training drops every
-# sequence in either: a validation set that decides when training stops, and a test set measured
-# once, at the end. Here each holds 1,000 sequences, for a finer measure of accuracy.
+# As in chapter 12, training never sees the validation set, which decides when to stop, or the
+# test set, measured once at the end; here each draws 1,000 sequences of 4 to 10 digits, validation
+# dropping any the test set holds.
 
 # %%
 test_src = random_sequences(1000, V, min_len=4, max_len=10,
@@ -105,14 +101,12 @@ print(f"held out: {len(held_out)} distinct sequences, "
 # %% [markdown]
 # ## Model and training
 #
-# The set-up is chapter 12's: the same model, loss, optimizer and schedule, and epochs of 20
-# batches of 64 sequences. After every fifth epoch we measure exact-match accuracy on the
-# validation set and keep the best weights so far, since accuracy can drop by a few points between
-# measurements; we stop at 99 % or after 40 epochs, and only then measure the test set. The cell
-# after training asserts bounds.
+# The set-up is chapter 12's. Every fifth epoch we measure exact-match accuracy on the validation
+# set and keep the best weights so far, since accuracy can drop by several points between
+# measurements; we stop at 99 % or after 40 epochs, then measure the test set.
 
 # %% nbval_reason="training losses and accuracies differ in their last digits between machines" tags=["nbval-ignore-output"]
-torch.set_num_threads(1)  # tiny matrices: a second thread costs more than it saves
+torch.set_num_threads(1)  # one thread, as in the seed runs (appendix)
 d_model = 64
 torch.manual_seed(0)
 model = make_model(V, V, N=2, d_model=d_model, d_ff=128, h=4, dropout=0.0)
@@ -152,11 +146,14 @@ assert test_accuracy >= 0.9, f"only {test_accuracy:.1%} of the test sequences so
 print("at least 90 % of the validation and of the 1,000 test sequences sorted exactly")
 
 # %% [markdown]
+# Rerun from five seeds under two kernel sets, every run stayed above those bounds
+# ({doc}`appendix_infrastructure`).
+#
 # ## Where it errs
 #
-# One might expect the errors in the longest sequences, which offer the most places to go wrong.
-# The counts below are one run's, a demonstration, not a finding: which few sequences a model
-# misses changes with its seed and the last bits of its training.
+# One might expect the errors in the longest sequences, which offer the most places to go wrong. The
+# counts below are one run's, a demonstration: over the seeds, the worst length changes from run to
+# run.
 
 # %% nbval_reason="which few sequences a trained model misses differs between machines" tags=["nbval-ignore-output"]
 lengths = (test_src != PAD_ID).sum(dim=1)
@@ -169,10 +166,9 @@ for n in range(4, 11):
 # %% [markdown]
 # ## What the sort model attends to
 #
-# To write its next digit, the decoder has to find it in the source, wherever it stands. Over the
-# 1,000 test sequences, for each layer and head, the share of decoder queries whose strongest key
-# in the source holds exactly the digit that comes next (chapter 12's `attention_maps`), and the
-# share that picking a source position at random would score:
+# To write its next digit, the decoder has to find it in the source. Over the 1,000 test
+# sequences, for each layer and head, the share of decoder queries whose strongest source key
+# holds the digit that comes next, and the share a random source position would score:
 
 # %% nbval_reason="shares of trained weights; their last digit can vary with the CPU." tags=["nbval-ignore-output"]
 decoder_input = test_batch.tgt.masked_fill(test_batch.tgt == EOS_ID, PAD_ID)  # no </s>
@@ -192,29 +188,15 @@ print(f"at random: {chance / queries:.2f}")
 assert share.max() > 0.5
 
 # %% [markdown]
-# ## Over seeds and kernels
-#
-# `tools/seeds.py sort_task` reran this chapter's cells from five seeds, each with the CPU's own
-# kernels and with the set one level below, and kept each run's test accuracy at every length
-# (`book/data/seeds_sort_task.json`; the method is the appendix's "Findings over seeds",
-# {doc}`appendix_infrastructure`). Every run sorted well above the bounds asserted above, and the
-# question of where the errors fall has no answer that holds: in some runs the short sequences
-# fail more often, in others the long ones.
-
-# %%
-seeds_chart(book_data("seeds_sort_task.json")["runs"], metric="exact",
-            title="Sequences sorted exactly, every run")
-
+# Look for every head above the random share, and, in this run, the second layer's heads highest:
+# they look up the next digit by its content.
 
 # %% [markdown]
 # ## What we have
 #
-# The pipeline that learned to copy learns to sort from examples alone, and sorts sequences it has
-# never seen. Nobody tells the model what sorting is; attention lets every output position weigh
-# every input digit, and it discovers the rest.
-#
-# Part II is complete: we can build batches, train, schedule, regularise and decode. Part III
-# turns to a real task, German-to-English translation.
+# The pipeline that learned to copy learns to sort from examples alone, sequences it has never
+# seen included. Part II is complete: we can build batches, train, schedule, regularise and
+# decode. Part III turns to a real task, German-to-English translation.
 #
 # ## Exercises
 #
@@ -229,9 +211,8 @@ seeds_chart(book_data("seeds_sort_task.json")["runs"], metric="exact",
 #
 # ```{dropdown} Answer to the question of 1
 # As a description of what the output depends on, yes: to write each digit the right number of
-# times and `</s>` at the right place, the model must in effect know how many of each digit the
-# source holds. It says little about how the weights compute it; the shares above show the second
-# layer's heads looking up the next digit in the source by its content.
+# times and stop in the right place, the model must in effect count. It says nothing of how the
+# weights compute it; the shares above show heads looking up the next digit by content.
 # ```
 
 # %% tags=["hide-cell"]

@@ -55,7 +55,7 @@ enable_book_charts()
 # Everything that decides what a run computes goes into one frozen dataclass: the model's sizes,
 # the batch, the schedule, the loss, the seed and where checkpoints go. A run is then one value
 # that can be printed, stored in every checkpoint and checked again on resume. Its defaults are
-# the paper's base model; two presets name the runs this book cares about.
+# the preset `base`; two presets name the runs this book cares about.
 #
 # * **`base`** is the paper's base model ($N=6$, $d_{\text{model}}=512$, $d_{\text{ff}}=2048$,
 #   $h=8$, dropout 0.1, label smoothing 0.1, Adam with $\beta_2 = 0.98$ and chapter 10's
@@ -76,7 +76,8 @@ enable_book_charts()
 # micro-batches per step an epoch has about $k$ times fewer optimizer steps, so `warmup` counts
 # the steps of one process without accumulation: a run with $k$ warms up for `warmup`$/k$ steps,
 # over the same share of the data, and since chapter 10's peak falls as the square root of the
-# warm-up, its peak rate is $\sqrt{k}$ times higher. Before the first step `schedule_steps`
+# warm-up, its peak rate is $\sqrt{k}$ times higher; only `base` given `--batch-tokens` divides
+# `lr_factor` by about $\sqrt{k}$ to keep the paper's peak. Before the first step `schedule_steps`
 # prints the plan and refuses a run too short for its rate to peak and decay; a resumed run must keep
 # $R \times$ `accum_iter`.
 #

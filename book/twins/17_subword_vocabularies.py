@@ -2,13 +2,13 @@
 # # Subword vocabularies
 #
 # The model of chapter 14 reads and writes whole words. Its German and English vocabularies hold
-# the words seen at least twice in the training captions, and every other word becomes `<unk>`:
-# on the way in, the model loses what such a word said; on the way out, it cannot write it. The
-# paper avoided both losses. For English-German it cut the text into subword units with
-# byte-pair encoding {cite}`sennrich2016neural`, about 37,000 of them shared by the two
-# languages, and for English-French it used 32,000 word pieces {cite}`wu2016google` (§5.1).
-# Because one vocabulary covered both languages, one matrix could be the source embedding, the
-# target embedding and the generator's projection (§3.4).
+# the words seen at least twice in the training captions, and every other word becomes `<unk>`: on
+# the way in, the model loses what such a word said; on the way out, it cannot write it. The paper
+# avoided both losses. For English-German it cut the text into subword units with byte-pair
+# encoding, about 37,000 of them shared by the two languages, and for English-French it used
+# 32,000 word pieces {cite}`wu2016google` (§5.1). Because one vocabulary covered both languages,
+# one matrix could be the source embedding, the target embedding and the generator's projection
+# (§3.4).
 #
 # This chapter measures what word vocabularies cost on Multi30k, writes byte-pair encoding from
 # scratch, compares vocabulary sizes with the maintained tool, sentencepiece
@@ -91,7 +91,7 @@ for side, language in enumerate(("German", "English")):
 pd.DataFrame(rows)
 
 # %% [markdown]
-# German needs almost twice as many distinct words as English for the same captions, and a
+# German needs nearly 1.8 times as many distinct words as English for the same captions, and a
 # smaller share of them occurs twice, so fewer make it into the vocabulary. Per token the loss
 # looks small; per sentence it is not: about two in five German validation sentences reach the
 # model with at least one `<unk>`, and about one English reference in five holds a word the model
@@ -123,10 +123,10 @@ print({word: train_counts[word] for word in examples})
 # compounds as one word (*Eisfischerhütte*, ice-fishing hut; *Trockenblumensortiment*, an
 # assortment of dried flowers), and a compound can be new even when each of its parts is common;
 # spaCy also keeps hyphenated compounds such as *Roller-Derby-Spielerin* as one token. Most lost
-# tokens never occur in the training text, and the rest occur once, one short of `min_freq=2`. A
-# bigger word vocabulary would not fix this: the next compound is always one that nobody has
-# written yet. Subwords change the unit instead. If *Eis*, *fischer* and *hütte* are in the
-# vocabulary, every word made of them can be spelled with them.
+# tokens never occur in the training text, and the rest occur once, one short of `min_freq=2`.
+# Lowering `min_freq` to 1 would bring back only those seen once: the next compound is always
+# one that nobody has written yet. Subwords change the unit instead. If *Eis*, *fischer* and
+# *hütte* are in the vocabulary, every word made of them can be spelled with them.
 #
 # ## Byte-pair encoding
 #
@@ -612,10 +612,10 @@ print("word-initial pieces in both:", [sp.id_to_piece(i) for i in shared_words[:
 # About a quarter of the pieces occur in both languages: punctuation and numbers, names (*London*,
 # *McDonald*), words borrowed by one language from the other or by both from a third (*Frisbee*,
 # *Hockey*, *Person*, *orange*), and many word fragments. Each has one embedding, trained on both
-# languages. (Those used by neither are the specials, the byte pieces, and pieces built only on
-# the way to longer ones.) For translation, one vocabulary means that a name or a number has the
-# same id in the source and in the target, so copying it is a matter of producing the id that the
-# encoder read.
+# languages. (Those used by neither are the specials, the byte pieces and, most likely, pieces
+# built only on the way to longer ones.) For translation, one vocabulary means that a name or a
+# number has the same id in the source and in the target, so copying it is a matter of producing
+# the id that the encoder read.
 #
 # With one vocabulary, chapter 5's `make_model(..., share_embeddings=True)` can tie all three
 # matrices as the paper did. What that does to the size of chapter 14's CPU model ($N=3$,
@@ -720,8 +720,9 @@ for row in budget_rows:  # the cpu preset's warmup is counted in optimizer steps
 #
 # **Configuration.** Two fields: `subwords`, the size of one joint sentencepiece vocabulary (0
 # keeps the two word vocabularies), and `share_embeddings`, which ties the three matrices as above
-# (§3.4). The preset `cpu_subword` is chapter 14's `cpu` with these two changed, so the vocabulary
-# and the tying are the only differences between the two runs.
+# (§3.4). The preset `cpu_subword` is chapter 14's `cpu` with these two fields changed. The runs
+# also differ in what the vocabulary brings with it: an epoch has 343 batches instead of 305 (the
+# table above), so the same 12 epochs take more optimizer steps and the warm-up ends earlier.
 
 # %% tags=["export", "extends"]
 from dataclasses import dataclass, replace
@@ -877,11 +878,12 @@ def decode_text(ids: Sequence[int], vocab: Vocab) -> str:
 
 
 # %% [markdown]
-# A small run's worth: a joint vocabulary of 500 pieces from the first 400 training pairs, written
-# into a checkpoint folder and read back, then the first validation pair, whose *Baumwolle*
-# (cotton) chapter 14's word model received as `<unk>`. With so few pieces most words are spelled
-# in short pieces, but every word reaches the encoder, and the ids decode back to the exact text.
-# The word configuration still gives chapter 14's two vocabularies.
+# A small run's worth: a joint vocabulary of 500 pieces (the four specials and the 256 byte pieces
+# among them) from the first 400 training pairs, written into a checkpoint folder and read back,
+# then the first validation pair, whose *Baumwolle* (cotton) chapter 14's word model received as
+# `<unk>`. With so few pieces most words are spelled in short pieces, but every word reaches the
+# encoder, and the ids decode back to the exact text. The word configuration still gives chapter
+# 14's two vocabularies.
 
 # %%
 import tempfile
@@ -928,7 +930,7 @@ print(f"words: {len(vocab_de):,} German and {len(vocab_en):,} English ids, as in
 #
 # ## What we have
 #
-# Word vocabularies lose a few percent of the German validation tokens, mostly compounds, and
+# Word vocabularies lose a few percent of the German validation tokens, mostly long words such as compounds, and
 # touch about two in five of the sentences. `learn_bpe` and `segment_word` learn and apply
 # byte-pair merges in a few dozen lines, and `train_sentencepiece` trains the maintained
 # implementation in memory, with the book's special ids, lossless decoding and no `<unk>`. A joint

@@ -13,8 +13,8 @@
 # extra sentences parsed by other systems.
 #
 # This chapter builds that pipeline in miniature, on NLTK's free sample of the treebank, with
-# the book's own `make_model` trained on a CPU for a minute or two and chapter 15's beam
-# search. The numbers will be far below 91.3; the last sections say why, and what the
+# the book's own `make_model`, small enough to train on a CPU inside the chapter, and chapter
+# 15's beam search. The numbers will be far below 91.3; the last sections say why, and what the
 # miniature does show.
 
 # %% tags=["setup", "hide-cell"]
@@ -229,7 +229,7 @@ print(f"{len(labels)} phrase labels:", " ".join(sorted(labels)))
 # {cite}`vinyals2015grammar` read the words and wrote every leaf as one symbol, `XX`, so that
 # the output holds only the phrase structure, the part that is scored. We change the input, for
 # a reason of budget: a model that reads *words* must learn what "the" or "board" do from about
-# 1,400 short sentences and a minute of CPU. Our input is the sentence's gold part-of-speech
+# 1,400 short sentences in twelve epochs on a CPU. Our input is the sentence's gold part-of-speech
 # tags, `NNP NNP VBZ ...`, and the output writes each leaf as its tag, copied from the input, so
 # that the model has something to align with while it counts leaves. Tags are not scored, but
 # the input is easier than the paper's: the model parses tag sequences, as early treebank
@@ -238,8 +238,8 @@ print(f"{len(labels)} phrase labels:", " ".join(sorted(labels)))
 #
 # Nothing forces a model to balance its brackets, so `delinearize` places the sentence's words
 # on the leaves in order and repairs what is broken: it drops a stray `)`, an empty constituent
-# and leaves beyond the sentence's length, closes brackets still open at the end, attaches
-# words never placed to the root, and joins several roots under an `S`. It reports whether any repair was needed: the share of outputs that needed none is
+# and leaves beyond the sentence's length, closes brackets still open at the end, adds
+# words never placed as leaves tagged `XX` beside the roots, and joins several roots under a new `S`. It reports whether any repair was needed: the share of outputs that needed none is
 # the *well-formed* fraction.
 
 # %% tags=["export"]
@@ -301,7 +301,7 @@ repaired = delinearize(broken, tree_words(example)[:5])
 print(repaired.well_formed, " ".join(linearize(repaired.tree)))
 
 # %% [markdown]
-# The repaired example had a stray `)`, a second root (the `VP`), two brackets left open and
+# The repaired example had a stray `)`, another root (the `VP`), two brackets left open and
 # too few leaves: the root `S` gathers both subtrees, and the missing word hangs off it.
 #
 # ## Splitting by file
@@ -454,7 +454,7 @@ for name, parse in [("same tree", gold_tree), ("PP on S", attached_to_s), ("no P
 # the linearized tree, and the two vocabularies are built from the training trees as chapter 14
 # built them from captions. Training is chapter 14's recipe at a small scale. The paper's model had 4 layers and $d_{model} = 1024$; ours has 2 layers and
 # $d_{model} = 128$, and to fit the CPU we train and evaluate only on sentences of at most 20
-# words (`evalb` itself reports such a subset next to the full score).
+# words (`evalb` itself reports a subset limited by length, at most 40 words, next to the full score).
 #
 # Decoding uses chapter 15's beam search with the paper's settings for this task (beam size 21,
 # here 4 for time; length penalty $\alpha = 0.3$; at most the input length plus 300 tokens).
@@ -647,7 +647,7 @@ print(f"(the right-branching brackets are labelled {common})")
 assert all(score.f1 < results[name][1].f1 for (name, _), score in baselines.items())
 
 # %% [markdown]
-# The flat parser gets the root bracket of each sentence and nothing else; the right-branching
+# The flat parser gets the root bracket of each sentence whose root is an `S`, and nothing else; the right-branching
 # one gets a few points more, from the phrases that do end at the end of the sentence. The
 # trained model beats both on both sets, as the cell asserts, by more than twenty points in the
 # run stored with this page: its brackets are not what a parser that knows nothing would guess.
@@ -780,17 +780,20 @@ for name in ("dev", "test"):
 # %% [markdown]
 # ## How F1 grows with data
 #
-# The paper's 91.3 F1 came from about 40,000 training sentences of every length, some 28 times
-# our 1,401 short ones; from a model of four layers of $d_{model} = 1024$, roughly a hundred
-# times our parameters; and from training on GPUs. We cannot close that gap, but we can see
+# The paper's 91.3 F1 came from about 40,000 training sentences of every length, nearly thirty
+# times our 1,401 short ones; from a model of four layers of $d_{model} = 1024$, whose size the
+# paper does not give but which dwarfs ours; and from training on GPUs. We cannot close that gap, but we can see
 # which way data pushes. The cell below trains the same model, for the same 12 epochs, on a
 # quarter and on half of our training sentences (random subsets), and scores it on the
 # development sentences beside the full run (fewer sentences also means fewer steps).
 #
 # One such run is a demonstration. The sweep (`tools/seeds.py parse_data`) trained the three
-# sizes from three seeds, each drawing its own subsets, under this CPU's own kernels and the
-# set one level below, and stored the runs in `book/data/seeds_parse_data.json`. The cell below
-# reruns seed 0 and asserts what every stored run met; the cell after it reads the sweep.
+# sizes from three seeds, each drawing its own subsets, under its machine's own kernels (AVX2) and the
+# set one level below (DEFAULT), and stored the runs in `book/data/seeds_parse_data.json`. The cell below
+# trains seed 0's subsets again on the machine that built this page, with the model above, trained
+# in file order, as its full-size point; its kernels and that order differ from the sweep's, so its
+# numbers differ from the stored seed-0 runs, but it must meet the bound that every stored run met. The cell after it
+# reads the sweep.
 
 # %% nbval_reason="training and parsing depend on the CPU's float kernels; the asserts bound the results" tags=["nbval-ignore-output"]
 import random
@@ -850,13 +853,14 @@ seeds_chart(sweep["runs"], metric="F1", title="Dev F1 against training sentences
 # every run of the sweep more development outputs were well formed with all the sentences than
 # with a quarter (the cell asserts it). The paper makes a related point: on the 40,000 WSJ
 # sentences alone, the recurrent parser of Vinyals et al. reached 88.3 F1 (its Table 4), below
-# the Berkeley parser's 90.4, while the Transformer's 91.3 is above it, though below the best
-# parser there trained on the same data (91.7, a recurrent neural network grammar).
+# the Berkeley parser's 90.4, while the Transformer's 91.3 is above it, though below the recurrent
+# neural network grammar trained on the same data (91.7 as a discriminative parser, 93.3 as a
+# generative one).
 #
 # It does not show how good a Transformer parser is. Our F1 is on short sentences, from gold
-# tags, after a minute or two of training a model of about a million parameters; it is not
+# tags, after twelve epochs of training a model of about a million parameters; it is not
 # comparable to 91.3 or to the parsers of Table 4. Reproducing 91.3 needs the licensed treebank's 40,000 sentences,
-# the paper's model size and hours on an accelerator.
+# the paper's model size and the accelerators to train it.
 #
 # ## What we have
 #

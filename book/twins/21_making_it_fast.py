@@ -1,16 +1,15 @@
 # %% [markdown]
 # # Making it fast
 #
-# The model of Part I was written to be read: every attention weight is a tensor you can
-# print, decoding recomputes the whole prefix at every step, and the loss builds the smoothed
-# target distribution in full. This chapter keeps that model and adds, beside it, the paths
-# that a production Transformer takes: a key/value cache for decoding, PyTorch's fused
-# attention and layer norm, packed projections, a loss in one call, and batches cut by a token
-# budget. Each one is a switch, and each one is checked here to give the readable code's
-# result. `make bench` (`tools/bench.py`) measures what they buy, and the chapter ends with a
-# recipe that trains the book's best model in under half an hour on a 2-core Xeon, and asks
-# what half an hour buys on a CPU without its AVX-512. How the measurements are read, bfloat16 on
-# a CPU and the algebra of the fused loss are in {doc}`appendix_performance`.
+# The model of Part I was written to be read: every attention weight is a tensor you can print,
+# decoding recomputes the whole prefix at every step, and the loss builds the smoothed target
+# distribution in full. This chapter keeps that model and adds, beside it, the paths that a
+# production Transformer takes: a key/value cache for decoding, PyTorch's fused attention and
+# layer norm, packed projections, a loss in one call, and batches cut by a token budget. Each one
+# is a switch, and each one is checked here to give the readable code's result. `make bench`
+# (`tools/bench.py`) measures what they buy, and the chapter ends with a recipe that trains the
+# book's best model in under half an hour of training on a 2-core Xeon, and asks what half an hour
+# buys on a slower CPU capped to AVX2.
 
 # %% tags=["setup", "hide-cell"]
 # Setup (hidden in the book): in Colab, install the book's package; everywhere, import what
@@ -416,9 +415,9 @@ def beam_search(
 
 # %% [markdown]
 # The check: on a small untrained model, with padding in the source, the cached decoders give
-# exactly the ids of the recomputing ones, greedy and beam, with and without an end symbol.
-# An untrained model rarely produces `</s>` by chance, so we make it likelier by raising its
-# bias in the generator: then sentences end at different steps, and one runs to `max_len`.
+# exactly the ids of the recomputing ones, greedy with and without an end symbol, and beams of 1
+# and 4. An untrained model rarely produces `</s>` by chance, so we make it likelier by raising
+# its bias in the generator: then sentences end at different steps, and one runs to `max_len`.
 
 # %%
 torch.manual_seed(0)
@@ -483,9 +482,9 @@ for row in beam[1][:, 1:].tolist():
 # Three smaller changes do the same arithmetic in fewer calls:
 #
 # - **Packed projections.** In self-attention the query, key and value are one tensor, so their
-#   three projections become one product with $W^Q$, $W^K$ and $W^V$ side by side, whose output
-#   is cut in three; attention to the memory packs $W^K$ and $W^V$ the same way. One wide
-#   product keeps a CPU's vector units busier than three narrow ones. The weights stay three
+#   three projections become one product with $W^Q$, $W^K$ and $W^V$ side by side, whose output is
+#   cut in three; attention to the memory packs $W^K$ and $W^V$ the same way. One wide product
+#   should keep a CPU's vector units busier than three narrow ones. The weights stay three
 #   `nn.Linear` modules, concatenated at every call, so the state dict does not change.
 # - **`FastLayerNorm`** computes chapter 2's layer norm with `F.layer_norm`, one kernel forward
 #   and one backward, where the readable version writes a full tensor for each of its mean,
@@ -687,10 +686,11 @@ bench_table(results).drop(columns="group").set_index(["size", "row"])
 #   times as fast, and beam search gains as much; the cached decoders give the recomputing
 #   ones' tokens (the tokens column). At the base size, batching and the cache together leave
 #   the classic decoder, which translates one sentence at a time, over ten times behind.
-# - **The token budget** gives several times the real tokens per second of padding every batch
-#   to 72: most of a padded batch is padding.
-# - **Training on the fast path** is ahead of the readable model at both sizes, and level with
-#   or a little ahead of `torch.nn.Transformer`: the same matrices, in fewer kernels.
+# - **The token budget** gives several times the real tokens per second of padding every batch to
+#   72.
+# - **Training on the fast path** is ahead of the readable model at both sizes, and level with or
+#   a little ahead of `torch.nn.Transformer`: the same matrices, in fewer kernels. It buys speed,
+#   not memory (the `peak MB` column).
 # - **bfloat16 autocast**, on this CPU's matrix units, adds the largest training gain of all,
 #   most at the base size, and speeds up decoding too; but its decoded sentences are not all
 #   float32's (the tokens column), and a bench cannot tell what it does to a training run.
@@ -702,35 +702,33 @@ bench_table(results).drop(columns="group").set_index(["size", "row"])
 # %% [markdown]
 # ## Thirty minutes on two cores
 #
-# Chapter 18's subword model, `cpu_subword`, trained for about 80 minutes on a 2-core CPU: more
-# than a reader gives one sitting. The preset `cpu_fast_dropout` keeps its model, data,
-# vocabulary and the paper's rate schedule, and trains a model about as good in under half an
-# hour on a 2-core Xeon, a faster CPU than the EPYC of `cpu_subword`'s run (the table below
-# names each run's CPU). The recipe:
+# Chapter 18's subword model, `cpu_subword`, trained for about 80 minutes on a 2-core EPYC: more
+# than a reader gives one sitting. The preset `cpu_fast_dropout` keeps its model, data, vocabulary
+# and the paper's rate schedule, and trains a model about as good in under half an hour of
+# training on a 2-core Xeon. Part of that gain is the Xeon's: on the EPYC, the same recipe took 42
+# minutes (chapter 18's peer run; the table below names each run's CPU). The recipe:
 #
-# - **The fast path** (`fast=True`). The trainer of chapter 22, which runs every
-#   `tools/train.py` run, switches the model with `use_fast_path`, takes Adam's fused step, and
-#   computes the loss with `FusedLabelSmoothing`. The arithmetic is the one checked above, so
-#   this buys time and nothing else.
+# - **The fast path** (`fast=True`). The trainer (chapter 22) switches the model with
+#   `use_fast_path`, takes Adam's fused step, and computes the loss with `FusedLabelSmoothing`.
+#   The arithmetic is the one checked above, so this buys time and nothing else.
 # - **Half the batch, twice the steps.** Batches of 750 tokens instead of 1,500 give an epoch
-#   twice as many optimizer steps, each from half as much data. After its warm-up the paper's
-#   rate falls as $\text{step}^{-1/2}$, so at the same point of the data the smaller batches'
-#   rate is $1/\sqrt{2}$ of the larger ones': the square-root rule that Malladi et al. derived
-#   for Adam when the batch size changes {cite}`malladi2022sdes`. Twice the warm-up steps keep
-#   the warm-up at the same share of the data and scale its peak by the same $1/\sqrt{2}$, so
-#   the whole schedule follows the rule.
-# - **Dropout where the paper puts it** (`paper_dropout=True`). Section 5.4 drops each
-#   sublayer's output before the residual sum, and the sums of embeddings and positions. The
-#   classic Annotated Transformer, and chapter 11 after it, also drops the attention weights
-#   and the feed-forward layer's hidden units. On a CPU those sites are expensive: dropout draws
-#   one random number per element, the hidden layer is four times as wide as the model, and
-#   attention with dropout cannot take PyTorch's fused kernel. `paper_dropout_only` sets the
-#   rate of those two kinds of site to zero and leaves the others at the configured rate.
+#   twice as many optimizer steps, each from half as much data. After its warm-up the paper's rate
+#   falls as $\text{step}^{-1/2}$, so at the same point of the data the smaller batches' rate is
+#   $1/\sqrt{2}$ of the larger ones': the square-root rule that Malladi et al. derived for Adam
+#   when the batch size changes {cite}`malladi2022sdes`, in its rate only (it also rescales Adam's
+#   $\beta$s and $\epsilon$). Twice the warm-up steps keep the warm-up at the same share of the
+#   data and scale its peak by the same $1/\sqrt{2}$, so the whole schedule follows the rule.
+# - **Dropout where the paper puts it** (`paper_dropout=True`). Section 5.4 drops each sublayer's
+#   output before the residual sum, and the sums of embeddings and positions. Chapter 11, like the
+#   classic Annotated Transformer, also drops the attention weights and the feed-forward layer's
+#   hidden units. On a CPU those sites are expensive: dropout draws one random number per element,
+#   the hidden layer is four times as wide as the model, and attention with dropout cannot take
+#   PyTorch's fused kernel. `paper_dropout_only` sets the rate of those two kinds of site to zero
+#   and leaves the others at the configured rate.
 # - **11 epochs**, the last two averaged (chapter 16).
 #
 # The preset `cpu_fast` is the same recipe without dropout, for 6 epochs. `TrainConfig` grows by
-# the fields `fast`, `paper_dropout`, `decay` (`"linear"`: after the warm-up the rate falls in a
-# straight line to zero, `linear_rate`) and `cpu_bf16`, and `training_config` by the two
+# the fields `fast`, `paper_dropout`, `decay` and `cpu_bf16`, and `training_config` by the two
 # presets; the definitions are in {doc}`appendix_performance`. The cell below prints what each
 # preset changes, and checks the square-root rule at a few points of the data.
 
@@ -767,14 +765,16 @@ for s in (500, 1000, 2000, 3000):
     assert abs(small / big - 2**-0.5) < 1e-9  # the square-root rule, at every step
 
 # %% [markdown]
-# ### On a CPU with AVX2 only
+# ### On the slower EPYC, capped to AVX2
 #
-# The half hour above is a Xeon's, with AVX-512. Many laptops, desktops and cloud machines stop
-# at AVX2, vectors half as wide, and there the preset's eleven epochs take far longer. The preset
-# `cpu_avx2` trains the same model with the same dropout for less: seven epochs, with the rate
-# falling after its warm-up in a straight line to zero (`decay="linear"`), since a run this short
-# would otherwise stop while the rate is still high; and 4,000 subwords instead of 8,000, which
-# cut a sentence into more tokens but make each one cheaper, the output layer being half as wide.
+# The half hour above is the Xeon's. Many laptops and cloud machines stop at AVX2, vectors half as
+# wide as AVX-512's. On the EPYC capped to AVX2, an epoch of this model took longer than on the
+# Xeon, but not much longer than uncapped (chapter 18's peer run, `cpu_fast` below): these runs
+# measure a slower machine more than narrower vectors. The preset `cpu_avx2` trains the same model
+# with the same dropout for less: seven epochs, with the rate falling after its warm-up in a
+# straight line to zero (`decay="linear"`), so that a run this short ends at a low rate; a warm-up
+# of 1,000 steps instead of 2,000; and 4,000 subwords instead of 8,000, which cut a sentence into
+# more tokens but make each one cheaper, the output layer being half as wide.
 
 # %%
 avx2 = training_config("cpu_avx2")
@@ -784,12 +784,12 @@ for name, value in vars(avx2).items():
         print(f"{name:>14}: {getattr(half_hour, name)!r} -> {value!r}")
 
 # %% [markdown]
-# Its runs emulate an AVX2 CPU on an AMD EPYC with AVX-512 by capping the kernel libraries
-# at start-up (`ATEN_CPU_CAPABILITY=avx2`, `ONEDNN_MAX_CPU_ISA=AVX2`,
-# `MKL_ENABLE_INSTRUCTIONS=AVX2`), and `cpu_notes` ({doc}`appendix_distributed`) records the
-# flags, the kernels and the caps in every run's notes. The capped CPU keeps its own caches and
-# clock: it stands for an AVX2 CPU of its generation. `tools/levers.py` timed the recipe's
-# training step against variants that each move one lever, on the same sentences, in turns:
+# Each of its runs was on an AMD EPYC with AVX-512, its kernel libraries capped to AVX2 at
+# start-up (`ATEN_CPU_CAPABILITY=avx2`, `ONEDNN_MAX_CPU_ISA=AVX2`,
+# `MKL_ENABLE_INSTRUCTIONS=AVX2`). The capped EPYC keeps its own caches and clock, so it
+# approximates an AVX2 CPU; no CPU that stops at AVX2 ran these recipes. `tools/levers.py` timed
+# the recipe's training step against variants that each move one lever, on the same sentences, in
+# turns:
 
 # %%
 levers = book_data("levers_avx2.json")
@@ -807,10 +807,10 @@ lever_table(levers)
 # One run of the tool: compare each lever with the recipe repeat by repeat. `torch.compile` and
 # 1,500-token batches were slower in every repeat, and larger batches also halve the optimizer
 # steps. Fewer subwords were faster despite more tokens, 6,000 in every repeat and 4,000 not in
-# every one; yet seven epochs took longer with 8,000 than with 4,000 (the runs below). Dropout
-# at the paper's sites stayed within the spread of the repeats, and packing could save at most
-# the padding printed above the table. None of this buys back the factor of about two by which
-# the Xeon's epochs were shorter, so `cpu_avx2` mainly trains for fewer epochs.
+# every one; single runs of seven epochs point the same way (the runs below). Dropout at the
+# paper's sites stayed within the spread of the repeats, and packing could save at most the
+# padding printed above the table. None of this brings the EPYC's epochs down to the Xeon's, so
+# `cpu_avx2` mainly trains for fewer epochs.
 
 # %% [markdown]
 # ### The runs behind the recipe
@@ -819,27 +819,27 @@ lever_table(levers)
 # differs, with its seeds and CPU. The scores are BLEU on the validation set, beam 4 on the last
 # epoch's weights and on the average of the last two; with several seeds, the mean and the range.
 # The presets were chosen on these scores, and the test set was read only afterwards, for the
-# chosen weights. Minutes are training minutes; the Xeon ran an epoch in about half the time of
-# the EPYC, so minutes compare only within one CPU, and a capped CPU counts as a CPU of its own. A
-# run with the paper's decay that was also scored after an earlier epoch gives that shorter run
-# too: neither that schedule nor the batch order depends on the number of epochs. The runs' notes
-# are in `book/data/fast_recipe.json`.
+# chosen weights. Minutes are training minutes, without the validation after each epoch; they
+# compare only within one CPU, and even there roughly: on the EPYC, `cpu_fast`'s slowest seed took
+# half as long again as its fastest. A run with the paper's decay that was also scored after an
+# earlier epoch gives that shorter run too: neither that schedule nor the batch order depends on
+# the number of epochs. The runs' notes are in `book/data/fast_recipe.json`.
 
 # %%
 recipe_table(recipe_runs())
 
 # %% [markdown]
-# Only the presets have several seeds, and their ranges show how far the seed alone moves a
-# score; every other row is one run, a demonstration, and a difference smaller than those ranges
-# is not a finding. What to look for:
+# Only this chapter's three presets have several seeds (`cpu_fast_dropout` two), and their ranges
+# show how far the seed alone moves a score; every other row is one run, a demonstration, and a
+# difference smaller than those ranges is not a finding. What to look for:
 #
 # - **The half hour reaches `cpu_subword`'s level; it does not beat it.** The seeds of
-#   `cpu_fast_dropout`, each under half an hour on the Xeon, with their last two epochs
-#   averaged, lie on either side of `cpu_subword`'s beam score after its last epoch, which
-#   took about 80 minutes on the EPYC.
-# - **Without dropout, six epochs is as far as it goes.** `cpu_fast`'s seeds stay below
-#   `cpu_subword`, and with ten epochs the last epoch scored lower than any of them: the model
-#   overfits (the appendix shows its validation loss rising after epoch 7).
+#   `cpu_fast_dropout`, with their last two epochs averaged, lie on either side of `cpu_subword`'s
+#   beam score after its last epoch.
+# - **Without dropout, more epochs do not pay reliably.** `cpu_fast`'s seeds stay below
+#   `cpu_subword`. One ten-epoch run, on the Xeon, scored below all of them at its last epoch
+#   and above all of them with its last two averaged; its validation loss rises after epoch 7
+#   (the appendix).
 # - **The paper's dropout sites** cost fewer minutes than dropout everywhere, for about the same
 #   scores after twelve epochs. Stopped within the half hour, dropout everywhere has run fewer
 #   epochs, and with its last two averaged it scores below both seeds of the preset.
@@ -852,12 +852,11 @@ recipe_table(recipe_runs())
 #   single run closed the gap: an eighth epoch, a lower peak rate, smaller batches, or 8,000
 #   subwords in seven epochs (over the half hour) or six.
 #
-# The book ships the seed-0 run of `cpu_fast_dropout`: `book/models/multi30k_cpu_fast_dropout`
-# holds its epochs 10 and 11 averaged, in half precision, with its notes and scores. Chosen on
-# validation, it became `BEST_SHIPPED_MODEL`, the model that `make translate` uses; chapter 18
-# sets its test scores beside the other models'. `cpu_avx2` did not beat it on validation, so
-# it is not shipped; its seeds, with their last epoch's weights, were scored on test2016
-# once, after that choice:
+# The book ships the seed-0 run of `cpu_fast_dropout`, its epochs 10 and 11 averaged, in half
+# precision. Chosen on validation, it became `BEST_SHIPPED_MODEL`, the model that `make translate`
+# uses; chapter 18 sets its test scores beside the other models'. `cpu_avx2` did not beat it on
+# validation, so it is not shipped; its seeds, with their last epoch's weights, were scored on
+# test2016 once, after that choice:
 
 # %%
 scores = book_data("cpu_avx2_scores.json")["results"]
@@ -869,20 +868,19 @@ for seed in (0, 1, 2):
 print("sacreBLEU", scores[0]["signature"])
 
 # %% [markdown]
-# On test2016 too, the half hour on an AVX2 CPU stays below the Xeon's model.
+# On test2016 too, the half hour on the capped EPYC stays below the Xeon's model.
 # {doc}`appendix_performance` follows every run epoch by epoch and lists what remains untried.
 
 # %% [markdown]
 # ## What we have
 #
-# Beside the readable model, a fast one that is the same model: `greedy_decode` and
-# `beam_search` with `use_cache=True` decode one new position per step from a `DecoderCache`
-# and give the same tokens (checked here on a random and on the trained model), and they are
-# what `make translate` uses; `use_fast_path` switches a model to fused attention, packed
-# projections, fused layer norm and unchecked embeddings without touching its state dict, and
-# still hands out attention maps on request. `make bench` measures what each buys, and
-# `make bench-quick` runs the same rows in seconds as a test. The preset `cpu_fast_dropout`,
+# Beside the readable model, a fast one that is the same model: `greedy_decode` and `beam_search`
+# with `use_cache=True` decode one new position per step from a `DecoderCache` and give the same
+# tokens, and they are what `make translate` uses; `use_fast_path` switches a model to fused
+# attention, packed projections, fused layer norm and unchecked embeddings without touching its
+# state dict, and still hands out attention maps on request. `make bench` measures what each buys,
+# and `make bench-quick` runs the same rows in seconds as a test. The preset `cpu_fast_dropout`,
 # the fast path with the paper's dropout sites and half the batch under the square-root rule,
-# trained in under half an hour on a 2-core Xeon the model that `make translate` uses; on a CPU
-# capped to AVX2, `cpu_avx2` trains in under half an hour too, to lower scores. Chapter 22 takes
-# the same training code to several processes and devices.
+# trained in under half an hour of training on a 2-core Xeon the model that `make translate` uses;
+# on the slower EPYC, capped to AVX2, `cpu_avx2` trains in under half an hour too, to lower
+# scores. Chapter 22 takes the same training code to several processes and devices.

@@ -33,11 +33,16 @@ from the_annotated_transformer import (
     book_data,
     check_token_budget,
     collate_to_batch,
+    config_for_devices,
     encode_examples,
     example_lengths,
+    fetch_shipped_model,
+    linear_rate,
     load_multi30k,
     load_tokenizers,
     multi30k_vocabularies,
+    rate,
+    read_vocabularies,
     split_batches_for_ranks,
     train_worker,
     training_config,
@@ -413,6 +418,14 @@ def evaluate(
 # `schedule_steps` divides the preset's `warmup`, given for that one process, by $k$; with the
 # shorter warm-up the learning rate peaks $\sqrt{k}$ times higher. It also refuses a run that is
 # not at least a quarter longer than its warm-up: its learning rate would peak too late to decay.
+#
+# A preset with `batch_tokens` fixes the global batch instead. `config_for_devices` picks the
+# `accum_iter` that comes nearest it for the devices present; where that would overshoot the
+# batch, each device takes an equal share of it, and `warmup` is scaled to count the same tokens.
+# A preset whose budget per device is its whole batch, as `gpu`'s is, thus keeps its batch,
+# warm-up and peak on any number of devices. The `base` preset with `batch_tokens` keeps the
+# paper's peak rate: its `lr_factor` shrinks by the square root of the micro-batches that the
+# batch spans, which undoes the $\sqrt{k}$ rise.
 
 # %% tags=["export"]
 import math
@@ -462,6 +475,41 @@ for devices in (1, 8):
           f"{plan['total_steps']:,} optimizer steps in {base.epochs} epochs, "
           f"warm-up {plan['warmup']}")
 
+
+# %% [markdown]
+# The `gpu` preset (appendix {doc}`appendix_performance`) on one to eight GPUs, on the shipped
+# subword model's lengths, and `base` at the paper's batch on one GPU and on eight:
+
+# %%
+sp, _ = read_vocabularies(fetch_shipped_model(name="multi30k_cpu_subword"), subwords=True)
+subword_examples = encode_examples(load_multi30k("train"), sp, sp, (None, None), max_len=72)
+target_tokens = sum(len(tgt) for _, tgt in subword_examples)
+gpu = training_config("gpu")
+for devices in range(1, 9):
+    config = config_for_devices(gpu, devices)
+    per_device = len(multi30k_loader(subword_examples, max_tokens=config.max_tokens,
+                                     shuffle=True, num_replicas=devices))
+    plan = schedule_steps(config, batches_per_epoch=per_device, world_size=devices)
+    steps, warmup = plan["total_steps"], plan["warmup"]
+    peak, end = (linear_rate(s, config.d_model, config.lr_factor, warmup, steps)
+                 for s in (warmup, steps))
+    tokens = devices * config.accum_iter * config.max_tokens
+    print(f"{devices} GPU(s): {tokens:,} tokens a step ({config.max_tokens:,} per GPU; "
+          f"{target_tokens / plan['steps_per_epoch']:,.0f} target), {steps:,} steps, warm-up "
+          f"{warmup}, peak {peak:.2e} falling to {end:.0e}")
+    assert gpu.batch_tokens - devices < tokens <= gpu.batch_tokens and warmup == gpu.warmup
+
+paper = 512**-0.5 * 4000**-0.5  # the paper's peak: d_model^-0.5 * warmup^-0.5
+for devices in (1, 8):
+    config = config_for_devices(training_config("base", batch_tokens=25000), devices)
+    per_device = len(multi30k_loader(examples, max_tokens=config.max_tokens, shuffle=True,
+                                     num_replicas=devices))
+    warmup = schedule_steps(config, batches_per_epoch=per_device, world_size=devices)["warmup"]
+    peak = rate(warmup, config.d_model, config.lr_factor, warmup)
+    tokens = devices * config.accum_iter * config.max_tokens
+    print(f"base, --batch-tokens 25000, {devices} GPU(s): {tokens:,} tokens a step, warm-up "
+          f"{warmup}, peak {peak:.2e} (the paper's {paper:.2e})")
+    assert abs(peak / paper - 1) < 0.02
 
 # %% [markdown]
 # ## Many processes
@@ -559,10 +607,12 @@ print(f"  {result['tokens_per_s']:,.0f} target tokens/s with bfloat16 autocast, 
 
 
 # %% [markdown]
-# Look at the last two numbers: the GPU was busy for only part of the time, and its matrix
-# units reached a small fraction of their bfloat16 peak. The `base` model is small for this GPU,
-# most likely so small that a step is many short kernels that one Python process launches one
-# after another, and the host, not the GPU, sets the pace. Larger batches per GPU (`--max-tokens`) give each kernel more work.
+# Look at the last two numbers: the GPU was busy for only part of the time, and its matrix units
+# reached a small fraction of their bfloat16 peak. The `base` model is small for this GPU, most
+# likely so small that a step is many short kernels that one Python process launches one after
+# another, and the host, not the GPU, sets the pace. Larger batches per GPU (`--max-tokens`) give
+# each kernel more work; the `gpu` preset takes its whole step of 32,768 tokens as one micro-batch
+# for that reason.
 
 # %% [markdown]
 # ## The whole system, in miniature

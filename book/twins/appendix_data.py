@@ -382,6 +382,100 @@ def length_histogram(pairs: Sequence[tuple[Sequence[str], Sequence[str]]], *, ti
 
 
 # %% [markdown]
+# ## Settings for your own data
+#
+# `tools/train.py --train SRC TGT --valid SRC TGT` trains on a text of any size, and the settings
+# that suit Multi30k do not suit them all: a few hundred pairs are spread thin over 8,000
+# subwords, and a run on them would end before a 2,000-step warm-up does. Chapter 18's table of
+# settings by data size says in which direction each setting moves; `config_for_corpus` turns its
+# rows into rules, anchored at Multi30k's 29,000 pairs, which get chapter 21's recipe,
+# `cpu_fast_dropout`, unchanged. Fewer pairs get fewer subwords, a smaller model, stronger
+# dropout, a warm-up that covers the same share of the text (and a learning-rate factor that
+# keeps the rate's peak where Multi30k's is, since a shorter warm-up would peak higher), and more
+# epochs, up to about as many optimizer steps as the Multi30k run; more pairs get more subwords,
+# the paper's base model from 100,000 pairs and its batch and warm-up from a million. Each choice
+# comes with its reason, which the training script prints. These are starting points that follow
+# the table, not settings tuned on each size: `--set` changes any of them, and `--config` trains
+# a preset as it is.
+
+# %% tags=["export"]
+import math
+from typing import Any
+
+SMALL_CORPUS, LARGE_CORPUS, HUGE_CORPUS = 10_000, 100_000, 1_000_000  # pairs: the table's rows
+
+
+def config_for_corpus(pairs: int) -> list[tuple[dict[str, Any], str]]:
+    """The TrainConfig fields that depend on how many training pairs there are, in groups,
+    each with its reason: chapter 18's table of settings by data size as rules, anchored at
+    Multi30k's size, which gets cpu_fast_dropout's values."""
+    if isinstance(pairs, bool) or not isinstance(pairs, int) or pairs < 1:
+        raise ValueError(f"pairs must be a positive integer, got {pairs!r}")
+    anchor, recipe = MULTI30K_SPLITS["train"], training_config("cpu_fast_dropout")
+    scale = pairs / anchor
+    # 1) the vocabulary grows with the square root of the text, in steps of 500
+    subwords = min(32_000, max(1_000, 500 * round(recipe.subwords * math.sqrt(scale) / 500)))
+    choices = [({"subwords": subwords}, f"{recipe.subwords:,} pieces at {anchor:,} pairs times "
+                f"the square root of {pairs:,} / {anchor:,}, in steps of 500 within 1,000 to "
+                "32,000: fewer merges for less text")]
+    # 2) the model: smaller and shallower below the table's first row, the paper's above it
+    if pairs < SMALL_CORPUS:
+        model, why = {"N": 2, "d_model": 256, "d_ff": 512, "h": 4}, (
+            f"under {SMALL_CORPUS:,} pairs, a smaller, shallower model than chapter 21's")
+    elif pairs < LARGE_CORPUS:
+        model, why = {"N": recipe.N, "d_model": recipe.d_model, "d_ff": recipe.d_ff,
+                      "h": recipe.h}, f"chapter 21's model, for {SMALL_CORPUS:,} to "\
+                                      f"{LARGE_CORPUS:,} pairs"
+    else:
+        base = TrainConfig()
+        model, why = {"N": base.N, "d_model": base.d_model, "d_ff": base.d_ff, "h": base.h}, (
+            f"the paper's base model, from {LARGE_CORPUS:,} pairs")
+    choices.append((model, why))
+    # 3) dropout: stronger for less text, at the paper's sites
+    if pairs < SMALL_CORPUS:
+        choices.append(({"dropout": 0.3}, f"three times the paper's rate under "
+                        f"{SMALL_CORPUS:,} pairs, at the paper's sites"))
+    else:
+        choices.append(({"dropout": recipe.dropout}, "the paper's rate at the paper's sites"))
+    # 4) the warm-up covers the same share of the text as Multi30k's; the paper's from a million
+    if pairs >= HUGE_CORPUS:
+        accum = round(25_000 / recipe.max_tokens)  # micro-batches in one of the paper's steps
+        choices.append(({"batch_tokens": 25_000, "warmup": 4_000 * accum},
+                        f"the paper's batch and its 4,000 warm-up steps, from {HUGE_CORPUS:,} "
+                        f"pairs ({accum} micro-batches of {recipe.max_tokens} tokens a step)"))
+    else:  # a shorter warm-up peaks higher (rate); lr_factor keeps Multi30k's peak
+        warmup = max(1, round(recipe.warmup * min(1.0, scale)))
+        lr_factor = round(recipe.lr_factor * math.sqrt(warmup / recipe.warmup), 4)
+        choices.append(({"warmup": warmup, "lr_factor": lr_factor},
+                        f"{recipe.warmup:,} micro-batches at {anchor:,} pairs, scaled down with "
+                        "the pairs, so that the warm-up covers the same share of the text; "
+                        "lr_factor keeps the peak rate where Multi30k's is"))
+    # 5) the run: Multi30k's optimizer steps for less text (at most 100 epochs), its epochs
+    # for more; validation BLEU about as often per run as Multi30k's
+    epochs = recipe.epochs if pairs >= anchor else min(100, round(recipe.epochs / scale))
+    bleu_every = math.ceil(epochs / recipe.epochs)
+    choices.append(({"epochs": epochs, "bleu_every": bleu_every},
+                    f"{recipe.epochs} epochs at {anchor:,} pairs; fewer pairs, more epochs "
+                    f"(about Multi30k's optimizer steps, at most 100 epochs); BLEU about "
+                    f"{recipe.epochs} times a run"))
+    return choices
+
+
+# %%
+import pandas as pd
+
+sizes = [400, 2_000, 29_000, 100_000, 1_000_000]
+rows = [{"pairs": f"{pairs:,}"} | {name: value for fields, _ in config_for_corpus(pairs)
+                                   for name, value in fields.items()} for pairs in sizes]
+columns = dict.fromkeys(name for row in rows for name in row)  # every field, in order
+multi30k = {name: value for fields, _ in config_for_corpus(29_000)
+            for name, value in fields.items()}
+assert training_config("cpu_fast_dropout", **multi30k) == training_config("cpu_fast_dropout")
+for fields, why in config_for_corpus(400):
+    print(" ".join(f"{name}={value}" for name, value in fields.items()) + ": " + why)
+pd.DataFrame([{name: row.get(name, "") for name in columns} for row in rows]).set_index("pairs")
+
+# %% [markdown]
 # ## The trained models
 #
 # The book ships its trained models in `book/models/<name>/`: chapter 14's word-level model

@@ -24,6 +24,8 @@ if "google.colab" in sys.modules:
 
 from the_annotated_transformer import (
     PAD_ID,
+    SUBWORD_FILE,
+    VOCAB_FILES,
     FusedLabelSmoothing,
     LabelSmoothing,
     TrainConfig,
@@ -56,6 +58,7 @@ from the_annotated_transformer import (
     translation_table,
     unwrap,
     use_fast_path,
+    write_run_files,
 )
 
 enable_book_charts()
@@ -74,8 +77,10 @@ enable_book_charts()
 # 2. **`prepare_checkpoint_dir`: one decision about the folder.** Only rank 0 looks at its
 #    checkpoint folder, and every rank learns its decision. A fresh run into a folder that
 #    already holds another run's `last.pt`, `best.pt` or `epoch_NNN.pt` refuses to start (those
-#    files would be overwritten, or mixed into checkpoint averaging) unless told to `overwrite`,
-#    which deletes them first; `resume` with no `last.pt` is an error, not a quiet fresh start.
+#    files would be overwritten, or mixed into checkpoint averaging) unless told to `overwrite`;
+#    `resume` with no `last.pt` is an error, not a quiet fresh start. Here it only looks: the
+#    old checkpoints are deleted, and the new vocabularies written, by `start_run_folder` after
+#    step 5, once every check has passed, so that a refused run leaves its folder as it was.
 #    A process that `torchrun` restarted after a failure (it sets `TORCHELASTIC_RESTART_COUNT`)
 #    continues from `last.pt` when there is one.
 # 3. **`load_data`: vocabularies and batches.** Rank 0 builds the vocabularies (or, resuming,
@@ -333,9 +338,11 @@ def check_same_on_all_ranks(process: Process, values: list[int], what: str) -> N
 
 
 def prepare_checkpoint_dir(
-    folder: str | os.PathLike, *, resume: bool, overwrite: bool, restarted: bool = False
+    folder: str | os.PathLike, *, resume: bool, overwrite: bool, restarted: bool = False,
+    check_only: bool = False,
 ) -> bool:
-    """2) Whether to resume from folder/last.pt; never mix a fresh run with another's files."""
+    """2) Whether to resume from folder/last.pt; never mix a fresh run with another's files.
+    With check_only it only looks: the worker deletes nothing until every check has passed."""
     if resume and overwrite:
         raise ValueError("resume and overwrite exclude each other: choose one")
     folder = Path(folder)
@@ -353,8 +360,9 @@ def prepare_checkpoint_dir(
             f"{', '.join(p.name for p in old)}: resume it, overwrite it (its checkpoints are "
             "deleted), or choose another checkpoint folder"
         )
-    for path in old:
-        path.unlink()
+    if not check_only:
+        for path in old:
+            path.unlink()
     return False
 
 
@@ -394,7 +402,7 @@ def load_data(
     def vocabularies() -> tuple[Vocab, Vocab]:
         if resuming:  # the ids the checkpoint's embeddings were trained with
             return read_vocabularies(config.checkpoint_dir, subwords=config.subwords > 0)
-        return multi30k_vocabularies(config, tokenizers, pairs=pairs["train"])
+        return multi30k_vocabularies(config, tokenizers, pairs=pairs["train"], save=False)
 
     vocab_src, vocab_tgt = from_rank0(process, vocabularies)
     train_data, val_data = (
@@ -406,6 +414,25 @@ def load_data(
     train_loader = multi30k_loader(train_data, shuffle=True, **shard)
     val_loader = multi30k_loader(val_data, shuffle=False, **shard)
     return RunData(vocab_src, vocab_tgt, train_loader, val_loader, pairs["val"], tokenizers)
+
+
+def start_run_folder(process: Process, config: TrainConfig, data: RunData, *, overwrite: bool,
+                     restarted: bool) -> None:
+    """5b) A fresh run's first writes, once every check has passed, so that a refused run
+    leaves its folder as it found it: rank 0 deletes the checkpoints that overwrite replaces
+    and writes the vocabularies beside last.pt."""
+    def write() -> None:
+        prepare_checkpoint_dir(config.checkpoint_dir, resume=False, overwrite=overwrite,
+                               restarted=restarted)
+        if config.subwords:  # one sentencepiece model serves both sides
+            proto = data.vocab_src.serialized_model_proto()
+            writers = {SUBWORD_FILE: lambda path: Path(path).write_bytes(proto)}
+        else:
+            writers = dict(zip(VOCAB_FILES, (data.vocab_src.save, data.vocab_tgt.save),
+                               strict=True))
+        write_run_files(config.checkpoint_dir, writers)
+
+    from_rank0(process, write)
 
 
 def build_training(
@@ -755,7 +782,8 @@ def train_worker(
     try:
         restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
         resuming = from_rank0(process, lambda: prepare_checkpoint_dir(
-            config.checkpoint_dir, resume=resume, overwrite=overwrite, restarted=restarted))
+            config.checkpoint_dir, resume=resume, overwrite=overwrite, restarted=restarted,
+            check_only=True))
         split_pairs = training_pairs(config, pairs)
         data = load_data(process, config, split_pairs, resuming=resuming)
         plan = schedule_steps(config, batches_per_epoch=len(data.train_loader),
@@ -766,6 +794,8 @@ def train_worker(
         run = build_training(process, config, len(data.vocab_src), len(data.vocab_tgt),
                              warmup=plan["warmup"], total=plan["total_steps"])
         resume_run(process, config, run, resuming=resuming)
+        if not resuming:  # every check has passed: only now is anything written or deleted
+            start_run_folder(process, config, data, overwrite=overwrite, restarted=restarted)
         if process.distributed:  # only now: every rank holds rank 0's state
             run.model = wrap_ddp(run.model, process.device)
         history = train_epochs(process, config, run, data, progress=progress,

@@ -984,3 +984,45 @@ for row in seed_summary(example, "accuracy"):
     print(f"{row['variant']}: {row['runs']} runs, mean {row['mean']:.3f}, "
           f"range {row['min']:.2f} to {row['max']:.2f}")
 seeds_chart(example, metric="accuracy", title="two variants, three seeds each")
+
+# %% [markdown]
+# ### The copy and sort tasks over seeds
+#
+# Chapters 12 and 13 each show one run. `tools/seeds.py copy_task` and `tools/seeds.py sort_task`
+# reran their cells from five seeds, each with the CPU's own kernels and with the set one level
+# below, and stored each run's best validation accuracy and its test accuracy (and, for sorting,
+# the test accuracy at each length), its attention shares, and which of the chapter's assertions
+# failed. Look for every copy run within chapter 12's asserted bounds, none with a failed
+# assertion, at an epoch that varies with the seed:
+
+# %%
+copy_sweep = book_data("seeds_copy_task.json")
+print("machine:", copy_sweep["machine"])
+copy_runs = copy_sweep["runs"]  # chapter 12's cells, rerun
+for row in seed_summary(copy_runs, "exact"):
+    print(f"copy, {row['variant']}: {row['runs']} runs, exact {row['min']:.2f} to {row['max']:.2f}")
+bounds = {"best validation": 0.98, "test": 0.95}  # chapter 12's assertions, as shares
+assert all(run["exact"] >= bounds[run["variant"]] for run in copy_runs)
+assert not any(run["failed_asserts"] for run in copy_runs)  # chapter 12's attention bounds too
+for key, what in [("share_max", "best head"), ("share_layer1", "first layer's mean")]:
+    shares = [run[key] for run in copy_runs]
+    print(f"attention share, {what}: {min(shares):.2f} to {max(shares):.2f}")
+epochs = [run["epoch"] for run in copy_runs]
+print(f"epoch of the best validation count: {min(epochs)} to {max(epochs)}")
+seeds_chart(copy_runs, metric="exact", title="Sequences copied exactly, every run")
+
+# %% [markdown]
+# Every sort run stays above chapter 13's bounds too, its best head's share included. Where its errors
+# fall does not hold across runs: look for the length sorted worst changing from run to run.
+
+# %%
+sort_runs = book_data("seeds_sort_task.json")["runs"]  # chapter 13's cells, rerun
+for row in seed_summary(sort_runs, "exact"):
+    print(f"sort, {row['variant']}: {row['runs']} runs, exact {row['min']:.3f} to {row['max']:.3f}")
+assert all(run["exact"] >= 0.9 for run in sort_runs)  # chapter 13's bound
+assert not any(run["failed_asserts"] for run in sort_runs)  # its attention bound too
+shares = [run["share_max"] for run in sort_runs]
+print(f"attention share, best head: {min(shares):.2f} to {max(shares):.2f}")
+worst = [min(run["by_length"], key=run["by_length"].get) for run in sort_runs if "by_length" in run]
+print("the length sorted worst, run by run:", ", ".join(worst))
+seeds_chart(sort_runs, metric="exact", title="Sequences sorted exactly, every run")

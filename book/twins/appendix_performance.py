@@ -136,9 +136,11 @@ for eps in (0.0, 0.1, 0.3):
 # step and `FusedLabelSmoothing`; `paper_dropout` applies chapter 21's `paper_dropout_only`;
 # `cpu_bf16` asks for bfloat16 autocast on a CPU (next section); `decay` chooses the rate
 # after the warm-up; and `batch_tokens`, when set, fixes the padded tokens of one optimizer step
-# over all devices, from which `config_for_devices` derives the accumulation for any number of
-# devices, so that a run keeps its steps (the `gpu` preset sets it; its comment gives the
-# reasoning behind its size).
+# over all devices, from which `config_for_devices` derives the accumulation, or each device's
+# share, for any number of devices, so that a run keeps about that batch and its warm-up
+# (chapter 22); with it, `base` keeps the paper's peak rate. The `gpu` preset sets it; its
+# comment gives the reasoning behind its size, and the section on the GPU below the
+# measurements.
 #
 # The paper's rate falls as $\text{step}^{-1/2}$ and never reaches zero, which suits a run
 # whose length is open. A run with a fixed budget can instead bring the rate down in a straight
@@ -150,6 +152,7 @@ for eps in (0.0, 0.1, 0.3):
 # `label_smoothing_loss`.
 
 # %% tags=["export", "extends"]
+import math
 from dataclasses import dataclass, replace
 
 
@@ -226,29 +229,35 @@ def training_config(name: str, **overrides) -> TrainConfig:
     presets["cpu_avx2"] = replace(presets["cpu_fast_dropout"], subwords=4000, epochs=7,
                                   decay="linear", warmup=1000, keep_epochs=0,
                                   checkpoint_dir="checkpoints/multi30k_cpu_avx2")
-    # One GPU: cpu_fast_dropout's model and recipe (bfloat16 autocast comes with CUDA, see
-    # autocast_dtype_for). At this size a GPU waits on kernel launches, not on arithmetic: the
-    # fast path took about 22 ms a step on an H200 at the bench's batches (bench_cuda.json, 6%
-    # MFU), so Multi30k's 252 micro-batches of 2,048 tokens take about 5.5 s an epoch, and a
-    # validation BLEU 2 to 3 s more: 30 epochs train in about 4 minutes. A step takes 8 of
-    # them, 16,384 tokens on 1, 2, 4 or 8 GPUs (config_for_devices): 32 steps an epoch, 960 in
-    # all. The warm-up, 200 steps, peaks at 2.2e-3, 3.2 times the CPU's peak for 22 times its
-    # batch (the square-root rule would allow 4.7); keep_epochs=5 averages the last sixth, as
-    # the CPU recipe's last two of 11 epochs do.
-    presets["gpu"] = replace(presets["cpu_fast_dropout"], max_tokens=2048, batch_tokens=16384,
-                             warmup=1600, epochs=30, keep_epochs=5,
+    # One GPU: cpu_fast_dropout's model and dropout (bfloat16 autocast comes with CUDA, see
+    # autocast_dtype_for). At the CPU's batches a GPU mostly waits on the host's kernel launches
+    # (bench_cuda.json, gpu_check_cuda.json; the appendix's GPU section), so a step here is one
+    # micro-batch of 32,768 padded tokens, about 24,400 target tokens on Multi30k: the paper's
+    # batch, 17 steps an epoch. On R devices config_for_devices gives each about 32,768 / R, so
+    # the global batch, the warm-up and the peak stay (chapter 22 prints it for 1 to 8). About
+    # 1,000 steps in 60 epochs; the 200-step warm-up peaks at 2.2e-3, and the rate then falls in
+    # a straight line to zero, as cpu_avx2's short run does; keep_epochs=5 averages the last 5.
+    presets["gpu"] = replace(presets["cpu_fast_dropout"], max_tokens=32768, batch_tokens=32768,
+                             warmup=200, epochs=60, decay="linear", keep_epochs=5,
                              checkpoint_dir="checkpoints/multi30k_gpu")
     if name not in presets:
         raise ValueError(f"name must be one of {', '.join(presets)}, got {name!r}")
-    return replace(presets[name], **overrides)
+    config = replace(presets[name], **overrides)
+    if name == "base" and config.batch_tokens and "lr_factor" not in overrides:
+        # the paper's model keeps the paper's peak rate, d_model^-0.5 * 4000^-0.5, at any global
+        # batch: the square-root rule (chapter 22) would raise it sqrt(k) times at k micro-batches
+        config = replace(config, lr_factor=config.lr_factor * math.sqrt(
+            config.max_tokens / config.batch_tokens))
+    return config
 
 
 # %% tags=["export"]
 def config_for_devices(config: TrainConfig, world_size: int) -> TrainConfig:
     """config as world_size devices train it. With batch_tokens set, accum_iter is the one that
-    brings world_size x accum_iter x max_tokens nearest batch_tokens (at least 1), so that a
-    step sees the same global batch, and the run takes the same steps, on any number of
-    devices; without it, config as it is."""
+    brings world_size x accum_iter x max_tokens nearest batch_tokens (at least 1); where that
+    would overshoot, each device takes batch_tokens / (world_size x accum_iter) tokens instead,
+    and warmup is scaled to count the same tokens, so that a step sees the same global batch,
+    and the run the same warm-up, on any number of devices. Without it, config as it is."""
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
     if not config.batch_tokens:
@@ -260,7 +269,15 @@ def config_for_devices(config: TrainConfig, world_size: int) -> TrainConfig:
             f"accumulation (batch_tokens gives accum_iter={accum} on {world_size} device(s)): "
             "set batch_tokens=0 to choose accum_iter yourself"
         )
-    return replace(config, accum_iter=accum)
+    share = config.batch_tokens // (world_size * accum)  # each device's tokens, to the token
+    if share >= config.max_tokens:  # max_tokens is what a device may hold: never above it
+        return replace(config, accum_iter=accum)
+    if share < config.max_len:
+        raise ValueError(
+            f"batch_tokens={config.batch_tokens} on {world_size} devices leaves {share} tokens "
+            f"per device, fewer than max_len={config.max_len}: use fewer devices")
+    return replace(config, accum_iter=accum, max_tokens=share,
+                   warmup=max(1, round(config.warmup * config.max_tokens / share)))
 
 
 # %% tags=["export"]
@@ -700,6 +717,12 @@ bench_table(gpu).drop(columns="group").set_index(["size", "row"])
 #   float32. Under bfloat16, in the same small batches, it was no faster, and its outputs
 #   differed from float32's in about three sentences in ten (an untrained model's scores lie
 #   close together, as on the CPU).
+#
+# The `gpu` preset is sized from these measurements: at this bench's one to two thousand target
+# tokens a step, and in chapter 22's check, where the GPU was busy a third of the time, the host
+# sets the pace, so the preset hands the GPU one micro-batch of 32,768 padded tokens a step,
+# about the paper's batch on Multi30k (chapter 22 prints its schedule). Whether that keeps the
+# GPU busy is for `make gpu-run` to measure; its bench times batches of 4k, 16k and 32k tokens.
 #
 # Not measured yet: several GPUs, `torch.compile`, CUDA graphs, and batches large enough to keep
 # this GPU's matrix units busy. Chapter 22 gives what `make gpu-check` measured for the `base`

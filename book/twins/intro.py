@@ -2,17 +2,17 @@
 # # The Annotated Transformer, as a book
 #
 # In 2017 a short paper, *Attention Is All You Need* {cite}`vaswani2017attention`, replaced the
-# recurrent networks that machine translation had been built on with a model made almost
-# entirely of attention. That model, the Transformer, is now the shape of nearly every large
-# language, speech and vision model. This book rebuilds it from an empty file, in PyTorch
-# {cite}`paszke2019pytorch`, one section of the paper at a time, and checks every piece as it
-# goes.
+# recurrent networks that machine translation had been built on with a model made almost entirely
+# of attention. That model, the Transformer, became the shape of the large language, speech and
+# vision models that followed. This book rebuilds it in PyTorch {cite}`paszke2019pytorch`, one
+# section of the paper at a time, checking each piece.
 #
-# Like *The Annotated Transformer* {cite}`rush2018annotated,huang2022annotated`, it sets the
-# paper's argument beside a working implementation, and it keeps that code's public names
-# (`make_model`, `EncoderDecoder`, `MultiHeadedAttention`, `Batch`, `run_epoch`...) for readers
-# who know it. The text and the code are written anew, for today's
-# PyTorch, and every number in the text was measured by the cell that prints it.
+# Like *The Annotated Transformer* {cite}`rush2018annotated,huang2022annotated`, it sets the paper's
+# argument beside working code and keeps that code's public names (`make_model`,
+# `MultiHeadedAttention`, `run_epoch`...); the text and the code are written anew. Where the code
+# departs from the paper's base model, {doc}`departures` gives the change and its reason. A number in
+# the text is the paper's, cited, or printed by a cell of its chapter, which may read it from the
+# training runs the book stores.
 
 # %% tags=["setup", "hide-cell"]
 # Setup (hidden in the book). In Google Colab, install the book's package: it brings the
@@ -35,58 +35,37 @@ enable_book_charts()
 # %% [markdown]
 # ## What the book covers
 #
-# * **Part I, the model** (§1–4): attention, the encoder and decoder
-#   stacks, embeddings and positions, and why self-attention beats recurrence.
-# * **Part II, training** (§5): batches, masks, the training loop, the schedule and
-#   regularization, and two small tasks, copying and sorting, that a CPU learns in minutes.
+# * **Part I, the model** (§1–4): attention, the encoder and decoder, embeddings and positions,
+#   and why self-attention.
+# * **Part II, training** (§5): batches and masks, the training loop, the schedule,
+#   regularization, and two toy tasks for a CPU.
 # * **Part III, a real-world example**: German-to-English translation on Multi30k
-#   {cite}`elliott2016multi30k`, scored with sacreBLEU {cite}`post2018call` and improved as the
-#   paper did it; the paper's model variations and parser in miniature; speed, and training on
-#   many devices.
+#   {cite}`elliott2016multi30k`, scored with sacreBLEU {cite}`post2018call`; the paper's model
+#   variations and parser in miniature; speed, and many devices.
 # * **Part IV, beyond the paper**: the Transformer as a graph, what a trained model attends to,
-#   the language models that came after, and the Universal Transformer.
+#   the language models that followed, the Universal Transformer.
 # * **Conclusion** (§7): what we measured beside the paper.
 #
-# **In one sitting**, about two hours: chapters {doc}`1 <01_background>` to
-# {doc}`5 <05_full_model>` build the model, {doc}`7 <07_batches_and_masking>`,
-# {doc}`8 <08_training_loop>` and {doc}`10 <10_schedule_and_optimizer>` train it,
-# {doc}`12 <12_copy_task>` watches it learn, and {doc}`14 <14_multi30k_training>` translates
-# with the model the book ships. Every other chapter deepens one step of that path.
-#
-# The equation the paper is named after is scaled dot-product attention: queries $Q$ are
-# compared with keys $K$, and the scores weigh the values $V$,
-#
-# $$
-# \mathrm{Attention}(Q, K, V) = \mathrm{softmax}\!\left(\frac{Q K^\top}{\sqrt{d_k}}\right) V .
-# $$
-#
-# Chapter 3 takes it apart term by term.
+# **The short path**: chapters {doc}`1 <01_background>` to {doc}`5 <05_full_model>` build the
+# model, {doc}`7 <07_batches_and_masking>`, {doc}`8 <08_training_loop>` and
+# {doc}`10 <10_schedule_and_optimizer>` train it, {doc}`12 <12_copy_task>` watches it learn, and
+# {doc}`14 <14_multi30k_training>` translates with the model the book ships.
 
 # %% [markdown]
 # ## How to read it
 #
-# Each chapter is a Jupyter notebook, shown with its outputs; the rocket button at the top of a
-# page opens it in Google Colab, where it runs on its own. On your machine, `make book` builds
-# this book and `make test` runs every chapter and test. A CPU is enough: every model in the
-# book was trained on CPUs. The code also runs on CUDA GPUs and across several processes
-# (chapter 22).
+# Each chapter is a Jupyter notebook, shown with its outputs; the rocket button opens it in Google
+# Colab. On your machine, `make book` builds the book and `make test` runs the chapters and the
+# tests. A CPU is enough: the models the book ships were trained on CPUs. The code also runs on
+# CUDA GPUs and across processes (chapter 22).
 #
-# Every definition is written once, in the chapter that explains it, in a cell tagged `export`;
-# `make sync` collects those cells into one module, `the_annotated_transformer.py`, which later
-# chapters and the tests import by name:
-#
-# ```python
-# from the_annotated_transformer import make_model, subsequent_mask
-# ```
-#
-# A test fails when the module no longer matches the chapters, so the code you read is the
-# code that runs. What is not about the Transformer lives in the appendix
-# {doc}`appendix_infrastructure`.
+# Each definition is written once, in the chapter that explains it; `make sync` collects them into
+# the module `the_annotated_transformer`, which later chapters and the tests import, and a test fails
+# when the two differ, so the code you read is the code that runs ({doc}`appendix_infrastructure`).
 
 # %% [markdown]
-# A first chart: the paper's English-to-German BLEU scores on newstest2014 (its Table 2), and
-# what each model cost to train, in floating-point operations.
-# Like every chart in the book, it is one call to a helper (in the hidden cell above).
+# A first chart: the paper's English-to-German BLEU scores on newstest2014 (its Table 2), and its
+# estimate of what each model cost to train, in floating-point operations.
 
 # %% tags=["export", "hide-cell"]
 from collections.abc import Sequence
@@ -128,15 +107,15 @@ table_2 = [
 paper_results_chart(table_2)
 
 # %% [markdown]
-# The other bars are ByteNet {cite}`kalchbrenner2016neural`, Google's neural translation
-# system {cite}`wu2016google`, convolutional sequence-to-sequence learning
-# {cite}`gehring2017convolutional` and a mixture of experts {cite}`shazeer2017outrageously`.
-# The base Transformer beat them all at about a third of the training cost of the cheapest.
+# The other bars are ByteNet {cite}`kalchbrenner2016neural`, Google's neural translation system
+# {cite}`wu2016google`, convolutional sequence-to-sequence learning {cite}`gehring2017convolutional`
+# and a mixture of experts {cite}`shazeer2017outrageously`. The base Transformer beat them all at
+# about a third of the cost of ConvS2S, the cheapest with an estimate.
 #
 # ## Credits
 #
-# The model and every idea in Parts I and II are from {cite:t}`vaswani2017attention`; the idea
-# of annotating the paper with running code is Alexander Rush's {cite}`rush2018annotated`; the
-# copy and sort tasks and the Transformer drawn as a graph come from the Deep Graph Library's
-# tutorial {cite}`wang2019dgl`. Where this book departs from the classic version, a note says
-# so and why.
+# The model is {cite:t}`vaswani2017attention`'s. Annotating the paper with running code, and the copy
+# task, are Alexander Rush's {cite}`rush2018annotated`; the Deep Graph Library's tutorial
+# {cite}`wang2019dgl` reused that task and added the sort task and the Transformer drawn as a graph,
+# which this book takes from it. Notes mark where this book departs from the classic version, and
+# why.
