@@ -38,6 +38,8 @@ def build_translation(language: str) -> None:
         confoverrides={"external_toc_path": str(ROOT / "_toc.yml"),
                        "latex_individualpages": False, "language": language},
         builder="html", doctreedir=str(ROOT / "_build" / f".doctrees-{language}"),
+        # a fresh read: Sphinx reads a page again when its catalog changed, not when it was
+        # deleted, which would leave its translation standing
         freshenv=True, force_all=True, warningiserror=True, keep_going=True,
     )
     if result != 0:
