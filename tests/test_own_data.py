@@ -8,6 +8,7 @@ import io
 import itertools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -359,6 +360,26 @@ def test_a_refused_run_leaves_a_finished_run_byte_for_byte(data, finished, capfd
     assert line.startswith("train.py: error: " + message.format(folder=finished)), line
 
 
+def test_a_finished_run_is_answered_with_status_0_only_for_its_own_request(data, finished,
+                                                                          tmp_path, capfd):
+    """The same request trains nothing and says so; other settings or other sentence pairs
+    into that folder would train nothing either, so they are refused, naming the options."""
+    from train import main
+
+    main([*own_files(data), *TINY, "--checkpoint-dir", str(finished)])  # returns: status 0
+    assert "has finished" in capfd.readouterr().err
+    line = refused_in(finished, [*own_files(data), *tiny_with("--set", "dropout=0.2")], capfd)
+    assert "holds a finished run that differs from this request (dropout=" in line, line
+    assert line.endswith("(make train: RESUME=1, OVERWRITE=1, CHECKPOINT_DIR=DIR)"), line
+    other = tmp_path / "other"
+    shutil.copytree(data, other)
+    for language in ("en", "fr"):  # the same number of pairs, one of them changed
+        path = other / f"train.{language}"
+        path.write_text(path.read_text("utf-8").replace("\n", "\nA ", 1), "utf-8")
+    line = refused_in(finished, [*own_files(other), *TINY], capfd)
+    assert "other sentence pairs" in line, line
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["--set", "warmup=2000"], "the run would take "),
     (["--resume"], "cannot resume: the checkpoint folder {folder} holds no last.pt"),
@@ -393,6 +414,39 @@ def test_config_for_corpus_moves_each_setting_the_way_chapter_18s_table_does():
     for bad in (0, -3, 2.5, True):
         with pytest.raises(ValueError, match="pairs must be a positive integer"):
             tat.config_for_corpus(bad)
+
+
+@pytest.mark.parametrize("pairs", [50, 400, 9_999, 10_000, 28_999, 29_000, 50_000, 100_000,
+                                   999_999, 1_000_000, 4_500_000])
+def test_config_for_corpus_keeps_the_papers_peak_rate_and_prints_true_reasons(pairs):
+    """The peak, lr_factor x d_model^-0.5 x (warm-up steps)^-0.5, is Multi30k's 6.99e-4 (the
+    paper's too) at every size, and each printed reason says what the numbers do there."""
+    groups = tat.config_for_corpus(pairs)
+    config = tat.config_for_devices(tat.training_config("cpu_fast_dropout", **{
+        name: value for group, _ in groups for name, value in group.items()}), 1)
+    warmup = tat.schedule_steps(config, batches_per_epoch=10**6, world_size=1)["warmup"]
+    peak = tat.rate(warmup, config.d_model, config.lr_factor, warmup)
+    assert peak == pytest.approx(6.99e-4, rel=0.01)
+    reasons = " ".join(why for _, why in groups)
+    assert ("the paper's base model" in reasons) == (config.d_model == 512) == (pairs >= 1_000_000)
+    if pairs >= 1_000_000:  # the paper's schedule: 4,000 steps, factor 1
+        assert (warmup, config.lr_factor, config.batch_tokens) == (4_000, 1.0, 25_000)
+        assert "the paper's 4,000 warm-up steps and factor 1" in reasons
+    elif pairs >= 29_000:
+        assert config.warmup == 2_000 and "kept, so that it covers a smaller share" in reasons
+    else:
+        assert config.warmup <= 2_000 and "scaled down with the pairs" in reasons
+    assert (config.dropout == 0.3) == (pairs < 10_000) == ("three times" in reasons)
+
+
+def test_train_says_how_many_pairs_are_longer_than_max_len(data):
+    from train import parse_args, prepare
+
+    argv = [*own_files(data), "--set", "max_len=16"]
+    notes = prepare(parse_args(argv), 1)[3]
+    [line] = [note for note in notes if "are left out of training" in note]
+    assert re.match(r"[\d,]+ of 300 training pairs \(\d+\.\d%\) are longer than max_len=16 ",
+                    line), line
 
 
 def test_four_hundred_pairs_given_only_train_and_valid_pass_every_check(data, tmp_path):

@@ -83,8 +83,8 @@ def test_translate_splits_a_500_token_line_and_says_so(greedy, capsys):
     assert len(pieces) > 5 and all(count(piece) <= 70 for piece in pieces)
     assert " ".join(pieces) == line
     assert lines[1] == " ".join(greedy(pieces))  # every piece translated, none dropped
-    assert (f"line 2 has {count(line)} tokens, more than the model's 70: translated in "
-            f"{len(pieces)} pieces") in capsys.readouterr().err
+    assert (f"line 2 has {count(line)} tokens, more than the 70 that translation reads at "
+            f"once: translated in {len(pieces)} pieces") in capsys.readouterr().err
 
 
 def test_split_long_keeps_every_token_and_each_piece_within_the_limit():

@@ -26,6 +26,7 @@ ends with one line on stderr and exit status 2.
 
 import argparse
 import datetime
+import inspect
 import json
 import shlex
 import sys
@@ -41,6 +42,7 @@ from the_annotated_transformer import (
     BEST_SHIPPED_MODEL,
     beam_translate,
     bleu,
+    encode_text,
     hardware_name,
     load_multi30k,
     load_tokenizers,
@@ -49,6 +51,8 @@ from the_annotated_transformer import (
 )
 
 MULTI30K_SPLITS = ("val", "test_2016_flickr")  # the other test sets stay unused
+# translate and beam_translate read at most translate's max_len tokens, less <s> and </s>
+SOURCE_LIMIT = inspect.signature(translate).parameters["max_len"].default - 2
 
 # name: (description, keyword arguments of translate or beam_translate)
 DECODINGS = {
@@ -127,7 +131,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", type=model_spec, action="append",
                         help="NAME=PATH or PATH of a model to score (repeat for several; "
                              f"default: the shipped {BEST_SHIPPED_MODEL})")
-    parser.add_argument("--decodings", nargs="+", choices=sorted(DECODINGS), default=["greedy"])
+    parser.add_argument("--decodings", nargs="+", choices=sorted(DECODINGS), default=["greedy"],
+                        help="how to decode (default: greedy; make translate and the README's "
+                             "scores use beam4)")
     parser.add_argument("--splits", nargs="+", choices=MULTI30K_SPLITS,
                         help="Multi30k German-English splits to score (default: val "
                              "test_2016_flickr, unless --test is given)")
@@ -169,6 +175,11 @@ def main(argv: list[str] | None = None) -> None:
         tokenizer = None if config.subwords else load_tokenizers()[0]  # spaCy for word models
         pairs, files = sets[split]
         sources, references = zip(*pairs, strict=True)
+        cut = sum(len(encode_text(s, vocab_src, tokenizer)) > SOURCE_LIMIT for s in sources)
+        if cut:  # translate_with reads at most SOURCE_LIMIT tokens of a source
+            tqdm.write(f"evaluate.py: {cut} of {len(sources)} {split} sources are longer than "
+                       f"{SOURCE_LIMIT} tokens and are cut there (their scores suffer)",
+                       file=sys.stderr)
         start = time.perf_counter()
         outputs = decode(model, list(sources), (vocab_src, vocab_tgt), tokenizer, decoding)
         seconds = time.perf_counter() - start

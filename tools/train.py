@@ -42,6 +42,7 @@ status 2, before anything in the checkpoint folder is written or deleted.
 import argparse
 import dataclasses
 import difflib
+import hashlib
 import json
 import os
 import re
@@ -60,6 +61,7 @@ from translate import OneLineParser
 from the_annotated_transformer import (
     MULTI30K_FOLDERS,
     TrainConfig,
+    config_differences,
     config_for_corpus,
     config_for_devices,
     export_for_shipping,
@@ -167,14 +169,39 @@ def user_error(err: Exception) -> str:
     return message
 
 
-def finished_run(config: TrainConfig, model_dir: Path) -> str | None:
-    """What to tell a user whose checkpoint folder holds a run that has done all its epochs."""
+def pairs_sha256(pairs: dict[str, Any] | None) -> str | None:
+    """A fingerprint of the training and validation pairs (None: Multi30k), kept in the model
+    folder's info.json so that a finished run is not taken for a run on other text."""
+    if pairs is None:
+        return None
+    digest = hashlib.sha256()
+    for split in ("train", "val"):
+        for source, target in pairs[split]:
+            digest.update(f"{split}\t{source}\t{target}\n".encode())
+    return digest.hexdigest()
+
+
+def finished_run(config: TrainConfig, model_dir: Path, *, world_size: int = 1,
+                 data: dict[str, Any] | None = None) -> str | None:
+    """What to tell a user whose checkpoint folder holds a run that has done all its epochs,
+    when this request is that run's; a finished run with other settings or other data is
+    refused (status 2), naming the options, since nothing would be trained."""
     path = Path(config.checkpoint_dir) / "last.pt"
     if not path.is_file():
         return None
-    done = load_checkpoint(path)["epoch"]
+    checkpoint = load_checkpoint(path)
+    done = checkpoint["epoch"]
     if done < config.epochs:
         return None
+    changes = config_differences(checkpoint.get("config", {}), config, world_size,
+                                 len(checkpoint.get("rng", [None])))
+    info = model_dir / "info.json"
+    stored = json.loads(info.read_text("utf-8")).get("data") if info.is_file() else None
+    if data is not None and stored and "sha256" in stored and stored["sha256"] != data["sha256"]:
+        changes.append(f"other sentence pairs ({stored.get('train')} in {info})")
+    if changes:
+        raise BadInput(f"{config.checkpoint_dir} holds a finished run that differs from this "
+                       f"request ({'; '.join(changes)}): give {FOLDER_OPTIONS}")
     return (f"the run in {config.checkpoint_dir} has finished: {path} is after epoch {done} of "
             f"{config.epochs}, so there is nothing to train. To train longer, resume with more "
             "epochs (--resume --epochs N, or make train RESUME=1 EPOCHS=N); to start again, "
@@ -184,8 +211,10 @@ def finished_run(config: TrainConfig, model_dir: Path) -> str | None:
 
 def check_folder(config: TrainConfig, args: argparse.Namespace) -> None:
     """Refuse a folder that holds another run, or --resume without a last.pt, before the
-    vocabulary is trained; it only looks (a finished run is answered later, with status 0)."""
-    if not args.overwrite and finished_run(config, Path(".")) is not None:
+    vocabulary is trained; it only looks (a finished run is answered later, once the
+    vocabulary's size is known: status 0 for the same request, 2 for another)."""
+    last = Path(config.checkpoint_dir) / "last.pt"
+    if not args.overwrite and last.is_file() and load_checkpoint(last)["epoch"] >= config.epochs:
         return
     try:
         prepare_checkpoint_dir(config.checkpoint_dir, resume=args.resume,
@@ -270,6 +299,19 @@ def guess_languages(train: list[str], valid: list[str]) -> tuple[str, str]:
         raise BadInput(f"--valid's files are {other[0]}, {other[1]} but --train's are "
                        f"{codes[0]}, {codes[1]}: give both pairs in the same order")
     return codes
+
+
+def too_long(config: TrainConfig, train: list[tuple[str, str]]) -> str | None:
+    """How many training pairs the run will leave out for being longer than max_len pieces
+    (encode_examples drops them), as a line to print; None when there are none."""
+    sp = train_sentencepiece([s for pair in train for s in pair], vocab_size=config.subwords)
+    long = sum(max(len(sp.encode(src)), len(sp.encode(tgt))) + 2 > config.max_len
+               for src, tgt in train)
+    if not long:
+        return None
+    return (f"{long:,} of {len(train):,} training pairs ({long / len(train):.1%}) are longer than "
+            f"max_len={config.max_len} pieces with <s> and </s>, and are left out of training "
+            "(--set max_len=N keeps more, with max_tokens at least N)")
 
 
 def check_vocabulary(config: TrainConfig, train: list[tuple[str, str]], *,
@@ -398,6 +440,9 @@ def prepare(args: argparse.Namespace, world_size: int
                 notes.append(f"subwords={size}: the nearest size to {config.subwords} that "
                              f"the {len(train[: config.train_limit]):,} training pairs allow")
                 config = dataclasses.replace(config, subwords=size)
+            if pairs is not None:  # your own text, or another Multi30k pair: say what is left out
+                dropped = too_long(config, train[: config.train_limit])
+                notes += [dropped] if dropped else []
     except BadInput as err:
         fail(str(err))
     except (OSError, ValueError) as err:  # Multi30k missing and not downloadable, or corrupt
@@ -442,7 +487,8 @@ def main(argv: list[str] | None = None) -> None:
     model_dir = Path(args.model_dir or Path(config.checkpoint_dir) / "model")
     data = None if pairs is None else {
         "train": args.train or "Multi30k train", "valid": args.valid or "Multi30k val",
-        "train_pairs": len(pairs["train"]), "valid_pairs": len(pairs["val"])}
+        "train_pairs": len(pairs["train"]), "valid_pairs": len(pairs["val"]),
+        "sha256": pairs_sha256(pairs)}
     if rank0:
         for line in notes:  # how the settings were chosen, one line each
             print(("" if line.endswith(":") else "  ") + line, file=sys.stderr)
@@ -454,7 +500,8 @@ def main(argv: list[str] | None = None) -> None:
     options = {"resume": args.resume, "overwrite": args.overwrite, "threads": args.threads,
                "save_every": args.save_every, "pairs": pairs}
     try:
-        message = None if args.overwrite else finished_run(config, model_dir)
+        message = None if args.overwrite else finished_run(config, model_dir,
+                                                           world_size=world_size, data=data)
         if message is None and torchrun:
             train_worker(config=config, **options)
         elif message is None:

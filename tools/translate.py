@@ -168,7 +168,8 @@ def main(argv: list[str] | None = None, stdin: BinaryIO | None = None,
             parts = split_long(words, limit, model_tokens)
         if len(parts) > 1:
             print(f"translate.py: line {number + 1} has {tokens} tokens, more than the "
-                  f"model's {limit}: translated in {len(parts)} pieces", file=sys.stderr)
+                  f"{limit} that translation reads at once: translated in {len(parts)} "
+                  "pieces", file=sys.stderr)
         pieces += parts
         owner += [number] * len(parts)
     languages = model_languages(args.checkpoint)
