@@ -20,7 +20,8 @@
 #   make train   train a translator with the book's best recipe (cpu_fast_dropout): on Multi30k,
 #                LANGS="en fr" for another of its pairs, or on your files, sized to them:
 #                TRAIN="src tgt" VALID="src tgt"; CONFIG=cpu|base|... SET="dropout=0.3"
-#                DEVICES=1 EPOCHS= RESUME=1 OVERWRITE=1 CHECKPOINT_DIR= (tools/train.py)
+#                DEVICES=1 EPOCHS= RESUME=1 OVERWRITE=1 CHECKPOINT_DIR= SAVE_EVERY=
+#                (tools/train.py; RESUME=1 continues the run that the other variables name)
 #   make translate   German on stdin, English on stdout (CHECKPOINT= to pick another model)
 #   make bench   training and decoding speed of the readable and fast paths (chapter 21),
 #                about 10 minutes on a CPU; writes book/data/bench_cpu.json (or _cuda)
@@ -116,7 +117,8 @@ train: $(CLI_LAYER)
 	$(PY) tools/train.py $(if $(CONFIG),--config $(CONFIG)) --devices $(DEVICES) \
 		$(if $(TRAIN),--train $(TRAIN)) $(if $(VALID),--valid $(VALID)) $(if $(LANGS),--langs $(LANGS)) \
 		$(addprefix --set ,$(SET)) $(if $(EPOCHS),--epochs $(EPOCHS)) $(if $(RESUME),--resume) \
-		$(if $(OVERWRITE),--overwrite) $(if $(CHECKPOINT_DIR),--checkpoint-dir $(CHECKPOINT_DIR))
+		$(if $(OVERWRITE),--overwrite) $(if $(CHECKPOINT_DIR),--checkpoint-dir $(CHECKPOINT_DIR)) \
+		$(if $(SAVE_EVERY),--save-every $(SAVE_EVERY))
 
 translate: $(CLI_LAYER)
 	@$(PY) tools/translate.py $(if $(CHECKPOINT),--checkpoint $(CHECKPOINT))
@@ -152,17 +154,15 @@ gpu-check: $(TEST_LAYER)
 # and 32k tokens in float32, TF32 and bfloat16 (and torch.compile); all into GPU_RUN_OUT. The
 # bench keeps to an 8-minute budget; the training's time on a GPU is not measured yet.
 # `python tools/gpu_run.py --dry-run --out FILE` takes the same steps on a CPU, tiny
-# (tests/test_gpu_run.py runs it).
-# Nothing is downloaded: on a lent device machine, which gets the repository only and whose
-# python3 holds torch, copy Multi30k into the ignored folder data/ here first
-# (mkdir -p data && cp -r /work/shared/data/multi30k data/), then run, carrying it:
-#   run(command="set -o pipefail; MULTI30K_DIR=data/multi30k PYTHONUNBUFFERED=1 python3
-#       tools/gpu_run.py --out $OUT/gpu_run_cuda.json --export $OUT/multi30k_gpu 2>&1
-#       | tee $OUT/gpu_run.log", carry=["data/multi30k"], timeout_s=600)
-# and copy the returned gpu_run_cuda.json to book/data/ (multi30k_gpu/: the averaged model).
+# (tests/test_gpu_run.py runs it). gpu_run.py downloads nothing, so the target first fetches
+# the Multi30k splits it reads (as `make train` would; MULTI30K_DIR points elsewhere); its
+# first step runs pytest, which comes with the test layer. A machine without a network:
+# CONTRIBUTING.md, "Training and translating: the details".
 GPU_RUN_OUT ?= book/data/gpu_run_cuda.json
 .PHONY: gpu-run
-gpu-run: $(CLI_LAYER)
+gpu-run: $(TEST_LAYER)
+	$(PY) -c "from the_annotated_transformer import load_multi30k; \
+		[load_multi30k(split) for split in ('train', 'val', 'test_2016_flickr')]"
 	$(PY) tools/gpu_run.py --out $(GPU_RUN_OUT)
 
 bench: $(CLI_LAYER)

@@ -27,18 +27,11 @@ and the bench's rows. It is rewritten after each step, so a run cut
 short leaves what it measured ("complete" is false until the end).
 
 The data is never downloaded here: Multi30k must be in multi30k_dir() ($MULTI30K_DIR,
-../shared/data/multi30k, or the cache). A lent device machine gets the repository only, so copy
-the data into the ignored folder data/ and carry it there:
-
-    mkdir -p data && cp -r /work/shared/data/multi30k data/    # here, once
-    # the device tool's run: carry ["data/multi30k"], timeout_s 600, command:
-    set -o pipefail; MULTI30K_DIR=data/multi30k PYTHONUNBUFFERED=1 python3 tools/gpu_run.py \\
-        --out $OUT/gpu_run_cuda.json --export $OUT/multi30k_gpu 2>&1 | tee $OUT/gpu_run.log
-
-and copy the returned gpu_run_cuda.json to book/data/ (--export also brings back the averaged
-model, in half precision as the book ships models: model.pt, subwords.model, info.json). The
-machine's python3 holds torch, sacreBLEU, sentencepiece and pytest; a subword run needs no
-spaCy.
+../shared/data/multi30k, or the cache, where `make gpu-run` and `make train` download it).
+--export DIR also writes the averaged model, in half precision as the book ships models
+(model.pt, subwords.model, info.json). Step 1 needs pytest (the test layer); a subword run
+needs no spaCy.
+CONTRIBUTING.md says how to run it on a machine without a network.
 
 Exit status 0 when every step ran; 1 when one failed (a GPU test, the training, a number out of
 range), after writing what was measured; 2 for bad input (no CUDA without --dry-run, no
@@ -202,9 +195,8 @@ def check_data() -> Path:
     if missing:
         raise BadInput(
             f"Multi30k is not in {folder} (missing {', '.join(missing)}); nothing is downloaded "
-            "here: set MULTI30K_DIR to a folder that holds it (for a device machine: copy "
-            "/work/shared/data/multi30k into data/, carry data/multi30k, "
-            "MULTI30K_DIR=data/multi30k)")
+            "here: set MULTI30K_DIR to a folder that holds it, or run `make gpu-run`, which "
+            "downloads it first")
     return folder
 
 

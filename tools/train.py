@@ -6,7 +6,7 @@
     python tools/train.py --train a.en b.fr --valid c.en d.fr --set dropout=0.3 --set epochs=20
     python tools/train.py --config cpu                         # chapter 14's word-level model
     python tools/train.py --config base --devices 4            # four GPUs of this machine
-    python tools/train.py --config base --batch-tokens 25000   # the paper's batch, accumulated
+    python tools/train.py --config base --batch-tokens 25000   # about the paper's batch
     torchrun --nproc_per_node=8 tools/train.py --config base   # started by torchrun
     python tools/train.py --resume                             # continue after an interruption
     python tools/train.py --config base --save-every 500       # also a checkpoint every 500 steps
@@ -35,8 +35,11 @@ model folder (--model-dir, by default <checkpoint-dir>/model) that tools/transla
 
 Bad input (a missing file, bad bytes, an empty line, files of unequal length, a vocabulary
 larger than the text allows, an unknown --set field or a bad value, a schedule that would not
-leave its warm-up, a folder that holds another run) ends with one line on stderr and exit
-status 2, before anything in the checkpoint folder is written or deleted.
+leave its warm-up, a folder that holds another run, a finished one included unless this is its
+own command) ends with one line on stderr and exit status 2, before anything in the checkpoint
+folder is written or deleted (the ranks' per-epoch batch check, under several processes, comes
+after; see book/appendix_distributed.ipynb). Training pairs longer than max_len pieces are
+left out of training, and the run says how many.
 """
 
 import argparse
@@ -258,12 +261,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="micro-batches accumulated per optimizer step on each device")
     parser.add_argument("--batch-tokens", type=int,
                         help="choose --accum-iter so that one optimizer step sees about this "
-                             "many padded tokens over all processes (the paper: 25000)")
+                             "many padded tokens over all processes (25000: about the paper's "
+                             "batch, which counted 25,000 source and 25,000 target tokens "
+                             "without padding)")
     parser.add_argument("--bleu-every", type=int,
                         help="greedy validation BLEU every N epochs (0: never); keeps best.pt")
     parser.add_argument("--checkpoint-dir",
-                        help="folder for last.pt and the vocabularies (default: the preset's, "
-                             "or checkpoints/SRC-TGT_CONFIG for --train)")
+                        help="folder for last.pt and the vocabularies (default: the preset's; "
+                             "checkpoints/SRC-TGT for --train sized by config_for_corpus; "
+                             "checkpoints/SRC-TGT_CONFIG with --config, or for another "
+                             "Multi30k pair with --langs)")
     parser.add_argument("--threads", type=int,
                         help="CPU threads per process (default: the cores shared among processes)")
     parser.add_argument("--save-every", type=int, default=0, metavar="N",
