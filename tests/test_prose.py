@@ -62,8 +62,10 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("12_copy_task", "20,000"): "the exercise's input (its answer draws 20_000 sequences)",
     ("14_multi30k_training", "25,000"): CITED + " (the paper's §5.1: tokens per batch)",
     ("14_multi30k_training", "29,000"): PAIRS,
-    ("14_multi30k_training", "305"): "len(multi30k_loader(...)) over the 29,000 training pairs "
-                                     "at 1,500 tokens, the cpu preset's batches per epoch",
+    ("14_multi30k_training", "305"): "the cpu preset's micro-batches per epoch, printed by "
+                                     "chapter 22's schedule cell",
+    ("14_multi30k_training", "10.6"): CITED + " (NVIDIA's P100 datasheet: the SXM2 part's FP32 "
+                                      "peak)",
     ("14_multi30k_training", "4,000"): CITED + " (the paper's §5.3: warm-up steps)",
     ("15_beam_search", "6,190"): "the English vocabulary's size, printed by chapter 14",
     ("17_subword_vocabularies", "10.8"): "the 10,757,166 parameters printed below, in millions",
