@@ -234,3 +234,19 @@ def test_the_weights_checksum_depends_on_the_weights_only():
     changed = {"a": torch.ones(2, 2), "b": torch.tensor([0.0, 1.0, 2.5])}
     assert gpu_run.weights_sha256(weights) == gpu_run.weights_sha256(same)
     assert gpu_run.weights_sha256(weights) != gpu_run.weights_sha256(changed)
+
+
+def test_make_gpu_run_has_pytest_and_multi30k_before_gpu_run_starts():
+    """Step 1 runs pytest (the test layer), and gpu_run.py downloads nothing: the target
+    fetches Multi30k's splits first, as make train would."""
+    text = (ROOT / "Makefile").read_text("utf-8")
+    rule = text.split("\ngpu-run:", 1)[1].split("\n\n", 1)[0]
+    assert rule.split("\n", 1)[0].split() == ["$(TEST_LAYER)"]
+    fetch, run = rule.index("load_multi30k(split)"), rule.index("tools/gpu_run.py")
+    assert fetch < run and all(split in rule for split in gpu_run.SPLITS)
+
+
+def test_reader_facing_files_carry_no_device_machine_instructions():
+    for path in ("README.md", "Makefile", "tools/gpu_run.py"):
+        text = (ROOT / path).read_text("utf-8")
+        assert "/work/" not in text and "carry" not in text, path

@@ -132,6 +132,19 @@ def test_evaluate_scores_the_folder_with_bleu_and_chrf_and_their_signatures(data
     assert entry["chrf"] == round(chrf, 2) and entry["bleu"] >= 0.0
 
 
+def test_evaluate_says_how_many_sources_it_cuts_at_70_tokens(data, model_dir, tmp_path,
+                                                            capfd):
+    lines = first_lines(ENGLISH / "val.en.gz", 3)
+    lines[1] = " ".join([lines[1]] * 12)  # far over 70 pieces
+    source, reference = tmp_path / "long.en", tmp_path / "long.fr"
+    source.write_text("\n".join(lines) + "\n", "utf-8")
+    reference.write_text("\n".join(first_lines(FRENCH / "val.fr.gz", 3)) + "\n", "utf-8")
+    load_tool("evaluate").main(["--model", f"en-fr={model_dir}", "--test", str(source),
+                                str(reference)])
+    assert "evaluate.py: 1 of 3 long sources are longer than 70 tokens and are cut there" in (
+        capfd.readouterr().err)
+
+
 def test_evaluate_refuses_multi30k_german_english_splits_for_an_en_fr_model(model_dir, tmp_path,
                                                                             capfd):
     with pytest.raises(SystemExit) as exit_:
@@ -296,8 +309,10 @@ def test_train_langs_en_fr_trains_on_multi30k_english_french(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     info = json.loads((tmp_path / "run" / "model" / "info.json").read_text("utf-8"))
     assert info["languages"] == {"src": "en", "tgt": "fr"}
+    sha256 = info["data"].pop("sha256")  # of the pairs: a finished run knows its text
     assert info["data"] == {"train": "Multi30k train", "valid": "Multi30k val",
                             "train_pairs": 29_000, "valid_pairs": 1_014}
+    assert re.fullmatch(r"[0-9a-f]{64}", sha256)
 
 
 # A refused run loses nothing: every check runs before a file is written or deleted.

@@ -37,9 +37,8 @@ Bad input (a missing file, bad bytes, an empty line, files of unequal length, a 
 larger than the text allows, an unknown --set field or a bad value, a schedule that would not
 leave its warm-up, a folder that holds another run, a finished one included unless this is its
 own command) ends with one line on stderr and exit status 2, before anything in the checkpoint
-folder is written or deleted (the ranks' per-epoch batch check, under several processes, comes
-after; see book/appendix_distributed.ipynb). Training pairs longer than max_len pieces are
-left out of training, and the run says how many.
+folder is written or deleted. Training pairs longer than max_len pieces are left out of
+training, and the run says how many.
 """
 
 import argparse
