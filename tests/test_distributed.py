@@ -142,6 +142,8 @@ def test_a_node_with_other_data_stops_both_with_the_batch_count_error(tmp_path):
     for code, out in results:
         assert code != 0
         assert "the ranks disagree on the number of training batches per rank" in out, out
+    for folder in (tmp_path / "a", tmp_path / "b"):  # refused before anything was written
+        assert not folder.exists() or not any(folder.iterdir()), sorted(folder.iterdir())
 
 
 @pytest.mark.parametrize(("save_every", "resumed_at"), [
