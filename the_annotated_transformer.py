@@ -5820,6 +5820,17 @@ def checkpointed_batches(
         yield batch
 
 
+def check_batches(process: Process, train_loader: DataLoader, epoch: int) -> None:
+    """Stop every rank when the ranks' batch counts or batch lists of `epoch` differ."""
+    sampler = train_loader.batch_sampler
+    sampler.set_epoch(epoch)  # a new order, the same on every rank
+    check_same_on_all_ranks(
+        process, [len(train_loader), fingerprint(sampler.batches())],
+        f"the number of training batches per rank and the batch list of epoch {epoch + 1} "
+        "(every rank must see the same sentence pairs, max_tokens and seed)",
+    )
+
+
 def train_epochs(
     process: Process,
     config: TrainConfig,
@@ -5840,13 +5851,7 @@ def train_epochs(
     walls = []  # each epoch's wall-clock time, validation and checkpoint included
     for epoch in range(run.epoch, config.epochs):
         wall = time.perf_counter()
-        sampler = train_loader.batch_sampler
-        sampler.set_epoch(epoch)  # a new order, the same on every rank
-        check_same_on_all_ranks(
-            process, [len(train_loader), fingerprint(sampler.batches())],
-            f"the number of training batches per rank and the batch list of epoch {epoch + 1} "
-            "(every rank must see the same sentence pairs, max_tokens and seed)",
-        )
+        check_batches(process, train_loader, epoch)
         bar = None
         if progress and process.rank == 0:
             from tqdm.auto import tqdm
@@ -5969,6 +5974,7 @@ def train_worker(
                              warmup=plan["warmup"], total=plan["total_steps"])
         resume_run(process, config, run, resuming=resuming)
         if not resuming:  # every check has passed: only now is anything written or deleted
+            check_batches(process, data.train_loader, run.epoch)  # the ranks agree on the data
             start_run_folder(process, config, data, overwrite=overwrite, restarted=restarted)
         if process.distributed:  # only now: every rank holds rank 0's state
             run.model = wrap_ddp(run.model, process.device)
@@ -6195,13 +6201,15 @@ def length_histogram(pairs: Sequence[tuple[Sequence[str], Sequence[str]]], *, ti
 import math
 from typing import Any
 
-SMALL_CORPUS, LARGE_CORPUS, HUGE_CORPUS = 10_000, 100_000, 1_000_000  # pairs: the table's rows
+# pairs: the book's own thresholds, one below the table's rows and one at its last, untried
+SMALL_CORPUS, HUGE_CORPUS = 10_000, 1_000_000
 
 
 def config_for_corpus(pairs: int) -> list[tuple[dict[str, Any], str]]:
     """The TrainConfig fields that depend on how many training pairs there are, in groups,
-    each with its reason: chapter 18's table of settings by data size as rules, anchored at
-    Multi30k's size, which gets cpu_fast_dropout's values."""
+    each with its reason: the book's extrapolation of the directions in chapter 18's table,
+    anchored at Multi30k's size, which gets cpu_fast_dropout's values. Every size peaks at
+    Multi30k's rate, which is also the paper's (6.99e-4)."""
     if isinstance(pairs, bool) or not isinstance(pairs, int) or pairs < 1:
         raise ValueError(f"pairs must be a positive integer, got {pairs!r}")
     anchor, recipe = MULTI30K_SPLITS["train"], training_config("cpu_fast_dropout")
@@ -6211,18 +6219,19 @@ def config_for_corpus(pairs: int) -> list[tuple[dict[str, Any], str]]:
     choices = [({"subwords": subwords}, f"{recipe.subwords:,} pieces at {anchor:,} pairs times "
                 f"the square root of {pairs:,} / {anchor:,}, in steps of 500 within 1,000 to "
                 "32,000: fewer merges for less text")]
-    # 2) the model: smaller and shallower below the table's first row, the paper's above it
+    # 2) the model: smaller below the table's rows, chapter 21's (smaller and shallower than
+    # the paper's) up to its last row, the paper's base model there
     if pairs < SMALL_CORPUS:
         model, why = {"N": 2, "d_model": 256, "d_ff": 512, "h": 4}, (
             f"under {SMALL_CORPUS:,} pairs, a smaller, shallower model than chapter 21's")
-    elif pairs < LARGE_CORPUS:
+    elif pairs < HUGE_CORPUS:
         model, why = {"N": recipe.N, "d_model": recipe.d_model, "d_ff": recipe.d_ff,
                       "h": recipe.h}, f"chapter 21's model, for {SMALL_CORPUS:,} to "\
-                                      f"{LARGE_CORPUS:,} pairs"
+                                      f"{HUGE_CORPUS:,} pairs"
     else:
         base = TrainConfig()
         model, why = {"N": base.N, "d_model": base.d_model, "d_ff": base.d_ff, "h": base.h}, (
-            f"the paper's base model, from {LARGE_CORPUS:,} pairs")
+            f"the paper's base model, from {HUGE_CORPUS:,} pairs")
     choices.append((model, why))
     # 3) dropout: stronger for less text, at the paper's sites
     if pairs < SMALL_CORPUS:
@@ -6230,27 +6239,34 @@ def config_for_corpus(pairs: int) -> list[tuple[dict[str, Any], str]]:
                         f"{SMALL_CORPUS:,} pairs, at the paper's sites"))
     else:
         choices.append(({"dropout": recipe.dropout}, "the paper's rate at the paper's sites"))
-    # 4) the warm-up covers the same share of the text as Multi30k's; the paper's from a million
+    # 4) the warm-up and the peak rate, factor x d_model^-0.5 x warmup^-0.5 (rate): lr_factor
+    # keeps the peak where Multi30k's is (and the paper's: 1 x 512^-0.5 x 4000^-0.5 is the same)
     if pairs >= HUGE_CORPUS:
-        accum = round(25_000 / recipe.max_tokens)  # micro-batches in one of the paper's steps
-        choices.append(({"batch_tokens": 25_000, "warmup": 4_000 * accum},
-                        f"the paper's batch and its 4,000 warm-up steps, from {HUGE_CORPUS:,} "
-                        f"pairs ({accum} micro-batches of {recipe.max_tokens} tokens a step)"))
-    else:  # a shorter warm-up peaks higher (rate); lr_factor keeps Multi30k's peak
+        accum = round(25_000 / recipe.max_tokens)  # micro-batches in one step of 25,000 tokens
+        choices.append(({"batch_tokens": 25_000, "warmup": 4_000 * accum, "lr_factor": 1.0},
+                        f"from {HUGE_CORPUS:,} pairs, the paper's 4,000 warm-up steps and factor "
+                        f"1, so its peak rate, at 25,000 padded tokens a step ({accum} "
+                        f"micro-batches of {recipe.max_tokens}; the paper's step held about "
+                        "25,000 source and 25,000 target tokens, without padding)"))
+    else:
         warmup = max(1, round(recipe.warmup * min(1.0, scale)))
-        lr_factor = round(recipe.lr_factor * math.sqrt(warmup / recipe.warmup), 4)
+        lr_factor = round(recipe.lr_factor * math.sqrt(warmup / recipe.warmup)
+                          * math.sqrt(model["d_model"] / recipe.d_model), 4)
+        share = ("scaled down with the pairs, so that it covers the same share of the text"
+                 if pairs < anchor else "kept, so that it covers a smaller share of more text")
         choices.append(({"warmup": warmup, "lr_factor": lr_factor},
-                        f"{recipe.warmup:,} micro-batches at {anchor:,} pairs, scaled down with "
-                        "the pairs, so that the warm-up covers the same share of the text; "
+                        f"{recipe.warmup:,} warm-up micro-batches at {anchor:,} pairs, {share}; "
                         "lr_factor keeps the peak rate where Multi30k's is"))
     # 5) the run: Multi30k's optimizer steps for less text (at most 100 epochs), its epochs
     # for more; validation BLEU about as often per run as Multi30k's
     epochs = recipe.epochs if pairs >= anchor else min(100, round(recipe.epochs / scale))
     bleu_every = math.ceil(epochs / recipe.epochs)
     choices.append(({"epochs": epochs, "bleu_every": bleu_every},
-                    f"{recipe.epochs} epochs at {anchor:,} pairs; fewer pairs, more epochs "
-                    f"(about Multi30k's optimizer steps, at most 100 epochs); BLEU about "
-                    f"{recipe.epochs} times a run"))
+                    f"{recipe.epochs} epochs at {anchor:,} pairs"
+                    + (", kept" if pairs >= anchor else "; fewer pairs, more epochs (about "
+                       "Multi30k's optimizer steps, at most 100 epochs)")
+                    + f"; validation BLEU every {bleu_every} epoch(s), about {recipe.epochs} "
+                    "times a run"))
     return choices
 
 

@@ -169,8 +169,8 @@ assert torch.allclose(padded[:, :3], alone, atol=1e-6)
 # ## Exercises
 #
 # 1. **The masks by hand.** For the target row `[BOS_ID, 5, EOS_ID, PAD_ID, PAD_ID]`, write down
-#    without running anything the decoder input, the labels, `tgt_mask` (a nested list of 0 and
-#    1) and `ntokens` that `Batch` makes. The check compares.
+#    without running anything the decoder input, the labels, `tgt_mask` (a nested list of
+#    0 and 1) and `ntokens` that `Batch` makes. The check compares.
 # 2. **Padding on the left.** Some decoders pad on the *left*, so that every row's last token
 #    lines up. With the row `<blank> <blank> <s> 8 </s>` and only the causal mask
 #    `subsequent_mask(5)`, do the attention outputs at the three real positions differ from those

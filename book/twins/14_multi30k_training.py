@@ -62,24 +62,27 @@ enable_book_charts()
 #   schedule), for GPUs. Multi30k is tiny next to WMT: with the paper's batches of 25,000 tokens
 #   an epoch would be about sixteen optimizer steps. So a batch holds 4,096 padded tokens per GPU
 #   and the warm-up is 1,000 steps instead of 4,000, with `lr_factor=0.5`, which keeps the
-#   paper's peak learning rate, $0.5 \cdot 512^{-0.5} \cdot 1000^{-0.5} \approx 0.0007$. It is a
-#   starting point, not a tested recipe: its steps run on a GPU (`make gpu-check`, chapter 22),
-#   but nobody has trained it to the end for the book.
+#   paper's peak learning rate on one GPU, $0.5 \cdot 512^{-0.5} \cdot 1000^{-0.5} \approx 0.0007$.
+#   It is a starting point, not a tested recipe: its steps run on a GPU (`make gpu-check`,
+#   chapter 22), but nobody has trained it to the end for the book.
 # * **`cpu`** is a small model for a 2-core CPU: $N=3$, $d_{\text{model}}=256$,
 #   $d_{\text{ff}}=1024$, $h=8$.
 #
 # `max_tokens` is a budget **per device and per micro-batch**, what one process's memory must
 # hold; with $R$ processes one optimizer step sees $R \times$ `accum_iter` $\times$ `max_tokens`
-# padded tokens, so more devices enlarge the global batch. The paper's batch is reached by
-# accumulation: `tools/train.py --batch-tokens 25000` picks the `accum_iter` that comes nearest
-# for the processes it runs with (6 on one GPU, 1 on eight). With $k = R \times$ `accum_iter`
-# micro-batches per step an epoch has about $k$ times fewer optimizer steps, so `warmup` counts
-# the steps of one process without accumulation: a run with $k$ warms up for `warmup`$/k$ steps,
+# padded tokens, so more devices enlarge the global batch. A batch of the paper's size is reached
+# by accumulation: `tools/train.py --batch-tokens 25000` picks the `accum_iter` that comes nearest
+# 25,000 padded tokens for the processes it runs with (6 on one GPU, 1 on eight); the paper
+# counted real tokens, and padded ones hold fewer (chapter 22 prints how many). With
+# $k = R \times$ `accum_iter` micro-batches per step an epoch has about $k$ times fewer optimizer
+# steps, so `warmup` counts the steps of one process without accumulation: a run with $k$ warms up for `warmup`$/k$ steps,
 # over the same share of the data, and since chapter 10's peak falls as the square root of the
 # warm-up, its peak rate is $\sqrt{k}$ times higher; only `base` given `--batch-tokens` divides
-# `lr_factor` by about $\sqrt{k}$ to keep the paper's peak. Before the first step `schedule_steps`
-# prints the plan and refuses a run too short for its rate to peak and decay; a resumed run must keep
-# $R \times$ `accum_iter`.
+# `lr_factor` by the square root of `batch_tokens` / 4,096, its own micro-batches in the batch, to
+# keep the paper's peak (appendix {doc}`appendix_performance` grows `TrainConfig` with
+# `batch_tokens` and this rule). Before the first step the worker prints the plan that
+# `schedule_steps` computes, which refuses a run too short for its rate to peak and decay; a
+# resumed run must keep $R \times$ `accum_iter`.
 #
 # Both presets keep separate German and English vocabularies (below), so the embeddings cannot
 # be shared as the paper's joint byte-pair vocabulary allowed; chapter 17 grows this
@@ -156,8 +159,8 @@ def training_config(name: str, **overrides) -> TrainConfig:
 # One thread, because the two threads of a matrix product wait for each other, and on a shared
 # machine another job keeps taking one of their cores; so `tools/train.py` has a `--threads`
 # option, and the training worker ({doc}`appendix_distributed`) never gives its processes more threads than there are cores.
-# Its warm-up of 1,000 steps covers a little over three of its twelve epochs of 305 steps, and
-# `lr_factor=0.5` makes its peak learning rate
+# Its warm-up of 1,000 steps covers a little over three of its twelve epochs of 305 steps (chapter 22
+# counts them), and `lr_factor=0.5` makes its peak learning rate
 # $0.5 \cdot 256^{-0.5} \cdot 1000^{-0.5} \approx 0.001$.
 
 # %%
@@ -180,12 +183,13 @@ for bad in ({"d_model": 100, "h": 8}, {"max_tokens": 0}):
 #
 # By the paper's account, it trained its base model for 100,000 steps of 0.4 seconds on 8 NVIDIA
 # P100 GPUs and the big model for 300,000 steps of 1.0 second, and its Table 2 gives a training
-# cost of GPUs $\times$ time $\times$ an assumed 9.5 TFLOP/s per GPU: a budget, not what was
-# used. What a run uses can be estimated. A weight costs 2 FLOPs per token forward (a multiply
-# and an add) and about twice that backward, so training costs about
+# cost of GPUs $\times$ time $\times$ an assumed 9.5 TFLOP/s per GPU, which the paper calls
+# an estimate of the operations used; it is what the GPUs could have done at that rate, a budget
+# rather than a count. What a run uses can be estimated. A weight costs 2 FLOPs per token
+# forward (a multiply and an add) and about twice that backward, so training costs about
 # $6 \times \text{parameters} \times \text{tokens}$, plus attention's own products, a few percent
-# at these sentence lengths (chapter 6 shows where that changes). NVIDIA's datasheet gives a P100
-# a 32-bit peak of 9.3 TFLOP/s.
+# at these sentence lengths (chapter 6 shows where that changes). NVIDIA's datasheet gives the PCIe
+# P100 a 32-bit peak of 9.3 TFLOP/s (10.6 for the SXM2 part; the paper does not say which).
 
 # %%
 import torch
@@ -552,8 +556,8 @@ for pool_size in [512, 2048, 8192, None]:
           f"{padding_fraction(batches, src_lengths, tgt_lengths):.1%} padding")
 
 # %% [markdown]
-# The whole-set sort wastes the least, and it does not freeze the batches: thousands of sentences
-# share each length, and the shuffle before the sort mixes them differently every epoch.
+# The whole-set sort wastes the least, and it does not freeze the batches: hundreds of sentences
+# share each common length, and the shuffle before the sort mixes them differently every epoch.
 #
 # **Run files and batches.** A run builds its vocabularies once, on its first process (its
 # *rank* 0; chapter 22 runs several), and writes them as JSON into the checkpoint folder. The
@@ -1028,7 +1032,7 @@ assert detokenize(tokens) == 'A man in a T-shirt doesn\'t smile (really), he\'s 
 #     command='python tools/train.py --config cpu --threads 1')"
 # ```
 #
-# (`make train CONFIG=cpu` runs the first line, and `make train CONFIG=cpu RESUME=1` continues an interrupted run from
+# (`make train CONFIG=cpu` runs the first line without `--threads 1`, and `make train CONFIG=cpu RESUME=1` continues an interrupted run from
 # its last checkpoint.) `export_for_shipping` keeps the weights in half precision, the two
 # vocabularies, and an `info.json` with the configuration, the variant, the command, the training
 # time and the hardware. `load_trained_model` builds the model from them in float32; outside a
@@ -1076,7 +1080,8 @@ print("sacreBLEU signature:", signature)
 # Twelve epochs, 67 minutes on one core of this book's CPU, give **37.8 BLEU on the validation
 # set and 37.6 on the 2016 Flickr test set**, with greedy decoding that never writes `<unk>`
 # (chapter 18 explains the ban and measures what allowing `<unk>` costs). These numbers are not
-# comparable with the paper's 27.3 on WMT 2014: Multi30k's short, literal descriptions of
+# comparable with the paper's 27.3 (base model, English to German, WMT
+# 2014): Multi30k's short, literal descriptions of
 # photographs are a much easier task than news text. In the chart above, look for the validation
 # loss flattening while the training loss keeps falling: more epochs of this model would buy
 # little; a larger model, beam search (chapter 15), checkpoint averaging (chapter 16) or a subword
@@ -1086,12 +1091,12 @@ print("sacreBLEU signature:", signature)
 # translation:
 
 # %%
-pd.set_option("display.max_colwidth", 80)
+pd.set_option("display.max_colwidth", None)  # whole sentences: the text below quotes them
 table = translation_table(model, val_pairs, vocab_src, vocab_tgt, tokenizers[0], n=10)
 pd.DataFrame(table)
 
 # %% [markdown]
-# Most translations are fluent and close to the reference, often with a different but correct
+# All ten read fluently, and half are close to the reference, some in a different but correct
 # word order ("sleeping on a couch in a green room"). The errors are instructive. A German word
 # that is not in the vocabulary reaches the model as `<unk>`, and since the decoder never writes
 # `<unk>`, the model fills the gap with something plausible but wrong: *Baumwolle* (cotton)
@@ -1102,10 +1107,12 @@ pd.DataFrame(table)
 # vocabulary's: *Mountainbike* is in the German vocabulary, and the model still drops the bike.
 #
 # Translation from the command line is a pipe, German in and English out, one sentence per line,
-# with this shipped model:
+# here with this chapter's model and greedy decoding (without `--checkpoint`, or through
+# `make -s translate`, it uses the book's best shipped model, chapter 21's, with beam search):
 #
 # ```bash
-# echo "Ein Hund rennt durch den Schnee." | make -s translate
+# echo "Ein Hund rennt durch den Schnee." | \
+#     python tools/translate.py --checkpoint book/models/multi30k_cpu --beam 1
 # ```
 
 # %% [markdown]

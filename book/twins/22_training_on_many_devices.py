@@ -1,14 +1,14 @@
 # %% [markdown]
 # # Training on many devices
 #
-# Chapter 14 trained the shipped model with one command, `python tools/train.py --config cpu`.
-# The same command trains on several GPUs of one machine, or on several machines, with PyTorch's
+# Chapter 14 trained the shipped model with one command,
+# `python tools/train.py --config cpu --threads 1`. The same command trains on several GPUs of one machine, or on several machines, with PyTorch's
 # `DistributedDataParallel` (DDP): every device holds a copy of the model and trains on its own
 # share of the batches, and the copies stay equal because each takes the same averaged gradient
 # step. This chapter grows Part II's data loader and training loop for that. Four rules carry it:
 # every process gets an equal share of the batches, the loss is divided by the tokens of all
 # processes, gradients are exchanged once per optimizer step, and the schedule counts optimizer
-# steps. It ends with the commands that start a run, and a run small enough for this notebook.
+# steps.
 
 # %% tags=["setup", "hide-cell"]
 # Setup (hidden in the book): in Colab, install the book's package; everywhere, import what
@@ -419,13 +419,13 @@ def evaluate(
 # shorter warm-up the learning rate peaks $\sqrt{k}$ times higher. It also refuses a run that is
 # not at least a quarter longer than its warm-up: its learning rate would peak too late to decay.
 #
-# A preset with `batch_tokens` fixes the global batch instead. `config_for_devices` picks the
-# `accum_iter` that comes nearest it for the devices present; where that would overshoot the
-# batch, each device takes an equal share of it, and `warmup` is scaled to count the same tokens.
-# A preset whose budget per device is its whole batch, as `gpu`'s is, thus keeps its batch,
-# warm-up and peak on any number of devices. The `base` preset with `batch_tokens` keeps the
-# paper's peak rate: its `lr_factor` shrinks by the square root of the micro-batches that the
-# batch spans, which undoes the $\sqrt{k}$ rise.
+# A preset with `batch_tokens` fixes the global batch instead. `config_for_devices` (appendix
+# {doc}`appendix_performance`) picks the `accum_iter` that comes nearest it for the devices
+# present; where that would overshoot the batch, each device takes an equal share of it, and `warmup` is scaled to count the same tokens.
+# A preset whose budget per device is its whole batch, as `gpu`'s is, thus keeps its padded
+# batch, warm-up and peak on any number of devices; its real tokens a step vary a little. The
+# `base` preset with `batch_tokens` keeps the paper's peak rate: its `lr_factor` shrinks by the
+# square root of `batch_tokens` / 4,096, its own budget, which undoes the shorter warm-up's rise.
 
 # %% tags=["export"]
 import math
@@ -456,8 +456,8 @@ def schedule_steps(config: TrainConfig, *, batches_per_epoch: int, world_size: i
 
 
 # %% [markdown]
-# The `base` preset's schedule on one GPU and on eight, counted on Multi30k's own sentence
-# lengths: each of the eight GPUs gets an eighth of the micro-batches, and the warm-up shrinks
+# The `base` preset's schedule on one GPU and on eight, and `cpu`'s, counted on Multi30k's own
+# sentence lengths: each of the eight GPUs gets an eighth of the micro-batches, and the warm-up shrinks
 # with the number of steps.
 
 # %%
@@ -466,19 +466,20 @@ tokenizers = load_tokenizers()
 small_src, small_tgt = multi30k_vocabularies(TrainConfig(), tokenizers, save=False,
                                              pairs=load_multi30k("train")[:400])
 examples = encode_examples(load_multi30k("train"), small_src, small_tgt, tokenizers, max_len=72)
-base = training_config("base")
-for devices in (1, 8):
-    per_device = len(multi30k_loader(examples, max_tokens=base.max_tokens, shuffle=True,
+for name, devices in (("base", 1), ("base", 8), ("cpu", 1)):
+    preset = training_config(name)
+    per_device = len(multi30k_loader(examples, max_tokens=preset.max_tokens, shuffle=True,
                                      num_replicas=devices))
-    plan = schedule_steps(base, batches_per_epoch=per_device, world_size=devices)
-    print(f"{devices} GPU(s): {per_device} micro-batches per GPU and epoch, "
-          f"{plan['total_steps']:,} optimizer steps in {base.epochs} epochs, "
+    plan = schedule_steps(preset, batches_per_epoch=per_device, world_size=devices)
+    print(f"{name}, {devices} device(s): {per_device} micro-batches per device and epoch, "
+          f"{plan['total_steps']:,} optimizer steps in {preset.epochs} epochs, "
           f"warm-up {plan['warmup']}")
 
 
 # %% [markdown]
 # The `gpu` preset (appendix {doc}`appendix_performance`) on one to eight GPUs, on the shipped
-# subword model's lengths, and `base` at the paper's batch on one GPU and on eight:
+# subword model's lengths, and `base` at 25,000 padded tokens a step on one GPU and on
+# eight (the target tokens a step are the real ones):
 
 # %%
 sp, _ = read_vocabularies(fetch_shipped_model(name="multi30k_cpu_subword"), subwords=True)
@@ -499,16 +500,19 @@ for devices in range(1, 9):
           f"{warmup}, peak {peak:.2e} falling to {end:.0e}")
     assert gpu.batch_tokens - devices < tokens <= gpu.batch_tokens and warmup == gpu.warmup
 
+word_target = sum(len(tgt) for _, tgt in examples)
 paper = 512**-0.5 * 4000**-0.5  # the paper's peak: d_model^-0.5 * warmup^-0.5
 for devices in (1, 8):
     config = config_for_devices(training_config("base", batch_tokens=25000), devices)
     per_device = len(multi30k_loader(examples, max_tokens=config.max_tokens, shuffle=True,
                                      num_replicas=devices))
-    warmup = schedule_steps(config, batches_per_epoch=per_device, world_size=devices)["warmup"]
+    plan = schedule_steps(config, batches_per_epoch=per_device, world_size=devices)
+    warmup = plan["warmup"]
     peak = rate(warmup, config.d_model, config.lr_factor, warmup)
     tokens = devices * config.accum_iter * config.max_tokens
-    print(f"base, --batch-tokens 25000, {devices} GPU(s): {tokens:,} tokens a step, warm-up "
-          f"{warmup}, peak {peak:.2e} (the paper's {paper:.2e})")
+    print(f"base, --batch-tokens 25000, {devices} GPU(s): {tokens:,} tokens a step "
+          f"({word_target / plan['steps_per_epoch']:,.0f} target), warm-up {warmup}, "
+          f"peak {peak:.2e} (the paper's {paper:.2e})")
     assert abs(peak / paper - 1) < 0.02
 
 # %% [markdown]
@@ -523,11 +527,11 @@ for devices in (1, 8):
 # and calls `train_worker` directly. The commands:
 #
 # ```bash
-# python tools/train.py --config cpu                       # one CPU process (one to two hours)
+# python tools/train.py --config cpu                       # one CPU process
 # python tools/train.py --config cpu --threads 1           # the same on a machine shared with others
-# python tools/train.py --config base --devices 4          # four GPUs of this machine
-# python tools/train.py --config base --batch-tokens 25000  # one GPU, the paper's batch (accum 6)
-# torchrun --nproc_per_node=8 tools/train.py --config base  # eight GPUs, started by torchrun
+# python tools/train.py --config base --devices 4          # four GPUs: batch x4, peak x2
+# python tools/train.py --config base --batch-tokens 25000  # one GPU, 25,000 padded tokens (accum 6)
+# torchrun --nproc_per_node=8 tools/train.py --config base  # eight GPUs: batch x8, peak x2.8
 # # two machines with 8 GPUs each; the same command on both, meeting on the first:
 # torchrun --nnodes=2 --nproc_per_node=8 --max-restarts=3 --rdzv-backend=c10d \
 #     --rdzv-endpoint=10.0.0.1:29500 --rdzv-id=multi30k tools/train.py --config base
@@ -612,7 +616,7 @@ print(f"  {result['tokens_per_s']:,.0f} target tokens/s with bfloat16 autocast, 
 # likely so small that a step is many short kernels that one Python process launches one after
 # another, and the host, not the GPU, sets the pace. Larger batches per GPU (`--max-tokens`) give
 # each kernel more work; the `gpu` preset takes its whole step of 32,768 tokens as one micro-batch
-# for that reason.
+# for that reason, untested: no stored run uses that preset.
 
 # %% [markdown]
 # ## The whole system, in miniature
@@ -639,9 +643,8 @@ assert history[-1]["val_loss"] < history[0]["val_loss"]
 shutil.rmtree(demo_dir)
 
 # %% [markdown]
-# Each line gives the epoch's training loss (label-smoothed as in chapter 11, so it cannot reach
-# zero), the validation loss, perplexity and greedy BLEU, the speed, and the training time so far
-# with an estimate of the time left. Look for the validation loss falling from one epoch to the
+# Each line gives the epoch's training loss, the validation loss, perplexity and greedy BLEU,
+# the speed, and the training time so far with an estimate of the time left. Look for the validation loss falling from one epoch to the
 # next; a run this small shows that the system works, not how well it translates. Appendix
 # {doc}`appendix_distributed` trains the same tiny model, stops it, resumes it, translates with it
 # and ships it.

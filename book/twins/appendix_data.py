@@ -29,6 +29,7 @@ from the_annotated_transformer import (
     TokenBudgetSampler,
     TrainConfig,
     Vocab,
+    config_for_devices,
     download_file,
     enable_book_charts,
     load_checkpoint,
@@ -387,28 +388,34 @@ def length_histogram(pairs: Sequence[tuple[Sequence[str], Sequence[str]]], *, ti
 # `tools/train.py --train SRC TGT --valid SRC TGT` trains on a text of any size, and the settings
 # that suit Multi30k do not suit them all: a few hundred pairs are spread thin over 8,000
 # subwords, and a run on them would end before a 2,000-step warm-up does. Chapter 18's table of
-# settings by data size says in which direction each setting moves; `config_for_corpus` turns its
-# rows into rules, anchored at Multi30k's 29,000 pairs, which get chapter 21's recipe,
-# `cpu_fast_dropout`, unchanged. Fewer pairs get fewer subwords, a smaller model, stronger
-# dropout, a warm-up that covers the same share of the text (and a learning-rate factor that
-# keeps the rate's peak where Multi30k's is, since a shorter warm-up would peak higher), and more
-# epochs, up to about as many optimizer steps as the Multi30k run; more pairs get more subwords,
-# the paper's base model from 100,000 pairs and its batch and warm-up from a million. Each choice
-# comes with its reason, which the training script prints. These are starting points that follow
-# the table, not settings tuned on each size: `--set` changes any of them, and `--config` trains
-# a preset as it is.
+# settings by data size says in which direction each setting moves; `config_for_corpus` is this
+# book's extrapolation of those directions into numbers, anchored at Multi30k's 29,000 pairs,
+# which get chapter 21's recipe, `cpu_fast_dropout`, unchanged. The thresholds and amounts are
+# the book's own choices, and no run checks any size but 29,000. Under 10,000 pairs, below the
+# table's rows, the model is smaller and dropout 0.3 (the table says only "above the paper's
+# rate at the small end"); chapter 21's model, already smaller and shallower than the paper's,
+# serves up to a million pairs, and the table's last row, millions, gets the paper's base model
+# and its 4,000-step warm-up at 25,000 padded tokens a step. The vocabulary grows with the square
+# root of the text (the book's rule, within the table's "fewer merges" for less text). Fewer
+# pairs than Multi30k's get a warm-up that covers the same share of the text and more epochs, up
+# to about as many optimizer steps as the Multi30k run; at every size `lr_factor` keeps the
+# rate's peak where Multi30k's is, which is also the paper's. Each choice comes with its reason,
+# which the training script prints. These are starting points, not settings tuned on each size:
+# `--set` changes any of them, and `--config` trains a preset as it is.
 
 # %% tags=["export"]
 import math
 from typing import Any
 
-SMALL_CORPUS, LARGE_CORPUS, HUGE_CORPUS = 10_000, 100_000, 1_000_000  # pairs: the table's rows
+# pairs: the book's own thresholds, one below the table's rows and one at its last, untried
+SMALL_CORPUS, HUGE_CORPUS = 10_000, 1_000_000
 
 
 def config_for_corpus(pairs: int) -> list[tuple[dict[str, Any], str]]:
     """The TrainConfig fields that depend on how many training pairs there are, in groups,
-    each with its reason: chapter 18's table of settings by data size as rules, anchored at
-    Multi30k's size, which gets cpu_fast_dropout's values."""
+    each with its reason: the book's extrapolation of the directions in chapter 18's table,
+    anchored at Multi30k's size, which gets cpu_fast_dropout's values. Every size peaks at
+    Multi30k's rate, which is also the paper's (6.99e-4)."""
     if isinstance(pairs, bool) or not isinstance(pairs, int) or pairs < 1:
         raise ValueError(f"pairs must be a positive integer, got {pairs!r}")
     anchor, recipe = MULTI30K_SPLITS["train"], training_config("cpu_fast_dropout")
@@ -418,18 +425,19 @@ def config_for_corpus(pairs: int) -> list[tuple[dict[str, Any], str]]:
     choices = [({"subwords": subwords}, f"{recipe.subwords:,} pieces at {anchor:,} pairs times "
                 f"the square root of {pairs:,} / {anchor:,}, in steps of 500 within 1,000 to "
                 "32,000: fewer merges for less text")]
-    # 2) the model: smaller and shallower below the table's first row, the paper's above it
+    # 2) the model: smaller below the table's rows, chapter 21's (smaller and shallower than
+    # the paper's) up to its last row, the paper's base model there
     if pairs < SMALL_CORPUS:
         model, why = {"N": 2, "d_model": 256, "d_ff": 512, "h": 4}, (
             f"under {SMALL_CORPUS:,} pairs, a smaller, shallower model than chapter 21's")
-    elif pairs < LARGE_CORPUS:
+    elif pairs < HUGE_CORPUS:
         model, why = {"N": recipe.N, "d_model": recipe.d_model, "d_ff": recipe.d_ff,
                       "h": recipe.h}, f"chapter 21's model, for {SMALL_CORPUS:,} to "\
-                                      f"{LARGE_CORPUS:,} pairs"
+                                      f"{HUGE_CORPUS:,} pairs"
     else:
         base = TrainConfig()
         model, why = {"N": base.N, "d_model": base.d_model, "d_ff": base.d_ff, "h": base.h}, (
-            f"the paper's base model, from {LARGE_CORPUS:,} pairs")
+            f"the paper's base model, from {HUGE_CORPUS:,} pairs")
     choices.append((model, why))
     # 3) dropout: stronger for less text, at the paper's sites
     if pairs < SMALL_CORPUS:
@@ -437,40 +445,57 @@ def config_for_corpus(pairs: int) -> list[tuple[dict[str, Any], str]]:
                         f"{SMALL_CORPUS:,} pairs, at the paper's sites"))
     else:
         choices.append(({"dropout": recipe.dropout}, "the paper's rate at the paper's sites"))
-    # 4) the warm-up covers the same share of the text as Multi30k's; the paper's from a million
+    # 4) the warm-up and the peak rate, factor x d_model^-0.5 x warmup^-0.5 (rate): lr_factor
+    # keeps the peak where Multi30k's is (and the paper's: 1 x 512^-0.5 x 4000^-0.5 is the same)
     if pairs >= HUGE_CORPUS:
-        accum = round(25_000 / recipe.max_tokens)  # micro-batches in one of the paper's steps
-        choices.append(({"batch_tokens": 25_000, "warmup": 4_000 * accum},
-                        f"the paper's batch and its 4,000 warm-up steps, from {HUGE_CORPUS:,} "
-                        f"pairs ({accum} micro-batches of {recipe.max_tokens} tokens a step)"))
-    else:  # a shorter warm-up peaks higher (rate); lr_factor keeps Multi30k's peak
+        accum = round(25_000 / recipe.max_tokens)  # micro-batches in one step of 25,000 tokens
+        choices.append(({"batch_tokens": 25_000, "warmup": 4_000 * accum, "lr_factor": 1.0},
+                        f"from {HUGE_CORPUS:,} pairs, the paper's 4,000 warm-up steps and factor "
+                        f"1, so its peak rate, at 25,000 padded tokens a step ({accum} "
+                        f"micro-batches of {recipe.max_tokens}; the paper's step held about "
+                        "25,000 source and 25,000 target tokens, without padding)"))
+    else:
         warmup = max(1, round(recipe.warmup * min(1.0, scale)))
-        lr_factor = round(recipe.lr_factor * math.sqrt(warmup / recipe.warmup), 4)
+        lr_factor = round(recipe.lr_factor * math.sqrt(warmup / recipe.warmup)
+                          * math.sqrt(model["d_model"] / recipe.d_model), 4)
+        share = ("scaled down with the pairs, so that it covers the same share of the text"
+                 if pairs < anchor else "kept, so that it covers a smaller share of more text")
         choices.append(({"warmup": warmup, "lr_factor": lr_factor},
-                        f"{recipe.warmup:,} micro-batches at {anchor:,} pairs, scaled down with "
-                        "the pairs, so that the warm-up covers the same share of the text; "
+                        f"{recipe.warmup:,} warm-up micro-batches at {anchor:,} pairs, {share}; "
                         "lr_factor keeps the peak rate where Multi30k's is"))
     # 5) the run: Multi30k's optimizer steps for less text (at most 100 epochs), its epochs
     # for more; validation BLEU about as often per run as Multi30k's
     epochs = recipe.epochs if pairs >= anchor else min(100, round(recipe.epochs / scale))
     bleu_every = math.ceil(epochs / recipe.epochs)
     choices.append(({"epochs": epochs, "bleu_every": bleu_every},
-                    f"{recipe.epochs} epochs at {anchor:,} pairs; fewer pairs, more epochs "
-                    f"(about Multi30k's optimizer steps, at most 100 epochs); BLEU about "
-                    f"{recipe.epochs} times a run"))
+                    f"{recipe.epochs} epochs at {anchor:,} pairs"
+                    + (", kept" if pairs >= anchor else "; fewer pairs, more epochs (about "
+                       "Multi30k's optimizer steps, at most 100 epochs)")
+                    + f"; validation BLEU every {bleu_every} epoch(s), about {recipe.epochs} "
+                    "times a run"))
     return choices
 
 
 # %%
 import pandas as pd
 
+
+def peak(fields: dict[str, Any]) -> float:
+    """rate's highest value: lr_factor x d_model^-0.5 x (warm-up in optimizer steps)^-0.5."""
+    config = config_for_devices(training_config("cpu_fast_dropout", **fields), 1)
+    return config.lr_factor * config.d_model**-0.5 * (config.warmup / config.accum_iter) ** -0.5
+
+
 sizes = [400, 2_000, 29_000, 100_000, 1_000_000]
-rows = [{"pairs": f"{pairs:,}"} | {name: value for fields, _ in config_for_corpus(pairs)
-                                   for name, value in fields.items()} for pairs in sizes]
+fields_at = {pairs: {name: value for fields, _ in config_for_corpus(pairs)
+                     for name, value in fields.items()}
+             for pairs in [*sizes, 50, 9_999, 10_000, 999_999, 4_500_000]}
+rows = [{"pairs": f"{pairs:,}"} | fields_at[pairs] | {"peak rate": f"{peak(fields_at[pairs]):.2e}"}
+        for pairs in sizes]
 columns = dict.fromkeys(name for row in rows for name in row)  # every field, in order
-multi30k = {name: value for fields, _ in config_for_corpus(29_000)
-            for name, value in fields.items()}
+multi30k = fields_at[29_000]
 assert training_config("cpu_fast_dropout", **multi30k) == training_config("cpu_fast_dropout")
+assert all(abs(peak(fields) / peak(multi30k) - 1) < 0.01 for fields in fields_at.values())
 for fields, why in config_for_corpus(400):
     print(" ".join(f"{name}={value}" for name, value in fields.items()) + ": " + why)
 pd.DataFrame([{name: row.get(name, "") for name in columns} for row in rows]).set_index("pairs")

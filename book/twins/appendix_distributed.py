@@ -80,7 +80,8 @@ enable_book_charts()
 #    files would be overwritten, or mixed into checkpoint averaging) unless told to `overwrite`;
 #    `resume` with no `last.pt` is an error, not a quiet fresh start. Here it only looks: the
 #    old checkpoints are deleted, and the new vocabularies written, by `start_run_folder` after
-#    step 5, once every check has passed, so that a refused run leaves its folder as it was.
+#    step 5, once every check has passed, the first epoch's comparison of the ranks' batches
+#    (step 6) included, so that a refused run leaves its folder as it was.
 #    A process that `torchrun` restarted after a failure (it sets `TORCHELASTIC_RESTART_COUNT`)
 #    continues from `last.pt` when there is one.
 # 3. **`load_data`: vocabularies and batches.** Rank 0 builds the vocabularies (or, resuming,
@@ -646,6 +647,17 @@ def checkpointed_batches(
         yield batch
 
 
+def check_batches(process: Process, train_loader: DataLoader, epoch: int) -> None:
+    """Stop every rank when the ranks' batch counts or batch lists of `epoch` differ."""
+    sampler = train_loader.batch_sampler
+    sampler.set_epoch(epoch)  # a new order, the same on every rank
+    check_same_on_all_ranks(
+        process, [len(train_loader), fingerprint(sampler.batches())],
+        f"the number of training batches per rank and the batch list of epoch {epoch + 1} "
+        "(every rank must see the same sentence pairs, max_tokens and seed)",
+    )
+
+
 def train_epochs(
     process: Process,
     config: TrainConfig,
@@ -666,13 +678,7 @@ def train_epochs(
     walls = []  # each epoch's wall-clock time, validation and checkpoint included
     for epoch in range(run.epoch, config.epochs):
         wall = time.perf_counter()
-        sampler = train_loader.batch_sampler
-        sampler.set_epoch(epoch)  # a new order, the same on every rank
-        check_same_on_all_ranks(
-            process, [len(train_loader), fingerprint(sampler.batches())],
-            f"the number of training batches per rank and the batch list of epoch {epoch + 1} "
-            "(every rank must see the same sentence pairs, max_tokens and seed)",
-        )
+        check_batches(process, train_loader, epoch)
         bar = None
         if progress and process.rank == 0:
             from tqdm.auto import tqdm
@@ -795,6 +801,7 @@ def train_worker(
                              warmup=plan["warmup"], total=plan["total_steps"])
         resume_run(process, config, run, resuming=resuming)
         if not resuming:  # every check has passed: only now is anything written or deleted
+            check_batches(process, data.train_loader, run.epoch)  # the ranks agree on the data
             start_run_folder(process, config, data, overwrite=overwrite, restarted=restarted)
         if process.distributed:  # only now: every rank holds rank 0's state
             run.model = wrap_ddp(run.model, process.device)

@@ -714,15 +714,18 @@ bench_table(gpu).drop(columns="group").set_index(["size", "row"])
 #   added only about a third more (presumably because a GPU recomputes a short prefix in
 #   parallel at little extra cost), and fused attention about two thirds on top of that.
 #   Against the classic decoder, greedy decoding with the cache ran about 40 times as fast in
-#   float32. Under bfloat16, in the same small batches, it was no faster, and its outputs
+#   float32. Under bfloat16, in the same small batches, it was slower, and its outputs
 #   differed from float32's in about three sentences in ten (an untrained model's scores lie
 #   close together, as on the CPU).
 #
-# The `gpu` preset is sized from these measurements: at this bench's one to two thousand target
+# The `gpu` preset's batch is sized from these measurements: at this bench's one to two thousand target
 # tokens a step, and in chapter 22's check, where the GPU was busy a third of the time, the host
 # sets the pace, so the preset hands the GPU one micro-batch of 32,768 padded tokens a step,
 # about the paper's batch on Multi30k (chapter 22 prints its schedule). Whether that keeps the
 # GPU busy is for `make gpu-run` to measure; its bench times batches of 4k, 16k and 32k tokens.
+# The rest of the preset, a shorter warm-up to a higher peak than the CPU recipe's and a linear
+# decay, has trained no model on any device yet, so nothing shows that it reaches that recipe's
+# BLEU.
 #
 # Not measured yet: several GPUs, `torch.compile`, CUDA graphs, and batches large enough to keep
 # this GPU's matrix units busy. Chapter 22 gives what `make gpu-check` measured for the `base`
