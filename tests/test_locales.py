@@ -181,6 +181,23 @@ def test_merging_keeps_translations_and_marks_a_changed_english_fuzzy():
     assert new["\n\\mathrm{softmax}(x)\n"].string == "\n\\mathrm{softmax}(x)\n"
 
 
+
+def test_a_long_previous_english_survives_a_save_without_turning_into_comments(tmp_path):
+    """babel writes a long `#| msgid` over several lines and reads them back as comments; a
+    catalog read and saved again must not collect them."""
+    from babel.messages.catalog import Catalog
+    from babel.messages.pofile import write_po
+
+    catalog = Catalog(locale="zh_CN")
+    catalog.add("The masks, by hand, of the whole target row.", "整行目标的掩码。",
+                flags=["fuzzy"], previous_id="The masks by hand. " + "word " * 40)
+    path = tmp_path / "page.po"
+    with open(path, "wb") as f:
+        write_po(f, catalog, width=0, include_previous=True, omit_header=True)
+    assert path.read_text().count("#|") >= 2  # wrapped over several lines
+    [message] = [m for m in locales.read_catalog(path) if m.id]
+    assert message.fuzzy and message.user_comments == []
+
 def test_a_page_that_is_not_translated_is_named_in_one_line():
     with pytest.raises(ValueError, match="'14_multi30k_training' is not a translated page"):
         locales.page_by_stem("14_multi30k_training")

@@ -173,8 +173,15 @@ def write_catalog(catalog: Catalog, path: Path, language: str, docname: str) -> 
 
 
 def read_catalog(path: Path) -> Catalog:
+    """A catalog as written. babel wraps a long previous English (`#| msgid`) over several
+    lines and reads the wrapped lines back as translator comments, which would be written out
+    again, rewrapped, on every save: drop them (the fuzzy flag stays)."""
     with open(path, "rb") as f:
-        return read_po(f)
+        catalog = read_po(f)
+    for message in catalog:
+        message.user_comments = [line for line in message.user_comments
+                                 if not line.startswith("|")]
+    return catalog
 
 
 def status(path: Path) -> tuple[int, int, int]:
