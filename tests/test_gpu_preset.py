@@ -3,44 +3,20 @@ peak are the same on any number of devices, one micro-batch a step on one GPU), 
 the paper's batch peaks at the paper's rate; the CPU presets are as they were."""
 
 import math
-from pathlib import Path
 
 import pytest
 
 from the_annotated_transformer import (
     config_for_devices,
-    encode_examples,
     linear_rate,
-    load_multi30k,
-    load_tokenizers,
     multi30k_loader,
     rate,
-    read_vocabularies,
     schedule_steps,
     training_config,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "data" / "multi30k"
 PAPER_PEAK = 512**-0.5 * 4000**-0.5  # lrate at step 4000: d_model^-0.5 * warmup^-0.5
 
-
-def multi30k_train():
-    return load_multi30k("train", SHARED if SHARED.is_dir() else None)
-
-
-@pytest.fixture(scope="module")
-def subword_lengths():
-    """Multi30k's training pairs as the gpu preset encodes them (the shipped subword model)."""
-    sp, _ = read_vocabularies(ROOT / "book" / "models" / "multi30k_cpu_subword", subwords=True)
-    return encode_examples(multi30k_train(), sp, sp, (None, None), max_len=72)
-
-
-@pytest.fixture(scope="module")
-def word_lengths():
-    """Multi30k's training pairs as the word-level presets encode them (shipped vocabularies)."""
-    vocab_src, vocab_tgt = read_vocabularies(ROOT / "book" / "models" / "multi30k_cpu")
-    return encode_examples(multi30k_train(), vocab_src, vocab_tgt, load_tokenizers(), max_len=72)
 
 
 def plan_on(examples, config, devices: int) -> tuple:
@@ -61,9 +37,9 @@ def schedule(config, plan) -> list[float]:
 
 
 def test_the_gpu_preset_decays_in_a_straight_line_to_a_low_rate_by_its_last_update(
-    subword_lengths
+    subword_lengths_of_multi30k
 ):
-    config, plan = plan_on(subword_lengths, training_config("gpu"), 1)
+    config, plan = plan_on(subword_lengths_of_multi30k, training_config("gpu"), 1)
     assert config.decay == "linear"
     rates = schedule(config, plan)
     peak = max(rates)
@@ -77,13 +53,14 @@ def test_the_gpu_preset_decays_in_a_straight_line_to_a_low_rate_by_its_last_upda
     assert 4 * plan["warmup"] <= plan["total_steps"]  # most of the run decays
 
 
-def test_the_gpu_preset_takes_its_whole_step_as_one_micro_batch_on_one_gpu(subword_lengths):
+def test_the_gpu_preset_takes_its_whole_step_as_one_micro_batch_on_one_gpu(
+        subword_lengths_of_multi30k):
     preset = training_config("gpu")
-    config, plan = plan_on(subword_lengths, preset, 1)
+    config, plan = plan_on(subword_lengths_of_multi30k, preset, 1)
     assert config.accum_iter == 1 and config.max_tokens == preset.batch_tokens == 32768
     assert plan["micro_batches_per_step"] == 1 and plan["warmup"] == preset.warmup
     # about the paper's batch of ~25,000 target tokens a step on Multi30k
-    target = sum(len(tgt) for _, tgt in subword_lengths) / plan["steps_per_epoch"]
+    target = sum(len(tgt) for _, tgt in subword_lengths_of_multi30k) / plan["steps_per_epoch"]
     assert 22_000 < target < 27_000
     # the run's length: about a thousand updates
     assert 900 <= plan["total_steps"] <= 1100
@@ -91,11 +68,11 @@ def test_the_gpu_preset_takes_its_whole_step_as_one_micro_batch_on_one_gpu(subwo
 
 @pytest.mark.parametrize("devices", range(1, 9))
 def test_the_gpu_preset_keeps_its_global_batch_warm_up_and_peak_on_any_device_count(
-    subword_lengths, devices
+    subword_lengths_of_multi30k, devices
 ):
     preset = training_config("gpu")
-    one, one_plan = plan_on(subword_lengths, preset, 1)
-    config, plan = plan_on(subword_lengths, preset, devices)
+    one, one_plan = plan_on(subword_lengths_of_multi30k, preset, 1)
+    config, plan = plan_on(subword_lengths_of_multi30k, preset, devices)
     tokens = devices * config.accum_iter * config.max_tokens
     assert preset.batch_tokens - devices < tokens <= preset.batch_tokens  # to within a token each
     assert config.max_tokens <= preset.max_tokens  # never more than a device may hold
@@ -127,8 +104,9 @@ def test_config_for_devices_shares_the_batch_only_where_accumulation_would_overs
 
 
 @pytest.mark.parametrize("devices", [1, 2, 8])
-def test_base_at_the_papers_batch_peaks_at_the_papers_rate(word_lengths, devices):
-    config, plan = plan_on(word_lengths, training_config("base", batch_tokens=25000), devices)
+def test_base_at_the_papers_batch_peaks_at_the_papers_rate(lengths_of_multi30k, devices):
+    preset = training_config("base", batch_tokens=25000)
+    config, plan = plan_on(lengths_of_multi30k, preset, devices)
     tokens = devices * config.accum_iter * config.max_tokens
     peak = rate(plan["warmup"], config.d_model, config.lr_factor, plan["warmup"])
     # the paper's rate at 25,000 tokens, moved by the square-root rule to the step's tokens

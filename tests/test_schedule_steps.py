@@ -13,26 +13,13 @@ from train import accum_for_batch  # tests/conftest.py puts tools/ on the path
 
 from the_annotated_transformer import (
     config_for_devices,
-    encode_examples,
-    load_multi30k,
-    load_tokenizers,
     multi30k_loader,
     rate,
-    read_vocabularies,
     schedule_steps,
     training_config,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "data" / "multi30k"
-
-
-@pytest.fixture(scope="module")
-def lengths_of_multi30k():
-    """Multi30k's training pairs as the word-level presets encode them (shipped vocabularies)."""
-    vocab_src, vocab_tgt = read_vocabularies(ROOT / "book" / "models" / "multi30k_cpu")
-    pairs = load_multi30k("train", SHARED if SHARED.is_dir() else None)
-    return encode_examples(pairs, vocab_src, vocab_tgt, load_tokenizers(), max_len=72)
 
 
 @pytest.mark.parametrize("preset, world_size, batch_tokens", [
@@ -55,14 +42,6 @@ def test_every_preset_reaches_its_peak_learning_rate_and_decays(
              for s in range(1, plan["total_steps"] + 1)]
     peak = max(range(len(rates)), key=rates.__getitem__) + 1
     assert peak == plan["warmup"] and rates[-1] < rates[peak - 1]
-
-
-@pytest.fixture(scope="module")
-def subword_lengths_of_multi30k():
-    """Multi30k's training pairs as the subword presets encode them (shipped subword model)."""
-    sp, _ = read_vocabularies(ROOT / "book" / "models" / "multi30k_cpu_subword", subwords=True)
-    pairs = load_multi30k("train", SHARED if SHARED.is_dir() else None)
-    return encode_examples(pairs, sp, sp, (None, None), max_len=72)
 
 
 @pytest.mark.parametrize("world_size", [1, 2])
