@@ -21,7 +21,7 @@
 #                LANGS="en fr" for another of its pairs, or on your files, sized to them:
 #                TRAIN="src tgt" VALID="src tgt"; CONFIG=cpu|base|... SET="dropout=0.3"
 #                DEVICES=1 EPOCHS= RESUME=1 OVERWRITE=1 CHECKPOINT_DIR= SAVE_EVERY=
-#                (tools/train.py; RESUME=1 continues the run that the other variables name)
+#                (annotated-transformer train; RESUME=1 continues the run that the other variables name)
 #   make translate   German on stdin, English on stdout (CHECKPOINT= to pick another model)
 #   make bench   training and decoding speed of the readable and fast paths (chapter 21),
 #                about 10 minutes on a CPU; writes book/data/bench_cpu.json (or _cuda)
@@ -114,14 +114,14 @@ sync: $(BOOK_LAYER)
 	$(PY) tools/sync.py
 
 train: $(CLI_LAYER)
-	$(PY) tools/train.py $(if $(CONFIG),--config $(CONFIG)) --devices $(DEVICES) \
+	$(VENV)/bin/annotated-transformer train $(if $(CONFIG),--config $(CONFIG)) --devices $(DEVICES) \
 		$(if $(TRAIN),--train $(TRAIN)) $(if $(VALID),--valid $(VALID)) $(if $(LANGS),--langs $(LANGS)) \
 		$(addprefix --set ,$(SET)) $(if $(EPOCHS),--epochs $(EPOCHS)) $(if $(RESUME),--resume) \
 		$(if $(OVERWRITE),--overwrite) $(if $(CHECKPOINT_DIR),--checkpoint-dir $(CHECKPOINT_DIR)) \
 		$(if $(SAVE_EVERY),--save-every $(SAVE_EVERY))
 
 translate: $(CLI_LAYER)
-	@$(PY) tools/translate.py $(if $(CHECKPOINT),--checkpoint $(CHECKPOINT))
+	@$(VENV)/bin/annotated-transformer translate $(if $(CHECKPOINT),--checkpoint $(CHECKPOINT))
 
 release: $(BOOK_LAYER)
 	$(PY) tools/release.py

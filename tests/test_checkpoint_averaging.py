@@ -1,6 +1,5 @@
 """Checkpoint averaging (chapter 16): the mean of state dicts, its checks, and the script."""
 
-import importlib.util
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -143,12 +142,9 @@ def test_averaged_model_of_identical_checkpoints_behaves_identically():
 
 
 def load_tool():
-    spec = importlib.util.spec_from_file_location(
-        "average_checkpoints_tool", ROOT / "tools" / "average_checkpoints.py"
-    )
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    return tool
+    from annotated_transformer_cli import average
+
+    return average
 
 
 def test_script_writes_an_average_that_load_trained_model_reads(tmp_path):

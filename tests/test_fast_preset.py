@@ -171,9 +171,8 @@ def test_cpu_fast_dropout_is_cpu_fast_with_the_papers_dropout_for_eleven_epochs(
 
 def test_a_paper_dropout_run_resumes_exactly_and_ships_its_last_two_epochs_averaged(
         tmp_path, monkeypatch):
-    from average_checkpoints import write_average  # tests/conftest.py puts tools/ on the path
-
     import the_annotated_transformer as tat
+    from annotated_transformer_cli.average import write_average
 
     config = replace(TINY, decay="inverse_sqrt", paper_dropout=True, keep_epochs=2)
     whole = replace(config, checkpoint_dir=str(tmp_path / "whole"))

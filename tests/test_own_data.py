@@ -1,9 +1,10 @@
-"""Your own translator: tools/train.py on a parallel text of your own (a few hundred English-
-French pairs of Multi30k), then tools/translate.py and tools/evaluate.py on its model folder;
-and every bad input refused in one line with exit status 2 before anything trains."""
+"""Your own translator: annotated-transformer train on a parallel text of your own (a few hundred
+English-French pairs of Multi30k), then annotated-transformer translate and annotated-transformer
+evaluate on its model folder; and every bad input refused in one line with exit status 2 before
+anything trains."""
 
 import gzip
-import importlib.util
+import importlib
 import io
 import itertools
 import json
@@ -17,9 +18,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from train import parse_sets  # tests/conftest.py puts tools/ on the path
 
 import the_annotated_transformer as tat
+from annotated_transformer_cli.train import parse_sets
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
@@ -32,11 +33,8 @@ TINY = ["--set", "N=1", "--set", "d_model=32", "--set", "d_ff=64", "--set", "h=2
 
 
 def load_tool(name: str):
-    """A script in tools/ as a module (evaluate.py and translate.py are not a package)."""
-    spec = importlib.util.spec_from_file_location(f"{name}_cli", ROOT / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """A subcommand's module of the annotated-transformer command."""
+    return importlib.import_module(f"annotated_transformer_cli.{name}")
 
 
 def first_lines(path: Path, n: int) -> list[str]:
@@ -72,7 +70,7 @@ def model_dir(data, tmp_path_factory) -> Path:
     """The command line, end to end: a tiny en-fr model, two epochs averaged, in a folder."""
     run = tmp_path_factory.mktemp("run")
     done = subprocess.run(
-        [sys.executable, "tools/train.py", *own_files(data), *TINY,
+        [sys.executable, "-m", "annotated_transformer_cli", "train", *own_files(data), *TINY,
          "--checkpoint-dir", str(run)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
@@ -141,7 +139,7 @@ def test_evaluate_says_how_many_sources_it_cuts_at_70_tokens(data, model_dir, tm
     reference.write_text("\n".join(first_lines(FRENCH / "val.fr.gz", 3)) + "\n", "utf-8")
     load_tool("evaluate").main(["--model", f"en-fr={model_dir}", "--test", str(source),
                                 str(reference)])
-    assert "evaluate.py: 1 of 3 long sources are longer than 70 tokens and are cut there" in (
+    assert "annotated-transformer evaluate: 1 of 3 long sources are longer than 70 tokens and are cut there" in (
         capfd.readouterr().err)
 
 
@@ -152,7 +150,7 @@ def test_evaluate_refuses_multi30k_german_english_splits_for_an_en_fr_model(mode
                                     "--results", str(tmp_path / "r.json")])
     assert exit_.value.code == 2
     assert capfd.readouterr().err.splitlines() == [
-        "evaluate.py: error: model en-fr translates en to fr, but --splits val "
+        "annotated-transformer evaluate: error: model en-fr translates en to fr, but --splits val "
         "test_2016_flickr are Multi30k's German-English sentences: give its test sets with "
         "--test SRC_FILE REF_FILE"]
 
@@ -167,8 +165,8 @@ def broken_copy(data: Path, tmp_path: Path, change) -> Path:
 
 
 def refused(argv: list[str], tmp_path: Path, capfd) -> str:
-    """Run train.py's main, which must stop with exit status 2 before training; its one line."""
-    from train import main
+    """Run the train subcommand's main, which must stop with exit status 2 before training; its one line."""
+    from annotated_transformer_cli.train import main
 
     run = tmp_path / "run"
     with pytest.raises(SystemExit) as exit_:
@@ -202,19 +200,19 @@ def test_train_refuses_a_bad_file_in_one_line_naming_file_and_line(data, tmp_pat
     folder = broken_copy(data, tmp_path, change)
     line = refused(own_files(folder), tmp_path, capfd)
     names = {"en": folder / "train.en", "fr": folder / "train.fr"}
-    assert line == "train.py: error: " + message.format(**names)
+    assert line == "annotated-transformer train: error: " + message.format(**names)
 
 
 def test_train_refuses_a_missing_file_in_one_line(data, tmp_path, capfd):
     argv = own_files(data)
     argv[2] = str(tmp_path / "nothing.fr")
     line = refused(argv, tmp_path, capfd)
-    assert line == f"train.py: error: {tmp_path / 'nothing.fr'} does not exist"
+    assert line == f"annotated-transformer train: error: {tmp_path / 'nothing.fr'} does not exist"
 
 
 def test_train_refuses_a_vocabulary_larger_than_the_text_allows(data, tmp_path, capfd):
     line = refused([*own_files(data), "--set", "subwords=20000"], tmp_path, capfd)
-    assert line.startswith("train.py: error: subwords=20000 is a larger vocabulary than the 300 "
+    assert line.startswith("annotated-transformer train: error: subwords=20000 is a larger vocabulary than the 300 "
                            "training pairs allow (at most ")
     most = int(line.split("at most ")[1].split()[0])
     assert line.endswith(f"pieces): lower it, e.g. --set subwords={most}")
@@ -242,7 +240,7 @@ def test_train_refuses_a_vocabulary_larger_than_the_text_allows(data, tmp_path, 
 def test_train_checks_config_and_set_before_the_run_in_one_line(data, tmp_path, capfd, argv,
                                                                 message):
     line = refused([*own_files(data), *argv], tmp_path, capfd)
-    assert line.startswith(f"train.py: error: {message}")
+    assert line.startswith(f"annotated-transformer train: error: {message}")
 
 
 def test_set_reads_each_value_as_its_trainconfig_fields_type():
@@ -269,7 +267,7 @@ def no_network(*args, **kwargs):
 
 @needs_multi30k_french
 def test_langs_without_train_reads_that_pair_of_multi30k_without_downloading(monkeypatch):
-    from train import parse_args, prepare
+    from annotated_transformer_cli.train import parse_args, prepare
 
     monkeypatch.setattr(urllib.request, "urlopen", no_network)  # both folders are on disk
     monkeypatch.delenv("MULTI30K_DIR", raising=False)
@@ -283,7 +281,7 @@ def test_langs_without_train_reads_that_pair_of_multi30k_without_downloading(mon
 
 @needs_multi30k_french
 def test_langs_de_en_without_train_is_the_default_run():
-    from train import parse_args, prepare
+    from annotated_transformer_cli.train import parse_args, prepare
 
     given = prepare(parse_args(["--langs", "de", "en", *SMALL]), 1)
     assert given == prepare(parse_args(SMALL), 1)
@@ -293,7 +291,7 @@ def test_langs_de_en_without_train_is_the_default_run():
 @pytest.mark.parametrize("langs", [["en", "es"], ["fr", "fr"]])
 def test_langs_without_train_outside_multi30k_is_refused_in_one_line(langs, tmp_path, capfd):
     line = refused(["--langs", *langs], tmp_path, capfd)
-    assert line == (f"train.py: error: --langs {' '.join(langs)}: without --train, --langs picks "
+    assert line == (f"annotated-transformer train: error: --langs {' '.join(langs)}: without --train, --langs picks "
                     "a Multi30k pair, two different ones of de, en, fr, cs; for other languages "
                     "give your files with --train and --valid (--help lists the options)")
 
@@ -301,7 +299,8 @@ def test_langs_without_train_outside_multi30k_is_refused_in_one_line(langs, tmp_
 @needs_multi30k_french
 def test_train_langs_en_fr_trains_on_multi30k_english_french(tmp_path):
     done = subprocess.run(
-        [sys.executable, "tools/train.py", "--langs", "en", "fr", *TINY, *LIMITS, "--epochs", "1",
+        [sys.executable, "-m", "annotated_transformer_cli", "train", "--langs", "en", "fr", *TINY,
+         *LIMITS, "--epochs", "1",
          "--checkpoint-dir", str(tmp_path / "run")],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
@@ -345,15 +344,15 @@ def tiny_with(*argv: str) -> list[str]:
 
 
 def refused_in(folder: Path, argv: list[str], capfd) -> str:
-    """train.py's main on folder must stop with status 2 and one error line, the folder
+    """The train subcommand's main on folder must stop with status 2 and one error line, the folder
     unchanged byte for byte (or still absent)."""
-    from train import main
+    from annotated_transformer_cli.train import main
 
     before = tree_hashes(folder)
     with pytest.raises(SystemExit) as exit_:
         main([*argv, "--checkpoint-dir", str(folder)])
     lines = capfd.readouterr().err.splitlines()  # what the run chose, then the error
-    errors = [line for line in lines if line.startswith("train.py: error: ")]
+    errors = [line for line in lines if line.startswith("annotated-transformer train: error: ")]
     assert exit_.value.code == 2 and errors == lines[-1:], lines
     assert tree_hashes(folder) == before
     return lines[-1]
@@ -372,14 +371,14 @@ def refused_in(folder: Path, argv: list[str], capfd) -> str:
 def test_a_refused_run_leaves_a_finished_run_byte_for_byte(data, finished, capfd, argv,
                                                            message):
     line = refused_in(finished, [*own_files(data), *tiny_with("--epochs", "3", *argv)], capfd)
-    assert line.startswith("train.py: error: " + message.format(folder=finished)), line
+    assert line.startswith("annotated-transformer train: error: " + message.format(folder=finished)), line
 
 
 def test_a_finished_run_is_answered_with_status_0_only_for_its_own_request(data, finished,
                                                                           tmp_path, capfd):
     """The same request trains nothing and says so; other settings or other sentence pairs
     into that folder would train nothing either, so they are refused, naming the options."""
-    from train import main
+    from annotated_transformer_cli.train import main
 
     main([*own_files(data), *TINY, "--checkpoint-dir", str(finished)])  # returns: status 0
     assert "has finished" in capfd.readouterr().err
@@ -402,7 +401,7 @@ def test_a_finished_run_is_answered_with_status_0_only_for_its_own_request(data,
 def test_a_refused_run_creates_no_folder_and_no_vocabulary(data, tmp_path, capfd, argv, message):
     folder = tmp_path / "new"
     line = refused_in(folder, [*own_files(data), *tiny_with(*argv)], capfd)
-    assert line.startswith("train.py: error: " + message.format(folder=folder)), line
+    assert line.startswith("annotated-transformer train: error: " + message.format(folder=folder)), line
 
 
 # Your own text sized by config_for_corpus: given only --train and --valid.
@@ -455,7 +454,7 @@ def test_config_for_corpus_keeps_the_papers_peak_rate_and_prints_true_reasons(pa
 
 
 def test_train_says_how_many_pairs_are_longer_than_max_len(data):
-    from train import parse_args, prepare
+    from annotated_transformer_cli.train import parse_args, prepare
 
     argv = [*own_files(data), "--set", "max_len=16"]
     notes = prepare(parse_args(argv), 1)[3]
@@ -467,7 +466,7 @@ def test_train_says_how_many_pairs_are_longer_than_max_len(data):
 def test_four_hundred_pairs_given_only_train_and_valid_pass_every_check(data, tmp_path):
     """The README's own-data command on 400 pairs: sized, then the worker's own schedule
     check on the batches it would train on, which the recipe's settings fail."""
-    from train import parse_args, prepare
+    from annotated_transformer_cli.train import parse_args, prepare
 
     folder = tmp_path / "data"
     for language, source in (("en", ENGLISH), ("fr", FRENCH)):
@@ -507,7 +506,7 @@ def test_four_hundred_pairs_given_only_train_and_valid_pass_every_check(data, tm
 
 
 def test_resume_takes_the_runs_settings_from_its_checkpoint_without_set(data, finished, capfd):
-    from train import main
+    from annotated_transformer_cli.train import main
 
     main([*own_files(data), "--resume", "--epochs", "3", "--threads", "1",
           "--checkpoint-dir", str(finished)])  # none of TINY's --set options repeated
@@ -520,7 +519,7 @@ def test_resume_takes_the_runs_settings_from_its_checkpoint_without_set(data, fi
     assert last.startswith(f"model folder {finished / 'model'} (epochs 2, 3 averaged); translate "
                            f"with: make -s translate CHECKPOINT={finished / 'model'} < "
                            "sentences.en; score with: ")
-    assert f"tools/evaluate.py --model {finished / 'model'} --test SRC_FILE REF_FILE" in last
+    assert f"evaluate --model {finished / 'model'} --test SRC_FILE REF_FILE" in last
 
 
 def test_evaluate_needs_only_a_model_and_a_test_set(data, model_dir, capfd):

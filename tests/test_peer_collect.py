@@ -21,9 +21,9 @@ def entry(decoding: str, description: str, split: str, bleu: float, **extra) -> 
 
 
 def book_run(folder: Path) -> Path:
-    """A book run's folder as tools/train.py leaves it, and evaluate.py's results for it."""
+    """A book run's folder as `annotated-transformer train` leaves it, and evaluate's results."""
     (folder / "model").mkdir(parents=True)
-    info = {"command": "python tools/train.py", "hardware": HARDWARE, "torch": "2.13.0",
+    info = {"command": "annotated-transformer train", "hardware": HARDWARE, "torch": "2.13.0",
             "training_seconds": 100.0, "epochs": 11,
             "config": {"warmup": 2000, "d_model": 256, "lr_factor": 0.5},
             "averaged_from": ["epoch_010.pt", "epoch_011.pt"],
@@ -32,7 +32,7 @@ def book_run(folder: Path) -> Path:
     state = {"model": {}, "train_state": {"accum_step": 7590, "tokens": 4_000_000}}
     tat.save_checkpoint(state, folder / "last.pt")
     results = folder / "results.json"
-    common = {"command": "python tools/evaluate.py", "parameters": 7586624}
+    common = {"command": "annotated-transformer evaluate", "parameters": 7586624}
     results.write_text(json.dumps({"results": [
         entry("greedy", "greedy", "val", 40.0, **common),
         entry("beam4", "beam 4, alpha 0.6", "val", 41.0, **common)]}))

@@ -1,7 +1,7 @@
 """Every command of the README's "Training and translating" block, as written: each `make train`
-line through make to tools/train.py and every check it makes before training (the own-data
-line trains, at a tiny size, through make), `make translate` on its German sentence, and
-tools/evaluate.py on the model folder that training wrote."""
+line through make to annotated-transformer train and every check it makes before training (the
+own-data line trains, at a tiny size, through make), `make translate` on its German sentence, and
+annotated-transformer evaluate on the model folder that training wrote."""
 
 import dataclasses
 import gzip
@@ -33,13 +33,13 @@ def readme_commands() -> list[str]:
 
 
 def make_train_argv(words: list[str]) -> list[str]:
-    """What `make train VAR=...` runs: tools/train.py's arguments, from make -n."""
+    """What `make train VAR=...` runs: annotated-transformer train's arguments, from make -n."""
     done = subprocess.run(["make", "-n", *words], cwd=ROOT, capture_output=True, text=True,
                           check=True, timeout=120)
     command = done.stdout.replace("\\\n", " ")
-    [line] = [line for line in command.splitlines() if "tools/train.py" in line]
+    [line] = [line for line in command.splitlines() if "annotated-transformer train" in line]
     words = shlex.split(line)
-    return words[words.index("tools/train.py") + 1 :]
+    return words[words.index("train") + 1 :]
 
 
 def write_pairs(folder: Path, name: str, n: int) -> None:
@@ -58,7 +58,7 @@ def test_the_training_block_is_the_commands_this_file_runs():
 
 
 def test_each_make_train_line_passes_every_check_of_tools_train(tmp_path, monkeypatch):
-    from train import parse_args, prepare
+    from annotated_transformer_cli.train import parse_args, prepare
 
     write_pairs(tmp_path, "train", 300)
     write_pairs(tmp_path, "val", 40)
@@ -126,7 +126,7 @@ def test_make_translate_reads_the_readmes_german_sentence():
 
 
 def test_evaluate_scores_the_model_folder_that_training_wrote(trained):
-    [command] = [c for c in readme_commands() if "tools/evaluate.py" in c]
+    [command] = [c for c in readme_commands() if "annotated-transformer evaluate" in c]
     words = shlex.split(command)
     words[words.index("--model") + 1] = str(trained / "run" / "model")
     test = words.index("--test")

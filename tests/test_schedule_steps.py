@@ -9,8 +9,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from train import accum_for_batch  # tests/conftest.py puts tools/ on the path
 
+from annotated_transformer_cli.train import (
+    accum_for_batch,  # tests/conftest.py puts tools/ on the path
+)
 from the_annotated_transformer import (
     config_for_devices,
     multi30k_loader,
@@ -135,12 +137,13 @@ def test_a_run_that_would_end_inside_its_warm_up_is_refused_in_one_line_with_the
 @pytest.mark.parametrize("devices", [1, 2])
 def test_the_train_script_refuses_a_run_inside_its_warm_up_before_training(tmp_path, devices):
     done = subprocess.run(
-        [sys.executable, "tools/train.py", "--config", "cpu", "--epochs", "1",
+        [sys.executable, "-m", "annotated_transformer_cli", "train", "--config", "cpu",
+         "--epochs", "1",
          "--checkpoint-dir", str(tmp_path / "run"), "--threads", "1",
          "--devices", str(devices)],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )
     assert done.returncode == 2  # a user error, like every refusal
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("train.py: error: the run would take") and "Traceback" not in done.stderr
+    assert last.startswith("annotated-transformer train: error: the run would take") and "Traceback" not in done.stderr
     assert not (tmp_path / "run").exists()  # nothing written, not even the vocabularies

@@ -2,7 +2,6 @@
 
 import functools
 import http.server
-import importlib.util
 import io
 import json
 import shutil
@@ -151,7 +150,7 @@ def test_shipped_model_is_small_half_precision_and_loads_with_weights_only():
     floats = [t for t in state["model"].values() if t.is_floating_point()]
     assert floats and all(t.dtype == torch.float16 for t in floats)
     info = json.loads((FOLDER / "info.json").read_text())
-    assert info["command"].startswith("python tools/train.py --config cpu")
+    assert info["command"].startswith("python tools/train.py --config cpu")  # as it was trained
     assert info["training_seconds"] > 0 and info["hardware"]
 
 
@@ -184,7 +183,7 @@ def test_translate_script_decodes_greedily_with_beam_1_and_differently_with_beam
     outputs = {}
     for beam in (1, 4):
         result = subprocess.run(
-            [sys.executable, str(ROOT / "tools" / "translate.py"), "--beam", str(beam)],
+            [sys.executable, "-m", "annotated_transformer_cli", "translate", "--beam", str(beam)],
             input="\n".join(german).encode(), capture_output=True, check=True, timeout=300,
         )
         outputs[beam] = result.stdout.decode().split("\n")[:-1]
@@ -203,10 +202,10 @@ def test_the_best_shipped_model_is_small_and_ties_its_three_matrices():
 
 
 def test_make_translate_on_the_test_set_writes_no_special_token_and_keeps_38_bleu(capsys):
-    """make translate's path (tools/translate.py, best model, beam 4) on test_2016_flickr."""
-    spec = importlib.util.spec_from_file_location("translate_cli", ROOT / "tools" / "translate.py")
-    translate_cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(translate_cli)
+    """make translate's path (`annotated-transformer translate`, best model, beam 4) on
+    test_2016_flickr."""
+    from annotated_transformer_cli import translate as translate_cli
+
     pairs = load_multi30k("test_2016_flickr")
     stdout = io.StringIO()
     stdin = io.BytesIO(("\n".join(de for de, _ in pairs) + "\n").encode())

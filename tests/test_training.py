@@ -527,7 +527,8 @@ def test_translate_script_writes_exactly_one_line_per_input_line(tmp_path):
     text = "Ein Hund rennt.\n\nZwei Männer stehen vor einem Haus.\n   \nEnde"  # no final newline
     for checkpoint in (shipped, tmp_path / "run" / "last.pt"):
         result = subprocess.run(
-            [sys.executable, str(ROOT / "tools" / "translate.py"), "--checkpoint", str(checkpoint)],
+            [sys.executable, "-m", "annotated_transformer_cli", "translate",
+             "--checkpoint", str(checkpoint)],
             input=text.encode(), capture_output=True, check=True, timeout=120,
         )
         lines = result.stdout.decode().split("\n")
@@ -538,7 +539,7 @@ def test_translate_script_writes_exactly_one_line_per_input_line(tmp_path):
 
 
 def test_train_script_explains_its_options():
-    result = subprocess.run([sys.executable, str(ROOT / "tools" / "train.py"), "--help"],
+    result = subprocess.run([sys.executable, "-m", "annotated_transformer_cli", "train", "--help"],
                             capture_output=True, text=True, check=True, timeout=60)
     for option in ("--config", "--devices", "--epochs", "--checkpoint-dir", "--resume",
                    "--overwrite", "--max-tokens", "--accum-iter", "--batch-tokens"):
@@ -548,7 +549,7 @@ def test_train_script_explains_its_options():
 
 def test_batch_tokens_picks_the_accumulation_nearest_the_papers_batch():
     sys.path.insert(0, str(ROOT / "tools"))
-    from train import accum_for_batch
+    from annotated_transformer_cli.train import accum_for_batch
 
     assert accum_for_batch(25_000, 4096, 1) == 6  # 24,576 tokens per step on one GPU
     assert accum_for_batch(25_000, 4096, 8) == 1  # 32,768 on eight
@@ -558,7 +559,7 @@ def test_batch_tokens_picks_the_accumulation_nearest_the_papers_batch():
 
 
 def run_train_script(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "tools" / "train.py"), *args],
+    return subprocess.run([sys.executable, "-m", "annotated_transformer_cli", "train", *args],
                           capture_output=True, text=True, timeout=120)
 
 
@@ -576,7 +577,7 @@ def test_train_script_resume_with_nothing_to_resume_is_one_line_and_an_error(tmp
     result = run_train_script("--config", "cpu", "--checkpoint-dir", str(tmp_path), "--resume")
     assert result.returncode == 2  # a user error, like every refusal
     assert "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines()[-1].startswith("train.py: error: cannot resume")
+    assert result.stderr.strip().splitlines()[-1].startswith("annotated-transformer train: error: cannot resume")
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -587,7 +588,7 @@ def test_train_script_resume_with_nothing_to_resume_is_one_line_and_an_error(tmp
 def test_train_script_names_a_bad_value_in_one_line(tmp_path, flags, message):
     result = run_train_script("--config", "cpu", "--checkpoint-dir", str(tmp_path), *flags)
     assert result.returncode == 2 and "Traceback" not in result.stderr  # 2: nothing ran
-    assert result.stderr.strip().splitlines()[-1] == f"train.py: error: {message}"
+    assert result.stderr.strip().splitlines()[-1] == f"annotated-transformer train: error: {message}"
 
 
 def test_epoch_line_shows_the_epoch_of_all_the_training_time_and_an_estimate_of_the_rest():

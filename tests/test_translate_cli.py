@@ -1,6 +1,6 @@
-"""tools/translate.py as a user meets it: odd input bytes, long lines, bad flags, bad files."""
+"""`annotated-transformer translate` as a user meets it: odd input bytes, long lines, bad flags, bad
+files."""
 
-import importlib.util
 import io
 import shutil
 import subprocess
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from annotated_transformer_cli import translate as translate_cli
 from the_annotated_transformer import (
     BEST_SHIPPED_MODEL,
     beam_translate,
@@ -19,14 +20,11 @@ from the_annotated_transformer import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "tools" / "translate.py"
-spec = importlib.util.spec_from_file_location("translate_cli", SCRIPT)
-translate_cli = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(translate_cli)
+COMMAND = [sys.executable, "-m", "annotated_transformer_cli", "translate"]
 
 
 def run_main(args: list[str], data: bytes) -> tuple[int, list[str]]:
-    """translate.py's main in this process: its exit status and its output lines."""
+    """The translate subcommand's main in this process: its exit status and its output lines."""
     out = io.StringIO()
     status = translate_cli.main(args, stdin=io.BytesIO(data), stdout=out)
     text = out.getvalue()
@@ -35,7 +33,7 @@ def run_main(args: list[str], data: bytes) -> tuple[int, list[str]]:
 
 
 def run_script(args: list[str], data: bytes = b"Ein Hund.\n") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], input=data,
+    return subprocess.run([*COMMAND, *args], input=data,
                           capture_output=True, timeout=300)
 
 
@@ -104,14 +102,14 @@ def test_translate_rejects_a_bad_flag_in_one_line(flag, value, message):
     result = run_script([flag, value])
     errors = result.stderr.decode().splitlines()
     assert result.returncode == 2 and result.stdout == b""
-    assert errors == [f"translate.py: error: {message} (--help lists the options)"]
+    assert errors == [f"annotated-transformer translate: error: {message} (--help lists the options)"]
 
 
 def test_translate_reports_a_missing_checkpoint_in_one_line(tmp_path):
     result = run_script(["--checkpoint", str(tmp_path / "nothing.pt")])
     assert result.returncode == 1 and result.stdout == b""
     assert result.stderr.decode().splitlines() == [
-        f"translate.py: checkpoint {tmp_path / 'nothing.pt'} does not exist"
+        f"annotated-transformer translate: checkpoint {tmp_path / 'nothing.pt'} does not exist"
     ]
 
 
@@ -124,4 +122,4 @@ def test_translate_reports_a_truncated_checkpoint_in_one_line(tmp_path):
     errors = result.stderr.decode().splitlines()
     assert result.returncode == 1 and result.stdout == b""
     assert len(errors) == 1 and "Traceback" not in result.stderr.decode()
-    assert errors[0].startswith(f"translate.py: checkpoint {weights} is truncated or corrupted")
+    assert errors[0].startswith(f"annotated-transformer translate: checkpoint {weights} is truncated or corrupted")

@@ -13,9 +13,9 @@ run a time limit with room; the JSON is rewritten after each step:
 2. training_config("gpu") on Multi30k German-English to the end of its schedule (one process,
    one micro-batch of 32,768 tokens a step, the rate falling to zero in a straight line after
    its warm-up, bfloat16 autocast, a greedy validation BLEU after every epoch), its last
-   keep_epochs epochs averaged as tools/average_checkpoints.py averages them;
+   keep_epochs epochs averaged as `annotated-transformer average` averages them;
 3. the average scored on val and test_2016_flickr with sacreBLEU and its signature, greedy and
-   beam 4 (tools/evaluate.py's decodings; the beam runs with the cache);
+   beam 4 (annotated-transformer evaluate's decodings; the beam runs with the cache);
 4. training throughput of the preset's model on batches of 4k, 16k and 32k tokens: the readable
    model and the fast path, each in float32, TF32 and bfloat16, and the fast path in bfloat16
    under torch.compile (tools/bench.py's batches and timing).
@@ -62,9 +62,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tools")]  # the module, and the sibling s
 import bench  # noqa: E402
 import gpu_check  # noqa: E402
 import torch  # noqa: E402
-from average_checkpoints import write_average  # noqa: E402
 from gpu_check import model_flops_utilization, peak_tflops  # noqa: E402
 
+from annotated_transformer_cli.average import write_average  # noqa: E402
 from the_annotated_transformer import (  # noqa: E402
     MULTI30K_SHA256,
     PAD_ID,
@@ -292,8 +292,8 @@ def train(plan: Plan, threads: int | None, result: dict[str, Any]) -> Path:
 
 def score(average: Path, device: torch.device, limit: int | None) -> tuple[list[dict], dict]:
     """sacreBLEU of the averaged weights on each split, greedy and beam 4, as
-    tools/evaluate.py decodes (the beam with the cache), in float32."""
-    import evaluate  # tools/evaluate.py: its decodings, so that the scores compare
+    annotated-transformer evaluate decodes (the beam with the cache), in float32."""
+    from annotated_transformer_cli import evaluate  # its decodings, so that the scores compare
 
     model, vocab_src, vocab_tgt, _ = load_trained_model(average, device=device)
     rows = []

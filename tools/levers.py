@@ -84,7 +84,7 @@ def batches(examples: list[tuple[list[int], list[int]]], max_tokens: int) -> lis
 
 
 def training_step(variant: Variant) -> tuple[torch.nn.Module, Callable[[Batch], None]]:
-    """The recipe's model, built as tools/train.py builds it, and one optimizer step of it."""
+    """The recipe's model, built as the train command builds it, and one optimizer step of it."""
     config = training_config("cpu_fast_dropout", subwords=variant.subwords,
                              max_tokens=variant.max_tokens, dropout=variant.dropout)
     run = build_training(Process(0, 1, torch.device("cpu")), config, variant.subwords,

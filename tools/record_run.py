@@ -6,11 +6,11 @@
         --results /tmp/seed2_eval.json --weights S2="last epoch" \
         --weights avg="average of epochs 5 and 6"
 
-The run's configuration, machine, training time and per-epoch history come from its last.pt;
-its scores come from a tools/evaluate.py results file, validation rows only (the book chooses
-on the validation split and never records a test score for these runs). --weights names what
-each evaluated model was (its evaluate.py NAME). A run with the same --name is replaced, and
-the others keep their order, which chapter 21 relies on.
+The run's configuration, machine, training time and per-epoch history come from its last.pt; its
+scores come from an `annotated-transformer evaluate` results file, validation rows only (the
+book chooses on the validation split and never records a test score for these runs). --weights
+names what each evaluated model was (its evaluate NAME). A run with the same --name is
+replaced, and the others keep their order, which chapter 21 relies on.
 """
 
 import argparse

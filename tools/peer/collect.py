@@ -7,13 +7,13 @@ chapter 18 reads (book/data/peer_multi30k.json).
         --peer tools/peer/runs/multi30k/results_alpha06.json \
         --out book/data/peer_multi30k.json
 
---book takes the book run's checkpoint folder (its model/info.json gives the training seconds,
-its last.pt the optimizer steps) and the results.json that tools/evaluate.py wrote for it;
---peer takes each results.json that tools/peer/joeynmt_multi30k.py wrote for the same JoeyNMT
-run (the first with training, later ones from --decode-only with another beam alpha), whose
-model/validations.txt gives the peer's validation curve. Every score keeps its sacreBLEU
-signature; runs scored under different signatures, or made on different machines, are refused.
-Bad input ends with one line on stderr and exit status 2.
+--book takes the book run's checkpoint folder (its model/info.json gives the training seconds, its
+last.pt the optimizer steps) and the results.json that annotated-transformer evaluate wrote for it;
+--peer takes each results.json that tools/peer/joeynmt_multi30k.py wrote for the same JoeyNMT run
+(the first with training, later ones from --decode-only with another beam alpha), whose
+model/validations.txt gives the peer's validation curve. Every score keeps its sacreBLEU signature;
+runs scored under different signatures, or made on different machines, are refused. Bad input ends
+with one line on stderr and exit status 2.
 """
 
 import argparse

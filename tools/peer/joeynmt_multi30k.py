@@ -7,14 +7,14 @@ Run it with the peer's own virtual environment (tools/peer/README.md sets it up)
     tools/peer/.venv/bin/python tools/peer/joeynmt_multi30k.py --budget 120 --threads 1 \
         --eval-sentences 200 --run-dir tools/peer/runs/smoke            # a smoke run
 
-Steps: 1) write Multi30k's splits as JoeyNMT's plain files, with the book's joint sentencepiece
-BPE of 8,000 pieces trained on both sides of the training split; 2) fill the config template
+Steps: 1) write Multi30k's splits as JoeyNMT's plain files, with the book's joint sentencepiece BPE
+of 8,000 pieces trained on both sides of the training split; 2) fill the config template
 tools/peer/joeynmt_multi30k.yaml (--set KEY=VALUE changes a field, dotted keys); 3) train with
-JoeyNMT's own trainer until --budget seconds of training are spent (validation not counted, as
-the book does not count it), then validate once more so best.ckpt has seen the last weights;
-4) decode val and test_2016_flickr with best.ckpt, greedy and beam 4; 5) score with the book's
-sacreBLEU BLEU and chrF (the_annotated_transformer.bleu and tools/evaluate.chrf) and write
-<run dir>/results.json. The budget defaults to the training seconds of the book's shipped
+JoeyNMT's own trainer until --budget seconds of training are spent (validation not counted, as the
+book does not count it), then validate once more so best.ckpt has seen the last weights; 4) decode
+val and test_2016_flickr with best.ckpt, greedy and beam 4; 5) score with the book's sacreBLEU BLEU
+and chrF (the_annotated_transformer.bleu and annotated_transformer_cli.evaluate.chrf) and write <run
+dir>/results.json. The budget defaults to the training seconds of the book's shipped
 cpu_fast_dropout model (book/models/multi30k_cpu_fast_dropout/info.json).
 """
 
@@ -129,7 +129,7 @@ def write_data(data_dir: Path, source_dir: Path | None, eval_sentences: int | No
         german, english = (list(side) for side in zip(*pairs, strict=True))
         write_lines(data_dir / f"{split}.de", german)
         write_lines(data_dir / f"{split}.en", english)
-        if split == "train":  # 1) the book's segmentation, trained as tools/train.py trains it
+        if split == "train":  # 1) the book's segmentation, as the train command trains it
             sentences = [s for pair in pairs for s in pair]
             sp = book.train_sentencepiece(sentences, vocab_size=vocab_size)
             (data_dir / "sp.model").write_bytes(sp.serialized_model_proto())
@@ -225,7 +225,7 @@ def decode(cfg: dict, run_dir: Path, beam_alpha: float) -> dict[tuple[str, str],
 
 def score(outputs: dict, references: dict[str, list[str]], beam_alpha: float) -> list[dict]:
     """The book's BLEU and chrF with their sacreBLEU signatures for every output."""
-    from evaluate import chrf  # tools/evaluate.py: the function the book's table uses
+    from annotated_transformer_cli.evaluate import chrf  # the function the book's table uses
 
     entries = []
     for (decoding, split), (hypotheses, seconds) in outputs.items():

@@ -4,8 +4,9 @@ translation of line i of the other. Every problem is one line that names the fil
     from parallel_text import read_parallel
     pairs = read_parallel("train.en.gz", "train.fr.gz")   # [(english, french), ...]
 
-Used by tools/train.py (--train, --valid) and tools/evaluate.py (--test). Lines are read like
-tools/translate.py reads its input: a byte-order mark is dropped and CRLF endings are fine.
+Used by annotated-transformer train (--train, --valid) and annotated-transformer evaluate (--test).
+Lines are read like annotated-transformer translate reads its input: a byte-order mark is dropped
+and CRLF endings are fine.
 """
 
 import gzip
@@ -14,7 +15,7 @@ import re
 import zlib
 from pathlib import Path
 
-from translate import decode_lines  # tools/ is on the path: these are sibling scripts
+from annotated_transformer_cli.translate import decode_lines
 
 GZIP_MAGIC = b"\x1f\x8b"
 LANGUAGE_CODE = re.compile(r"[A-Za-z]{2,3}([-_][A-Za-z0-9]{2,8})?")  # en, fr, pt-BR, zh_Hant

@@ -1,27 +1,27 @@
 """Score trained models with sacreBLEU and chrF under several decodings, for chapter 18's table.
 
-    python tools/evaluate.py --model checkpoints/en-fr/model --test val.en.gz val.fr.gz
-    python tools/evaluate.py --model words=book/models/multi30k_cpu \
+    annotated-transformer evaluate --model checkpoints/en-fr/model --test val.en.gz val.fr.gz
+    annotated-transformer evaluate --model words=book/models/multi30k_cpu \
         --model subwords=checkpoints/multi30k_cpu_subword/last.pt \
         --decodings greedy beam4 --splits val test_2016_flickr --threads 2 \
         --results book/models/multi30k_cpu_subword/results.json
-    python tools/evaluate.py --model en-fr=checkpoints/en-fr_cpu_fast_dropout/model \
+    annotated-transformer evaluate --model en-fr=checkpoints/en-fr_cpu_fast_dropout/model \
         --test val.en.gz val.fr.gz --test test_2016_flickr.en.gz test_2016_flickr.fr.gz \
         --decodings beam4 --results checkpoints/en-fr_cpu_fast_dropout/model/results.json
 
 Each model is NAME=PATH, or PATH alone (named by its path), where PATH is anything
-load_trained_model reads (a shipped folder, a model folder from tools/train.py, a model.pt,
-last.pt or an averaged checkpoint with its vocabularies beside it); without --model, the book's
-best shipped model, as tools/translate.py uses it. --splits scores Multi30k's German-English
-splits; --test SRC_FILE REF_FILE scores any parallel text (plain or gzipped, one sentence per
-line; the split is named after the source file, test_2016_flickr.en.gz -> test_2016_flickr),
-and is what a model of another language pair needs. Each decoding is one of DECODINGS below.
-Every (model, decoding, split) gets one entry in --results (when given), replacing an entry
-with the same three names, with its BLEU and sacreBLEU's signature, its chrF and chrF's
-signature, the time it took and the mean output length (and with --keep-outputs the
-translations); a line per entry is printed as it is measured. Bad input (a missing file, bad
-bytes, an empty line, files of unequal length, Multi30k splits for a model of other languages)
-ends with one line on stderr and exit status 2.
+load_trained_model reads (a shipped folder, a model folder from annotated-transformer train, a
+model.pt, last.pt or an averaged checkpoint with its vocabularies beside it); without --model, the
+book's best shipped model, as annotated-transformer translate uses it. --splits scores Multi30k's
+German-English splits; --test SRC_FILE REF_FILE scores any parallel text (plain or gzipped, one
+sentence per line; the split is named after the source file, test_2016_flickr.en.gz ->
+test_2016_flickr), and is what a model of another language pair needs. Each decoding is one of
+DECODINGS below. Every (model, decoding, split) gets one entry in --results (when given), replacing
+an entry with the same three names, with its BLEU and sacreBLEU's signature, its chrF and chrF's
+signature, the time it took and the mean output length (and with --keep-outputs the translations); a
+line per entry is printed as it is measured. Bad input (a missing file, bad bytes, an empty line,
+files of unequal length, Multi30k splits for a model of other languages) ends with one line on
+stderr and exit status 2.
 """
 
 import argparse
@@ -34,10 +34,10 @@ import time
 from pathlib import Path
 
 import torch
-from parallel_text import BadInput, read_parallel, split_name  # sibling scripts in tools/
 from tqdm import tqdm
-from translate import OneLineParser, model_languages
 
+from annotated_transformer_cli.parallel_text import BadInput, read_parallel, split_name
+from annotated_transformer_cli.translate import OneLineParser, model_languages
 from the_annotated_transformer import (
     BEST_SHIPPED_MODEL,
     beam_translate,
@@ -127,7 +127,8 @@ def record(results: Path, entries: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = OneLineParser(prog="evaluate.py", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="annotated-transformer evaluate",
+                           description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=model_spec, action="append",
                         help="NAME=PATH or PATH of a model to score (repeat for several; "
                              f"default: the shipped {BEST_SHIPPED_MODEL})")
@@ -155,12 +156,13 @@ def main(argv: list[str] | None = None) -> None:
         args.model = [(BEST_SHIPPED_MODEL, None)]
     if args.splits is None:
         args.splits = [] if args.test else list(MULTI30K_SPLITS)
-    command = shlex.join(["python", "tools/evaluate.py", *(sys.argv[1:] if argv is None else argv)])
+    command = shlex.join(["annotated-transformer", "evaluate",
+                          *(sys.argv[1:] if argv is None else argv)])
     try:
         check_languages(args.model, args.splits)
         sets = test_sets(args)
     except BadInput as err:
-        print(f"evaluate.py: error: {err}", file=sys.stderr)
+        print(f"annotated-transformer evaluate: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     jobs = [(name, path, decoding, split) for name, path in args.model
             for decoding in args.decodings for split in sets]
@@ -170,15 +172,16 @@ def main(argv: list[str] | None = None) -> None:
             try:
                 loaded[name] = load_trained_model(path, name=BEST_SHIPPED_MODEL)
             except (OSError, ValueError) as err:
-                sys.exit(f"evaluate.py: error: model {name}: {err}")
+                sys.exit(f"annotated-transformer evaluate: error: model {name}: {err}")
         model, vocab_src, vocab_tgt, config = loaded[name]
         tokenizer = None if config.subwords else load_tokenizers()[0]  # spaCy for word models
         pairs, files = sets[split]
         sources, references = zip(*pairs, strict=True)
         cut = sum(len(encode_text(s, vocab_src, tokenizer)) > SOURCE_LIMIT for s in sources)
         if cut:  # translate_with reads at most SOURCE_LIMIT tokens of a source
-            tqdm.write(f"evaluate.py: {cut} of {len(sources)} {split} sources are longer than "
-                       f"{SOURCE_LIMIT} tokens and are cut there (their scores suffer)",
+            tqdm.write(f"annotated-transformer evaluate: {cut} of {len(sources)} {split} sources "
+                       f"are "
+                       f"longer than {SOURCE_LIMIT} tokens and are cut there (their scores suffer)",
                        file=sys.stderr)
         start = time.perf_counter()
         outputs = decode(model, list(sources), (vocab_src, vocab_tgt), tokenizer, decoding)

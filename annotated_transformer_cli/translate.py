@@ -1,9 +1,9 @@
 """Translate with a trained model: one sentence per line on stdin, one line per line on stdout.
 
-    echo "Zwei Hunde spielen im Schnee." | python tools/translate.py
-    python tools/translate.py --checkpoint checkpoints/multi30k_cpu/last.pt < de.txt > en.txt
-    python tools/translate.py --checkpoint checkpoints/en-fr_cpu_fast_dropout/model < en.txt
-    python tools/translate.py --beam 1 < de.txt > en.txt   # greedy decoding
+    echo "Zwei Hunde spielen im Schnee." | annotated-transformer translate
+    annotated-transformer translate --checkpoint checkpoints/multi30k_cpu/last.pt < de.txt > en.txt
+    annotated-transformer translate --checkpoint checkpoints/en-fr_cpu_fast_dropout/model < en.txt
+    annotated-transformer translate --beam 1 < de.txt > en.txt   # greedy decoding
 
 Only translations go to stdout, exactly one line for each input line (an empty line stays
 empty); messages go to stderr. Input is read as bytes: a byte-order mark is dropped, CRLF line
@@ -12,9 +12,10 @@ empty output line (--stop-on-bad-input stops instead, with nothing written). A l
 the model translates at once is split into pieces, translated piece by piece, and reported.
 By default the book's best shipped model (BEST_SHIPPED_MODEL: chapter 21's half-hour subword
 model in book/models/multi30k_cpu_fast_dropout) translates German to English; --checkpoint takes
-a folder from export_for_shipping or tools/train.py (which translates the languages its
-info.json names: a subword model needs no tokenizer of its languages) or a model.pt / last.pt
-file with its vocabularies beside it (vocab_de.json and vocab_en.json, or subwords.model).
+a folder from export_for_shipping or `annotated-transformer train` (which translates the
+languages its info.json names: a subword model needs no tokenizer of its languages) or a model.pt
+or last.pt file with its vocabularies beside it (vocab_de.json and vocab_en.json, or
+subwords.model).
 Decoding is the paper's beam search (beam 4, length penalty alpha 0.6; chapter 15) with chapter
 21's key/value cache; --beam 1 gives greedy decoding. A user error (a bad flag, a missing or
 corrupt checkpoint, bad input with --stop-on-bad-input) ends with one line on stderr and exit
@@ -59,7 +60,8 @@ def at_least(minimum: int | float, kind: type) -> Callable[[str], int | float]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The options, each checked here so that a bad one fails before the model loads."""
-    parser = OneLineParser(prog="translate.py", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="annotated-transformer translate",
+                           description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", help="a shipped model folder, or a model.pt / last.pt")
     parser.add_argument("--batch-size", type=at_least(1, int), default=32,
                         help="sentences decoded together (at least 1)")
@@ -94,9 +96,9 @@ def decode_lines(data: bytes) -> tuple[list[str], list[str]]:
 
 
 def model_languages(checkpoint: str | os.PathLike | None) -> tuple[str, str] | None:
-    """The (source, target) language codes in the info.json beside a model, as tools/train.py
-    writes them: ("de", "en") for the shipped models (whose info.json names none), None where
-    there is no info.json (a training checkpoint)."""
+    """The (source, target) language codes in the info.json beside a model, as the train
+    command writes them: ("de", "en") for the shipped models (whose info.json names none), None
+    where there is no info.json (a training checkpoint)."""
     if checkpoint is None:
         return ("de", "en")
     path = Path(checkpoint)
@@ -143,12 +145,12 @@ def main(argv: list[str] | None = None, stdin: BinaryIO | None = None,
             model, vocab_src, vocab_tgt, config = load_trained_model(
                 args.checkpoint, name=BEST_SHIPPED_MODEL)
     except (OSError, ValueError) as err:  # missing, truncated or corrupt files
-        print("translate.py: " + " ".join(str(err).split()), file=sys.stderr)
+        print("annotated-transformer translate: " + " ".join(str(err).split()), file=sys.stderr)
         return 1
     lines, problems = decode_lines(stdin.read())
     for problem in problems:
-        print(f"translate.py: {problem}" + (": stopping" if args.stop_on_bad_input
-                                            else ": its output line is empty"), file=sys.stderr)
+        ending = ": stopping" if args.stop_on_bad_input else ": its output line is empty"
+        print(f"annotated-transformer translate: {problem}{ending}", file=sys.stderr)
     if problems and args.stop_on_bad_input:
         return 1
     # A word model splits its input with spaCy's German tokenizer; a subword model needs none.
@@ -167,9 +169,9 @@ def main(argv: list[str] | None = None, stdin: BinaryIO | None = None,
             words = line.split() if config.subwords else tokenize(line, tokenizer)
             parts = split_long(words, limit, model_tokens)
         if len(parts) > 1:
-            print(f"translate.py: line {number + 1} has {tokens} tokens, more than the "
-                  f"{limit} that translation reads at once: translated in {len(parts)} "
-                  "pieces", file=sys.stderr)
+            print(f"annotated-transformer translate: line {number + 1} has {tokens} tokens, "
+                  f"more than the {limit} that translation reads at once: translated in "
+                  f"{len(parts)} pieces", file=sys.stderr)
         pieces += parts
         owner += [number] * len(parts)
     languages = model_languages(args.checkpoint)

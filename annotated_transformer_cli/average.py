@@ -1,16 +1,16 @@
 """Average the weights of a run's last checkpoints into one model, and optionally score it.
 
-    python tools/average_checkpoints.py checkpoints/multi30k_cpu_avg/epoch_01{5,6,7}.pt \
+    annotated-transformer average checkpoints/multi30k_cpu_avg/epoch_01{5,6,7}.pt \
         --output checkpoints/multi30k_cpu_avg/average_15-17.pt
-    python tools/average_checkpoints.py checkpoints/multi30k_cpu_avg/epoch_01{5,6,7}.pt \
+    annotated-transformer average checkpoints/multi30k_cpu_avg/epoch_01{5,6,7}.pt \
         --bleu --threads 1 --results book/models/multi30k_cpu/averaging.json --name "epochs 15-17"
 
 The checkpoints must come from one training run (chapter 16 explains why); they are read with
-weights_only=True. The averaged file holds the weights, the first checkpoint's configuration and
-the list of files it was averaged from; the vocabularies are copied beside it, so that
-`load_trained_model(output)` and `tools/translate.py --checkpoint` can use it. --bleu translates
-the Multi30k validation and 2016 Flickr test sets greedily and scores them with sacreBLEU, as
-chapter 14 does.
+weights_only=True. The averaged file holds the weights, the first checkpoint's configuration and the
+list of files it was averaged from; the vocabularies are copied beside it, so that
+`load_trained_model(output)` and `annotated-transformer translate --checkpoint` can use it. --bleu
+translates the Multi30k validation and 2016 Flickr test sets greedily and scores them with
+sacreBLEU, as chapter 14 does.
 """
 
 import argparse
@@ -86,7 +86,8 @@ def record(results: Path, entry: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="annotated-transformer average",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("checkpoints", nargs="+", type=Path,
                         help="checkpoint files of one run (epoch_NNN.pt, last.pt or model.pt)")
     parser.add_argument("--output", type=Path, help="write the averaged model to this file")
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
             "checkpoints": [str(path) for path in args.checkpoints],
             "epochs": [load_checkpoint(path).get("epoch") for path in args.checkpoints],
             "scores": scores,
-            "command": shlex.join(["python", "tools/average_checkpoints.py",
+            "command": shlex.join(["annotated-transformer", "average",
                                    *(sys.argv[1:] if argv is None else argv)]),
             "hardware": hardware_name(torch.device("cpu"), 1),
             "torch": torch.__version__,

@@ -1,15 +1,15 @@
 """Train a Transformer translator: the book's best recipe on Multi30k, or on your own parallel text.
 
-    python tools/train.py                                      # cpu_fast_dropout on Multi30k de-en
-    python tools/train.py --langs en fr                        # Multi30k's English-French
-    python tools/train.py --train train.en.gz train.fr.gz --valid val.en.gz val.fr.gz
-    python tools/train.py --train a.en b.fr --valid c.en d.fr --set dropout=0.3 --set epochs=20
-    python tools/train.py --config cpu                         # chapter 14's word-level model
-    python tools/train.py --config base --devices 4            # four GPUs of this machine
-    python tools/train.py --config base --batch-tokens 25000   # about the paper's batch
-    torchrun --nproc_per_node=8 tools/train.py --config base   # started by torchrun
-    python tools/train.py --resume                             # continue after an interruption
-    python tools/train.py --config base --save-every 500       # also a checkpoint every 500 steps
+    annotated-transformer train                           # cpu_fast_dropout on Multi30k de-en
+    annotated-transformer train --langs en fr             # Multi30k's English-French
+    annotated-transformer train --train train.en.gz train.fr.gz --valid val.en.gz val.fr.gz
+    annotated-transformer train --train a.en b.fr --valid c.en d.fr --set dropout=0.3
+    annotated-transformer train --config cpu              # chapter 14's word-level model
+    annotated-transformer train --config base --devices 4 # four GPUs of this machine
+    annotated-transformer train --config base --batch-tokens 25000   # about the paper's batch
+    torchrun --nproc_per_node=8 -m annotated_transformer_cli train --config base
+    annotated-transformer train --resume                  # continue after an interruption
+    annotated-transformer train --save-every 500          # also a checkpoint every 500 steps
 
 --train and --valid each take two files, source then target: plain or gzipped, UTF-8, one
 sentence per line, line i of one the translation of line i of the other (the language codes
@@ -30,8 +30,8 @@ Each epoch's checkpoint goes to --checkpoint-dir/last.pt (rank 0's folder), with
 vocabularies beside it, and best.pt holds the weights with the best validation BLEU; with
 --save-every N, last.pt is also written every N optimizer steps, and --resume continues from
 inside the epoch. At the end the last keep_epochs epochs are averaged (chapter 16) into a
-model folder (--model-dir, by default <checkpoint-dir>/model) that tools/translate.py
---checkpoint and tools/evaluate.py --model read; its info.json names the languages.
+model folder (--model-dir, by default <checkpoint-dir>/model) that annotated-transformer translate
+--checkpoint and annotated-transformer evaluate --model read; its info.json names the languages.
 
 Bad input (a missing file, bad bytes, an empty line, files of unequal length, a vocabulary
 larger than the text allows, an unknown --set field or a bad value, a schedule that would not
@@ -56,10 +56,11 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import torch.multiprocessing
-from average_checkpoints import write_average  # sibling scripts in tools/
-from parallel_text import BadInput, language_of, read_parallel
-from translate import OneLineParser
 
+from annotated_transformer_cli.average import write_average
+from annotated_transformer_cli.main import command_name
+from annotated_transformer_cli.parallel_text import BadInput, language_of, read_parallel
+from annotated_transformer_cli.translate import OneLineParser
 from the_annotated_transformer import (
     MULTI30K_FOLDERS,
     TrainConfig,
@@ -81,20 +82,11 @@ MULTI30K_LANGUAGES = ("de", "en")
 TRUE, FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
 
 
-def python_command() -> str:
-    """The Python that runs this script, as a user can type it: .venv/bin/python from the
-    repository root, else its full path."""
-    try:
-        return Path(sys.executable).relative_to(Path.cwd()).as_posix()
-    except ValueError:
-        return shlex.quote(sys.executable)
-
-
 def fail(message: str, status: int = 2) -> NoReturn:
     """One line on stderr and the exit status: 2 for bad input, options or folder (a schedule
     that never leaves its warm-up, a folder holding another run), 1 for data that cannot be
     had (Multi30k neither on disk nor downloadable)."""
-    print(f"train.py: error: {message}", file=sys.stderr)
+    print(f"annotated-transformer train: error: {message}", file=sys.stderr)
     raise SystemExit(status)
 
 
@@ -207,7 +199,8 @@ def finished_run(config: TrainConfig, model_dir: Path, *, world_size: int = 1,
     return (f"the run in {config.checkpoint_dir} has finished: {path} is after epoch {done} of "
             f"{config.epochs}, so there is nothing to train. To train longer, resume with more "
             "epochs (--resume --epochs N, or make train RESUME=1 EPOCHS=N); to start again, "
-            "--overwrite (OVERWRITE=1); to use the model, make -s translate CHECKPOINT="
+            "--overwrite (OVERWRITE=1); to use the model, " + command_name()
+            + " translate --checkpoint "
             + shlex.quote(str(model_dir if (model_dir / "model.pt").is_file() else path)))
 
 
@@ -227,7 +220,7 @@ def check_folder(config: TrainConfig, args: argparse.Namespace) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line; --help explains every option."""
-    parser = OneLineParser(prog="train.py", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="annotated-transformer train", description=__doc__.splitlines()[0])
     parser.add_argument("--config",
                         help="a preset of training_config, trained as it is (default: "
                              "cpu_fast_dropout, the book's best recipe, on Multi30k; for "
@@ -514,14 +507,14 @@ def main(argv: list[str] | None = None) -> None:
             train_distributed(config, args.devices, **options)
         if message is not None:
             if rank0:
-                print(f"train.py: {message}", file=sys.stderr)
+                print(f"annotated-transformer train: {message}", file=sys.stderr)
             return
         if rank0:
             what = write_model_folder(config, model_dir, languages, data)
             folder = shlex.quote(str(model_dir))
-            print(f"model folder {model_dir} ({what}); translate with: make -s translate "
-                  f"CHECKPOINT={folder} < sentences.{languages[0]}; score with: "
-                  f"{python_command()} tools/evaluate.py --model {folder} --test SRC_FILE "
+            print(f"model folder {model_dir} ({what}); translate with: {command_name()} "
+                  f"translate --checkpoint {folder} < sentences.{languages[0]}; score with: "
+                  f"{command_name()} evaluate --model {folder} --test SRC_FILE "
                   "REF_FILE", file=sys.stderr)
     except (FileExistsError, FileNotFoundError, ValueError) as err:  # a wrong folder or config
         fail(user_error(err))
