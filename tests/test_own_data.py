@@ -27,6 +27,7 @@ SHARED = ROOT.parent / "shared" / "data"
 ENGLISH = SHARED / "multi30k"
 FRENCH = SHARED / "multi30k-fr-cs"
 N_TRAIN, N_VAL = 300, 40
+ERROR = "annotated-transformer train: error: "  # how each of train's refusals begins
 TINY = ["--set", "N=1", "--set", "d_model=32", "--set", "d_ff=64", "--set", "h=2",
         "--set", "subwords=400", "--set", "warmup=2", "--set", "bleu_every=1", "--epochs", "2",
         "--threads", "1"]
@@ -139,8 +140,8 @@ def test_evaluate_says_how_many_sources_it_cuts_at_70_tokens(data, model_dir, tm
     reference.write_text("\n".join(first_lines(FRENCH / "val.fr.gz", 3)) + "\n", "utf-8")
     load_tool("evaluate").main(["--model", f"en-fr={model_dir}", "--test", str(source),
                                 str(reference)])
-    assert "annotated-transformer evaluate: 1 of 3 long sources are longer than 70 tokens and are cut there" in (
-        capfd.readouterr().err)
+    assert ("annotated-transformer evaluate: 1 of 3 long sources are longer than 70 tokens and "
+            "are cut there") in capfd.readouterr().err
 
 
 def test_evaluate_refuses_multi30k_german_english_splits_for_an_en_fr_model(model_dir, tmp_path,
@@ -165,7 +166,8 @@ def broken_copy(data: Path, tmp_path: Path, change) -> Path:
 
 
 def refused(argv: list[str], tmp_path: Path, capfd) -> str:
-    """Run the train subcommand's main, which must stop with exit status 2 before training; its one line."""
+    """Run the train subcommand's main, which must stop with exit status 2 before training; its
+    one line."""
     from annotated_transformer_cli.train import main
 
     run = tmp_path / "run"
@@ -200,19 +202,19 @@ def test_train_refuses_a_bad_file_in_one_line_naming_file_and_line(data, tmp_pat
     folder = broken_copy(data, tmp_path, change)
     line = refused(own_files(folder), tmp_path, capfd)
     names = {"en": folder / "train.en", "fr": folder / "train.fr"}
-    assert line == "annotated-transformer train: error: " + message.format(**names)
+    assert line == ERROR + message.format(**names)
 
 
 def test_train_refuses_a_missing_file_in_one_line(data, tmp_path, capfd):
     argv = own_files(data)
     argv[2] = str(tmp_path / "nothing.fr")
     line = refused(argv, tmp_path, capfd)
-    assert line == f"annotated-transformer train: error: {tmp_path / 'nothing.fr'} does not exist"
+    assert line == f"{ERROR}{tmp_path / 'nothing.fr'} does not exist"
 
 
 def test_train_refuses_a_vocabulary_larger_than_the_text_allows(data, tmp_path, capfd):
     line = refused([*own_files(data), "--set", "subwords=20000"], tmp_path, capfd)
-    assert line.startswith("annotated-transformer train: error: subwords=20000 is a larger vocabulary than the 300 "
+    assert line.startswith(ERROR + "subwords=20000 is a larger vocabulary than the 300 "
                            "training pairs allow (at most ")
     most = int(line.split("at most ")[1].split()[0])
     assert line.endswith(f"pieces): lower it, e.g. --set subwords={most}")
@@ -240,7 +242,7 @@ def test_train_refuses_a_vocabulary_larger_than_the_text_allows(data, tmp_path, 
 def test_train_checks_config_and_set_before_the_run_in_one_line(data, tmp_path, capfd, argv,
                                                                 message):
     line = refused([*own_files(data), *argv], tmp_path, capfd)
-    assert line.startswith(f"annotated-transformer train: error: {message}")
+    assert line.startswith(ERROR + message)
 
 
 def test_set_reads_each_value_as_its_trainconfig_fields_type():
@@ -291,7 +293,7 @@ def test_langs_de_en_without_train_is_the_default_run():
 @pytest.mark.parametrize("langs", [["en", "es"], ["fr", "fr"]])
 def test_langs_without_train_outside_multi30k_is_refused_in_one_line(langs, tmp_path, capfd):
     line = refused(["--langs", *langs], tmp_path, capfd)
-    assert line == (f"annotated-transformer train: error: --langs {' '.join(langs)}: without --train, --langs picks "
+    assert line == (f"{ERROR}--langs {' '.join(langs)}: without --train, --langs picks "
                     "a Multi30k pair, two different ones of de, en, fr, cs; for other languages "
                     "give your files with --train and --valid (--help lists the options)")
 
@@ -352,7 +354,7 @@ def refused_in(folder: Path, argv: list[str], capfd) -> str:
     with pytest.raises(SystemExit) as exit_:
         main([*argv, "--checkpoint-dir", str(folder)])
     lines = capfd.readouterr().err.splitlines()  # what the run chose, then the error
-    errors = [line for line in lines if line.startswith("annotated-transformer train: error: ")]
+    errors = [line for line in lines if line.startswith(ERROR)]
     assert exit_.value.code == 2 and errors == lines[-1:], lines
     assert tree_hashes(folder) == before
     return lines[-1]
@@ -371,7 +373,7 @@ def refused_in(folder: Path, argv: list[str], capfd) -> str:
 def test_a_refused_run_leaves_a_finished_run_byte_for_byte(data, finished, capfd, argv,
                                                            message):
     line = refused_in(finished, [*own_files(data), *tiny_with("--epochs", "3", *argv)], capfd)
-    assert line.startswith("annotated-transformer train: error: " + message.format(folder=finished)), line
+    assert line.startswith(ERROR + message.format(folder=finished)), line
 
 
 def test_a_finished_run_is_answered_with_status_0_only_for_its_own_request(data, finished,
@@ -401,7 +403,7 @@ def test_a_finished_run_is_answered_with_status_0_only_for_its_own_request(data,
 def test_a_refused_run_creates_no_folder_and_no_vocabulary(data, tmp_path, capfd, argv, message):
     folder = tmp_path / "new"
     line = refused_in(folder, [*own_files(data), *tiny_with(*argv)], capfd)
-    assert line.startswith("annotated-transformer train: error: " + message.format(folder=folder)), line
+    assert line.startswith(ERROR + message.format(folder=folder)), line
 
 
 # Your own text sized by config_for_corpus: given only --train and --valid.
@@ -506,6 +508,7 @@ def test_four_hundred_pairs_given_only_train_and_valid_pass_every_check(data, tm
 
 
 def test_resume_takes_the_runs_settings_from_its_checkpoint_without_set(data, finished, capfd):
+    from annotated_transformer_cli.main import command_name
     from annotated_transformer_cli.train import main
 
     main([*own_files(data), "--resume", "--epochs", "3", "--threads", "1",
@@ -517,9 +520,10 @@ def test_resume_takes_the_runs_settings_from_its_checkpoint_without_set(data, fi
     assert (state["config"]["d_model"], state["config"]["subwords"]) == (32, 400)
     last = err.strip().splitlines()[-1]
     assert last.startswith(f"model folder {finished / 'model'} (epochs 2, 3 averaged); translate "
-                           f"with: make -s translate CHECKPOINT={finished / 'model'} < "
-                           "sentences.en; score with: ")
-    assert f"evaluate --model {finished / 'model'} --test SRC_FILE REF_FILE" in last
+                           f"with: {command_name()} translate --checkpoint {finished / 'model'} "
+                           "< sentences.en; score with: ")
+    assert last.endswith(f"{command_name()} evaluate --model {finished / 'model'} --test SRC_FILE "
+                         "REF_FILE")
 
 
 def test_evaluate_needs_only_a_model_and_a_test_set(data, model_dir, capfd):

@@ -145,5 +145,6 @@ def test_the_train_script_refuses_a_run_inside_its_warm_up_before_training(tmp_p
     )
     assert done.returncode == 2  # a user error, like every refusal
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("annotated-transformer train: error: the run would take") and "Traceback" not in done.stderr
+    assert last.startswith("annotated-transformer train: error: the run would take")
+    assert "Traceback" not in done.stderr
     assert not (tmp_path / "run").exists()  # nothing written, not even the vocabularies

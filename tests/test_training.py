@@ -577,7 +577,8 @@ def test_train_script_resume_with_nothing_to_resume_is_one_line_and_an_error(tmp
     result = run_train_script("--config", "cpu", "--checkpoint-dir", str(tmp_path), "--resume")
     assert result.returncode == 2  # a user error, like every refusal
     assert "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines()[-1].startswith("annotated-transformer train: error: cannot resume")
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("annotated-transformer train: error: cannot resume")
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -588,7 +589,8 @@ def test_train_script_resume_with_nothing_to_resume_is_one_line_and_an_error(tmp
 def test_train_script_names_a_bad_value_in_one_line(tmp_path, flags, message):
     result = run_train_script("--config", "cpu", "--checkpoint-dir", str(tmp_path), *flags)
     assert result.returncode == 2 and "Traceback" not in result.stderr  # 2: nothing ran
-    assert result.stderr.strip().splitlines()[-1] == f"annotated-transformer train: error: {message}"
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == f"annotated-transformer train: error: {message}"
 
 
 def test_epoch_line_shows_the_epoch_of_all_the_training_time_and_an_estimate_of_the_rest():

@@ -102,7 +102,8 @@ def test_translate_rejects_a_bad_flag_in_one_line(flag, value, message):
     result = run_script([flag, value])
     errors = result.stderr.decode().splitlines()
     assert result.returncode == 2 and result.stdout == b""
-    assert errors == [f"annotated-transformer translate: error: {message} (--help lists the options)"]
+    assert errors == [
+        f"annotated-transformer translate: error: {message} (--help lists the options)"]
 
 
 def test_translate_reports_a_missing_checkpoint_in_one_line(tmp_path):
@@ -122,4 +123,5 @@ def test_translate_reports_a_truncated_checkpoint_in_one_line(tmp_path):
     errors = result.stderr.decode().splitlines()
     assert result.returncode == 1 and result.stdout == b""
     assert len(errors) == 1 and "Traceback" not in result.stderr.decode()
-    assert errors[0].startswith(f"annotated-transformer translate: checkpoint {weights} is truncated or corrupted")
+    assert errors[0].startswith(
+        f"annotated-transformer translate: checkpoint {weights} is truncated or corrupted")
