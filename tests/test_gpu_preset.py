@@ -147,8 +147,8 @@ def test_the_cpu_presets_and_base_are_as_they_were_on_one_device(name, fields):
 
 
 def test_the_train_script_gives_base_the_papers_peak_at_the_papers_batch():
-    """tools/train.py builds its configuration through training_config and config_for_devices,
-    so --batch-tokens 25000 gets the scaled factor (prepared, not trained)."""
+    """annotated-transformer train builds its configuration through training_config and
+    config_for_devices, so --batch-tokens 25000 gets the scaled factor (prepared, not trained)."""
     from annotated_transformer_cli import train
 
     args = train.parse_args(["--config", "base", "--batch-tokens", "25000"])

@@ -55,7 +55,8 @@ def main() -> None:
     parser.add_argument("--command", required=True, help="the exact command that trained it")
     parser.add_argument("--checkpoint", type=Path, required=True, help="the run's last.pt")
     parser.add_argument("--results", type=Path, required=True,
-                        help="tools/evaluate.py's --results file for this run's models")
+                        help="annotated-transformer evaluate's --results file for this "
+                        "run's models")
     parser.add_argument("--weights", action="append", required=True, metavar="NAME=WEIGHTS",
                         help="an evaluated model's NAME and what its weights were")
     parser.add_argument("--recipe", type=Path, default=RECIPE, help=argparse.SUPPRESS)

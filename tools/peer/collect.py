@@ -39,7 +39,7 @@ def fail(message: str) -> NoReturn:
 
 
 def book_system(folder: Path, results: Path) -> dict:
-    """The book's run: training notes from its model folder, scores from evaluate.py."""
+    """The book's run: training notes from its model folder, scores from its evaluate run."""
     info = json.loads((folder / "model" / "info.json").read_text("utf-8"))
     state = load_checkpoint(folder / "last.pt")
     scored = json.loads(results.read_text("utf-8"))["results"]
