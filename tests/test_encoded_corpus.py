@@ -1,0 +1,167 @@
+"""The encoded corpus (book/appendix_data.ipynb): encoded once on disk, memory-mapped by every
+rank, batched from its stored lengths; it must give exactly what the in-memory path gives."""
+
+import gzip
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tiny_training import synthetic_sentence_pairs
+
+from the_annotated_transformer import (
+    EncodedCorpus,
+    StoredLengthSampler,
+    TokenBudgetSampler,
+    TrainConfig,
+    corpus_loader,
+    encode_corpus,
+    encode_examples,
+    example_lengths,
+    filter_by_length,
+    read_lines,
+    train_sentencepiece,
+    train_worker,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_LEN = 12  # short enough that some of the pairs below are left out
+
+
+@pytest.fixture(scope="module")
+def text() -> list[tuple[str, str]]:
+    pairs = synthetic_sentence_pairs(600, seed=3)
+    # a few longer pairs, so that max_len leaves some out
+    return pairs + [(f"{de} {de} {de}", f"{en} {en}") for de, en in pairs[:40]]
+
+
+@pytest.fixture(scope="module")
+def sp(text):
+    return train_sentencepiece([s for pair in text for s in pair], vocab_size=320)
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(text, sp, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("corpus")
+    encode_corpus((de for de, _ in text), (en for _, en in text), sp, folder, max_len=MAX_LEN,
+                  chunk_size=97)  # chunks that do not divide the text
+    return folder
+
+
+def test_the_encoded_corpus_holds_exactly_the_pairs_and_count_of_the_in_memory_path(
+        text, sp, corpus_dir):
+    corpus = EncodedCorpus(corpus_dir)
+    ids = [(sp.encode(de), sp.encode(en)) for de, en in text]
+    kept, dropped = filter_by_length(ids, max_len=MAX_LEN)
+    assert dropped > 0 and len(kept) > 0
+    assert [corpus[i] for i in range(len(corpus))] == kept
+    assert kept == encode_examples(text, sp, sp, (None, None), max_len=MAX_LEN)
+    header = corpus.header
+    assert (header["read"], header["pairs"], header["dropped"]) == (len(text), len(kept), dropped)
+    assert header["dtype"] == "uint16" and corpus.src_tokens.dtype == np.uint16
+    assert corpus.src_lengths.tolist() == [len(src) for src, _ in kept]
+    assert corpus.tgt_lengths.tolist() == [len(tgt) for _, tgt in kept]
+    assert corpus[-1] == kept[-1] and len(corpus[:5]) == 5 and corpus[:5][4] == kept[4]
+    assert isinstance(corpus.src_tokens, np.memmap)  # mapped, not read
+
+
+def test_files_read_line_by_line_give_the_same_corpus_as_lists(text, sp, corpus_dir, tmp_path):
+    paths = []
+    for side, name in enumerate(("train.de.gz", "train.en")):
+        data = ("\ufeff" if side else "") + "\r\n".join(pair[side] for pair in text) + "\n"
+        path = tmp_path / name
+        if name.endswith(".gz"):
+            path.write_bytes(gzip.compress(data.encode()))
+        else:
+            path.write_bytes(data.encode())
+        paths.append(path)
+    assert list(read_lines(paths[0])) == [de for de, _ in text]
+    assert list(read_lines(paths[1])) == [en for _, en in text]
+    encode_corpus(read_lines(paths[0]), read_lines(paths[1]), sp, tmp_path / "c", max_len=MAX_LEN)
+    for name in ("src_tokens", "tgt_tokens", "src_lengths", "tgt_lengths"):
+        assert (np.load(tmp_path / "c" / f"{name}.npy") ==
+                np.load(corpus_dir / f"{name}.npy")).all()
+
+
+@pytest.mark.parametrize("options", [
+    {"shuffle": True, "seed": 5},
+    {"shuffle": False},
+    {"shuffle": True, "seed": 1, "pool_size": 100, "num_replicas": 3, "rank": 2},
+])
+def test_batches_from_stored_lengths_are_the_in_memory_samplers_batches(corpus_dir, options):
+    corpus = EncodedCorpus(corpus_dir)
+    examples = [corpus[i] for i in range(len(corpus))]
+    in_memory = TokenBudgetSampler(*example_lengths(examples), max_tokens=60, **options)
+    stored = StoredLengthSampler(corpus.src_lengths.astype(int) + 2,
+                                 corpus.tgt_lengths.astype(int) + 2, max_tokens=60, **options)
+    for epoch in (0, 3):
+        in_memory.set_epoch(epoch)
+        stored.set_epoch(epoch)
+        assert [batch.tolist() for batch in stored.batches()] == in_memory.batches()
+        assert list(stored) == list(in_memory) and len(stored) == len(in_memory)
+
+
+def test_the_stored_length_sampler_refuses_what_the_in_memory_one_refuses():
+    with pytest.raises(ValueError, match="example 1 has 9 source and 3 target tokens"):
+        StoredLengthSampler([3, 9], [3, 3], max_tokens=8)
+    with pytest.raises(ValueError, match="rank must be in"):
+        StoredLengthSampler([3, 4], [3, 3], max_tokens=8, num_replicas=2, rank=2)
+
+
+def test_two_ranks_map_the_same_files_and_draw_disjoint_shares_that_cover_the_corpus(
+        corpus_dir):
+    shares = []
+    for rank in range(2):
+        corpus = pickle.loads(pickle.dumps(EncodedCorpus(corpus_dir)))  # as a rank receives it
+        assert len(pickle.dumps(corpus)) < 500  # the folder's name, not the ids
+        loader = corpus_loader(corpus, max_tokens=60, shuffle=True, seed=2, num_replicas=2,
+                               rank=rank)
+        assert Path(corpus.src_tokens.filename) == corpus_dir / "src_tokens.npy"
+        shares.append([i for batch in loader.batch_sampler for i in batch])
+        batch = next(iter(loader))
+        assert batch.src.shape[0] == len(next(iter(loader.batch_sampler)))
+    assert set(shares[0]).isdisjoint(shares[1])
+    assert sorted(shares[0] + shares[1]) == list(range(len(EncodedCorpus(corpus_dir))))
+
+
+def test_encode_corpus_refuses_sides_of_unequal_length_and_an_unfinished_folder(sp, tmp_path):
+    with pytest.raises(ValueError, match="target side ends after 2 lines"):
+        encode_corpus(["a b", "c", "d"], ["a", "b"], sp, tmp_path / "c", max_len=MAX_LEN)
+    with pytest.raises(FileNotFoundError, match="no finished encoded corpus"):
+        EncodedCorpus(tmp_path / "c")
+    with pytest.raises(ValueError, match="max_len must be an integer >= 3"):
+        encode_corpus(["a"], ["a"], sp, tmp_path / "d", max_len=2)
+
+
+def test_train_worker_trains_on_an_encoded_corpus(text, sp, corpus_dir, tmp_path):
+    config = TrainConfig(N=1, d_model=16, d_ff=32, h=2, dropout=0.0, max_tokens=60, epochs=1,
+                         warmup=2, bleu_every=0, subwords=len(sp), max_len=MAX_LEN,
+                         keep_epochs=0, checkpoint_dir=str(tmp_path / "run"))
+    history = train_worker(config=config, progress=False, threads=1,
+                           pairs={"train": EncodedCorpus(corpus_dir), "val": text[:20]})
+    assert len(history) == 1 and np.isfinite(history[0]["train_loss"])
+    assert (tmp_path / "run" / "subwords.model").read_bytes() == sp.serialized_model_proto()
+    with pytest.raises(ValueError, match="cut at max_len=12 but the run has max_len=20"):
+        train_worker(config=TrainConfig(**{**config.__dict__, "max_len": 20}), progress=False,
+                     threads=1, overwrite=True,
+                     pairs={"train": EncodedCorpus(corpus_dir), "val": text[:20]})
+
+
+def test_the_data_benchmark_runs_in_quick_mode(tmp_path):
+    out = tmp_path / "bench.json"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "bench_data.py"), "--quick", "--json", str(out),
+         "--work", str(tmp_path / "work")],
+        capture_output=True, text=True, timeout=600, env={"OMP_NUM_THREADS": "1",
+                                                           "PATH": "/usr/bin:/bin"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "per million pairs" in result.stdout
+    import json
+
+    rows = json.loads(out.read_text())["sizes"]
+    assert len(rows) == 1 and rows[0]["pairs_read"] == rows[0]["pairs"] + rows[0]["dropped"]
+    assert rows[0]["rank_data_mb"] < 1000
+    assert not (tmp_path / "work").exists() or not any((tmp_path / "work").iterdir())
