@@ -7,12 +7,20 @@ translation of line i of the other. Every problem is one line that names the fil
 Used by annotated-transformer train (--train, --valid) and annotated-transformer evaluate (--test).
 Lines are read like annotated-transformer translate reads its input: a byte-order mark is dropped
 and CRLF endings are fine.
+
+    pairs, dropped = read_clean_parallel("train.en.gz", "train.fr.gz")   # train --clean
+
+read_clean_parallel drops and counts the pairs that read_parallel would refuse (an empty or
+undecodable line) and those that are over-long, badly length-matched or exact repeats.
 """
 
 import gzip
+import hashlib
 import os
 import re
 import zlib
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from annotated_transformer_cli.translate import decode_lines
@@ -25,10 +33,8 @@ class BadInput(ValueError):
     """A file that cannot be read as one side of a parallel text; the message is one line."""
 
 
-def read_sentences(path: str | os.PathLike) -> list[str]:
-    """The lines of a plain or gzipped UTF-8 file; a missing file, bad bytes or an empty line
-    raise BadInput naming the file and the line."""
-    path = Path(path)
+def read_bytes(path: Path) -> bytes:
+    """A plain or gzipped file's bytes; a missing or unreadable file raises BadInput."""
     if not path.is_file():
         raise BadInput(f"{path} does not exist" if not path.exists() else f"{path} is not a file")
     try:
@@ -37,7 +43,14 @@ def read_sentences(path: str | os.PathLike) -> list[str]:
             data = gzip.decompress(data)
     except (OSError, EOFError, zlib.error) as err:
         raise BadInput(f"{path} cannot be read ({type(err).__name__}: {err})") from err
-    lines, problems = decode_lines(data)
+    return data
+
+
+def read_sentences(path: str | os.PathLike) -> list[str]:
+    """The lines of a plain or gzipped UTF-8 file; a missing file, bad bytes or an empty line
+    raise BadInput naming the file and the line."""
+    path = Path(path)
+    lines, problems = decode_lines(read_bytes(path))
     if problems:
         more = f" (and {len(problems) - 1} more such lines)" if len(problems) > 1 else ""
         raise BadInput(f"{path}: {problems[0]}{more}: the text must be UTF-8")
@@ -60,6 +73,91 @@ def read_parallel(src_path: str | os.PathLike, tgt_path: str | os.PathLike
         raise BadInput(f"{src_path} has {len(src):,} lines but {tgt_path} has {len(tgt):,}: "
                        "a parallel text has the same number of lines on both sides")
     return list(zip(src, tgt, strict=True))
+
+
+CLEAN_REASONS = ("not UTF-8", "empty", "too long", "length ratio", "duplicate")
+MAX_CHARS = 1000  # --clean's default limit per side, in characters
+MAX_RATIO = 3.0  # --clean's default limit on the longer side's characters over the shorter's
+
+
+def read_lines_or_none(path: str | os.PathLike) -> list[str | None]:
+    """The lines of a plain or gzipped file, None for a line that is not UTF-8 (a byte-order
+    mark dropped, CRLF endings fine); a missing, unreadable or empty file raises BadInput."""
+    path = Path(path)
+    data = read_bytes(path)
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    raw = data.split(b"\n")
+    if raw[-1] == b"":  # the newline that ends the last line
+        raw.pop()
+    if not raw:
+        raise BadInput(f"{path} is empty: it holds no sentence")
+    lines: list[str | None] = []
+    for line in raw:
+        try:
+            lines.append(line.removesuffix(b"\r").decode("utf-8"))
+        except UnicodeDecodeError:
+            lines.append(None)
+    return lines
+
+
+def clean_pairs(pairs: Iterable[tuple[str | None, str | None]], dropped: Counter, *,
+                max_chars: int = MAX_CHARS, max_ratio: float = MAX_RATIO
+                ) -> Iterator[tuple[str, str]]:
+    """The pairs that pass every rule, in their order, counting each dropped one under the
+    first of CLEAN_REASONS it meets: a side not UTF-8 (None), a side empty or blank, a side
+    over max_chars characters, a longer side over max_ratio times the shorter in characters,
+    or a pair already seen (by an 8-byte hash: one pass, memory for the hashes only)."""
+    seen: set[bytes] = set()
+    for src, tgt in pairs:
+        if src is None or tgt is None:
+            dropped["not UTF-8"] += 1
+            continue
+        n_src, n_tgt = len(src.strip()), len(tgt.strip())
+        if not n_src or not n_tgt:
+            dropped["empty"] += 1
+        elif max(n_src, n_tgt) > max_chars:
+            dropped["too long"] += 1
+        elif max(n_src, n_tgt) > max_ratio * min(n_src, n_tgt):
+            dropped["length ratio"] += 1
+        else:
+            key = hashlib.blake2b(f"{len(src)}:{src}{tgt}".encode(), digest_size=8).digest()
+            if key in seen:
+                dropped["duplicate"] += 1
+                continue
+            seen.add(key)
+            yield src, tgt
+
+
+def read_clean_parallel(src_path: str | os.PathLike, tgt_path: str | os.PathLike, *,
+                        max_chars: int = MAX_CHARS, max_ratio: float = MAX_RATIO
+                        ) -> tuple[list[tuple[str, str]], Counter]:
+    """read_parallel's pairs less those clean_pairs drops, and how many it dropped for each
+    reason; files of unequal length, or nothing left, still raise BadInput."""
+    src, tgt = read_lines_or_none(src_path), read_lines_or_none(tgt_path)
+    if len(src) != len(tgt):
+        raise BadInput(f"{src_path} has {len(src):,} lines but {tgt_path} has {len(tgt):,}: "
+                       "a parallel text has the same number of lines on both sides (--clean "
+                       "drops bad pairs, but cannot tell which lines belong together)")
+    dropped: Counter = Counter()
+    pairs = list(clean_pairs(zip(src, tgt, strict=True), dropped, max_chars=max_chars,
+                             max_ratio=max_ratio))
+    if not pairs:
+        raise BadInput(f"--clean leaves no pair of {src_path} and {tgt_path} "
+                       f"({cleaning_summary(dropped, 0)})")
+    return pairs, dropped
+
+
+def cleaning_summary(dropped: Counter, kept: int, *, max_chars: int = MAX_CHARS,
+                     max_ratio: float = MAX_RATIO) -> str:
+    """One line: the pairs kept and the pairs dropped for each reason."""
+    labels = {"not UTF-8": "not UTF-8", "empty": "empty",
+              "too long": f"over {max_chars:,} characters",
+              "length ratio": f"one side over {max_ratio:g} times as long",
+              "duplicate": "repeats of an earlier pair"}
+    total = kept + sum(dropped.values())
+    reasons = ", ".join(f"{dropped[reason]:,} {labels[reason]}" for reason in CLEAN_REASONS)
+    return f"kept {kept:,} of {total:,} pairs; dropped {reasons}"
 
 
 def language_of(path: str | os.PathLike) -> str | None:

@@ -14,7 +14,10 @@
 --train and --valid each take two files, source then target: plain or gzipped, UTF-8, one
 sentence per line, line i of one the translation of line i of the other (the language codes
 come from names such as train.en.gz, or from --langs). The joint sentencepiece vocabulary is
-built from the --train pair only. Without --train, --langs picks two of Multi30k's languages
+built from the --train pair only, from a seeded sample of at most subword_sentences sentences
+(a million); --set character_coverage=0.9995 suits languages with thousands of characters, and
+--set share_vocab=false gives each language a vocabulary of its own (for different scripts;
+share_embeddings is then off). Without --train, --langs picks two of Multi30k's languages
 (de, en, fr, cs): load_multi30k reads that pair's train and val files, downloading any that
 ../shared/data lacks into the cache and checking each against its checksum. --config takes any
 preset that training_config knows, and --set FIELD=VALUE changes any TrainConfig field; both
@@ -23,6 +26,11 @@ to it by config_for_corpus (book/appendix_data.ipynb, after chapter 18's table o
 data size): subwords, model size, dropout, warm-up and epochs follow the number of pairs, and
 the run prints each choice and why. --resume takes the settings stored in last.pt, so only
 what changes (--epochs) needs giving.
+
+A run can also stop before its last epoch: after --max-updates optimizer steps, after
+--max-minutes of training, or after --patience validations without a new best BLEU (each also
+a --set field; 0, the default, is no limit). A stopped run is a finished one (last.pt, best.pt,
+the model folder) that says why it stopped; --resume with a larger limit continues it.
 
 Under torchrun (which sets RANK and WORLD_SIZE) each process trains directly; otherwise
 --devices processes are started here: one per GPU, or CPU processes talking through gloo.
@@ -37,8 +45,9 @@ Bad input (a missing file, bad bytes, an empty line, files of unequal length, a 
 larger than the text allows, an unknown --set field or a bad value, a schedule that would not
 leave its warm-up, a folder that holds another run, a finished one included unless this is its
 own command) ends with one line on stderr and exit status 2, before anything in the checkpoint
-folder is written or deleted. Training pairs longer than max_len pieces are left out of
-training, and the run says how many.
+folder is written or deleted; with --clean, the bad pairs of --train are dropped and counted
+instead (see --clean). Training pairs longer than max_len pieces are left out of training, and
+the run says how many.
 """
 
 import argparse
@@ -51,6 +60,7 @@ import re
 import shlex
 import sys
 import tempfile
+import time
 import typing
 from pathlib import Path
 from typing import Any, NoReturn
@@ -59,20 +69,38 @@ import torch.multiprocessing
 
 from annotated_transformer_cli.average import write_average
 from annotated_transformer_cli.main import command_name
-from annotated_transformer_cli.parallel_text import BadInput, language_of, read_parallel
+from annotated_transformer_cli.parallel_text import (
+    CLEAN_REASONS,
+    MAX_CHARS,
+    MAX_RATIO,
+    BadInput,
+    cleaning_summary,
+    language_of,
+    read_clean_parallel,
+    read_parallel,
+)
 from annotated_transformer_cli.translate import OneLineParser
 from the_annotated_transformer import (
+    CORPUS_HEADER,
     MULTI30K_FOLDERS,
+    SUBWORD_FILE,
+    EncodedCorpus,
+    StopRule,
     TrainConfig,
+    _spawned_worker,
     config_differences,
     config_for_corpus,
     config_for_devices,
+    encode_corpus,
     export_for_shipping,
+    free_port,
     load_checkpoint,
     load_multi30k,
+    load_subwords,
+    multi30k_vocabularies,
     prepare_checkpoint_dir,
+    stop_reason,
     train_distributed,
-    train_sentencepiece,
     train_worker,
     training_config,
 )
@@ -129,8 +157,9 @@ def parse_value(name: str, kind: Any, text: str) -> Any:
 
 
 def parse_sets(items: list[str]) -> dict[str, Any]:
-    """--set FIELD=VALUE options as TrainConfig overrides; a ValueError names the bad one."""
-    types = typing.get_type_hints(TrainConfig)
+    """--set FIELD=VALUE options as TrainConfig overrides (and StopRule's fields, which
+    prepare takes out); a ValueError names the bad one."""
+    types = typing.get_type_hints(TrainConfig) | typing.get_type_hints(StopRule)
     overrides = {}
     for item in items:
         name, sep, text = item.partition("=")
@@ -175,17 +204,28 @@ def pairs_sha256(pairs: dict[str, Any] | None) -> str | None:
     return digest.hexdigest()
 
 
+def stopped_run(checkpoint: dict[str, Any], stop: StopRule | None) -> str | None:
+    """Why a run that stopped early (its last.pt says so) would stop again at once under this
+    request's stop rule; None when it did not stop, or when this rule lets it go on."""
+    if not checkpoint.get("stopped"):
+        return None
+    return stop_reason(stop, updates=checkpoint["train_state"]["accum_step"],
+                       minutes=checkpoint["elapsed_s"] / 60, history=checkpoint["history"])
+
+
 def finished_run(config: TrainConfig, model_dir: Path, *, world_size: int = 1,
-                 data: dict[str, Any] | None = None) -> str | None:
+                 data: dict[str, Any] | None = None, stop: StopRule | None = None) -> str | None:
     """What to tell a user whose checkpoint folder holds a run that has done all its epochs,
-    when this request is that run's; a finished run with other settings or other data is
-    refused (status 2), naming the options, since nothing would be trained."""
+    or stopped where this request's stop rule would stop it, when this request is that run's;
+    a finished run with other settings or other data is refused (status 2), naming the
+    options, since nothing would be trained."""
     path = Path(config.checkpoint_dir) / "last.pt"
     if not path.is_file():
         return None
     checkpoint = load_checkpoint(path)
     done = checkpoint["epoch"]
-    if done < config.epochs:
+    stopped = stopped_run(checkpoint, stop)
+    if done < config.epochs and stopped is None:
         return None
     changes = config_differences(checkpoint.get("config", {}), config, world_size,
                                  len(checkpoint.get("rng", [None])))
@@ -196,9 +236,15 @@ def finished_run(config: TrainConfig, model_dir: Path, *, world_size: int = 1,
     if changes:
         raise BadInput(f"{config.checkpoint_dir} holds a finished run that differs from this "
                        f"request ({'; '.join(changes)}): give {FOLDER_OPTIONS}")
-    return (f"the run in {config.checkpoint_dir} has finished: {path} is after epoch {done} of "
-            f"{config.epochs}, so there is nothing to train. To train longer, resume with more "
-            "epochs (--resume --epochs N, or make train RESUME=1 EPOCHS=N); to start again, "
+    if stopped is not None:
+        where = (f"{path} stopped early ({stopped}), so there is nothing to train. To train "
+                 "longer, resume with a larger limit (--resume with --max-updates N, "
+                 "--max-minutes M or --patience P; 0 for none)")
+    else:
+        where = (f"{path} is after epoch {done} of {config.epochs}, so there is nothing to "
+                 "train. To train longer, resume with more epochs (--resume --epochs N, or make "
+                 "train RESUME=1 EPOCHS=N)")
+    return (f"the run in {config.checkpoint_dir} has finished: {where}; to start again, "
             "--overwrite (OVERWRITE=1); to use the model, " + command_name()
             + " translate --checkpoint "
             + shlex.quote(str(model_dir if (model_dir / "model.pt").is_file() else path)))
@@ -209,8 +255,10 @@ def check_folder(config: TrainConfig, args: argparse.Namespace) -> None:
     vocabulary is trained; it only looks (a finished run is answered later, once the
     vocabulary's size is known: status 0 for the same request, 2 for another)."""
     last = Path(config.checkpoint_dir) / "last.pt"
-    if not args.overwrite and last.is_file() and load_checkpoint(last)["epoch"] >= config.epochs:
-        return
+    if not args.overwrite and last.is_file():
+        checkpoint = load_checkpoint(last)
+        if checkpoint["epoch"] >= config.epochs or stopped_run(checkpoint, args.stop):
+            return
     try:
         prepare_checkpoint_dir(config.checkpoint_dir, resume=args.resume,
                                overwrite=args.overwrite, check_only=True)
@@ -265,9 +313,46 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "Multi30k pair with --langs)")
     parser.add_argument("--threads", type=int,
                         help="CPU threads per process (default: the cores shared among processes)")
+    parser.add_argument("--corpus-dir", metavar="DIR",
+                        help="encode the training pairs once into DIR (encode_corpus: flat id "
+                             "arrays, reused while they match the text and the vocabulary) and "
+                             "let every process map them, instead of each process encoding the "
+                             "text itself: for corpora of millions of pairs")
     parser.add_argument("--save-every", type=int, default=0, metavar="N",
                         help="also write last.pt every N optimizer steps inside an epoch, so "
                              "that a resumed run loses at most N steps (default 0: per epoch)")
+    parser.add_argument("--clean", action="store_true",
+                        help="drop and count the bad pairs of --train instead of stopping at "
+                             "the first: a side empty or not UTF-8 (such a line is read as "
+                             "nothing, so the pair goes, and the files stay aligned), a side "
+                             "longer than --clean-max-chars, a longer side more than "
+                             "--clean-max-ratio times the shorter, and exact repeats of an "
+                             "earlier pair (the first is kept); one line says how many went "
+                             "for each reason and how many are left. Files of unequal length "
+                             "stay an error: which lines belong together cannot be known. "
+                             "--valid is not cleaned: its BLEU is comparable between runs only "
+                             "on the same sentences, so an empty line there stays an error")
+    parser.add_argument("--clean-max-chars", type=int, metavar="N",
+                        help="--clean drops a pair with a side longer than N characters "
+                             f"(default {MAX_CHARS:,}). Characters, not words: text without "
+                             "spaces (Chinese, Japanese) has no words to count, and a side "
+                             "this long is rather a paragraph than a sentence; pairs over "
+                             "max_len pieces are left out of training in any case")
+    parser.add_argument("--clean-max-ratio", type=float, metavar="R",
+                        help="--clean drops a pair whose longer side has more than R times "
+                             f"the characters of the shorter (default {MAX_RATIO:g}; Moses' "
+                             "clean-corpus-n.perl uses 9 on words). Scripts that pack more "
+                             "into a character (Chinese, Japanese) need a larger R against "
+                             "an alphabetic language")
+    parser.add_argument("--max-updates", type=int, metavar="N",
+                        help="stop after N optimizer updates (the --set field max_updates; "
+                             "default 0: no limit); the schedule still follows the epochs")
+    parser.add_argument("--max-minutes", type=float, metavar="M",
+                        help="stop after M minutes of training, validation not counted (the "
+                             "--set field max_minutes; default 0: no limit)")
+    parser.add_argument("--patience", type=int, metavar="P",
+                        help="stop after P validations in a row without a new best BLEU "
+                             "(the --set field patience; default 0: never; needs bleu_every)")
     parser.add_argument("--keep-epochs", type=int,
                         help="keep the last K epochs' weights (epoch_NNN.pt) and average them "
                              "into the model folder (the preset's number by default)")
@@ -277,8 +362,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     start.add_argument("--overwrite", action="store_true",
                        help="start afresh, deleting the checkpoints already in the folder")
     args = parser.parse_args(argv)
+    args.stop, args.cleaning = None, None  # prepare sets them: the stop rule, what --clean did
     if (args.train is None) != (args.valid is None):
         parser.error("--train and --valid go together: give both pairs of files")
+    if args.clean and args.train is None:
+        parser.error("--clean cleans --train's files: give --train and --valid")
+    for name in ("clean_max_chars", "clean_max_ratio"):
+        if getattr(args, name) is not None and not args.clean:
+            parser.error(f"--{name.replace('_', '-')} goes with --clean")
+    if args.clean_max_chars is not None and args.clean_max_chars < 1:
+        parser.error(f"--clean-max-chars must be at least 1, got {args.clean_max_chars}")
+    if args.clean_max_ratio is not None and not 1 <= args.clean_max_ratio < float("inf"):
+        parser.error(f"--clean-max-ratio must be a number of at least 1, got "
+                     f"{args.clean_max_ratio:g}")
     if args.langs is not None and args.train is None and (
             args.langs[0] == args.langs[1] or not set(args.langs) <= MULTI30K_FOLDERS.keys()):
         parser.error(f"--langs {' '.join(args.langs)}: without --train, --langs picks a Multi30k "
@@ -300,11 +396,13 @@ def guess_languages(train: list[str], valid: list[str]) -> tuple[str, str]:
     return codes
 
 
-def too_long(config: TrainConfig, train: list[tuple[str, str]]) -> str | None:
+def too_long(config: TrainConfig, train: list[tuple[str, str]], vocabs: tuple[Any, Any]
+             ) -> str | None:
     """How many training pairs the run will leave out for being longer than max_len pieces
-    (encode_examples drops them), as a line to print; None when there are none."""
-    sp = train_sentencepiece([s for pair in train for s in pair], vocab_size=config.subwords)
-    long = sum(max(len(sp.encode(src)), len(sp.encode(tgt))) + 2 > config.max_len
+    of its vocabularies (encode_examples drops them), as a line to print; None when there are
+    none."""
+    vocab_src, vocab_tgt = vocabs
+    long = sum(max(len(vocab_src.encode(src)), len(vocab_tgt.encode(tgt))) + 2 > config.max_len
                for src, tgt in train)
     if not long:
         return None
@@ -314,18 +412,21 @@ def too_long(config: TrainConfig, train: list[tuple[str, str]]) -> str | None:
 
 
 def check_vocabulary(config: TrainConfig, train: list[tuple[str, str]], *,
-                     adjust: bool = False) -> int:
-    """Train the joint sentencepiece vocabulary once, so that a size the text cannot give is
-    refused before the run starts (the run trains it again: a second or so on Multi30k); with
-    adjust, the nearest size the text allows instead. The size to train with."""
+                     adjust: bool = False) -> tuple[int, tuple[Any, Any]]:
+    """Train the run's sentencepiece vocabularies as the run would (multi30k_vocabularies), so
+    that a size the text cannot give is refused before the run starts; with adjust, the
+    nearest size the text allows instead. The size and the vocabularies trained with it,
+    which the run then uses rather than training them again."""
     try:
-        train_sentencepiece([s for pair in train for s in pair], vocab_size=config.subwords)
-        return config.subwords
+        return config.subwords, multi30k_vocabularies(config, (None, None), pairs=train,
+                                                      save=False)
     except ValueError as err:
         most = re.search(r"value <= (\d+)", str(err))
         least = re.search(r"smaller than required_chars\. \d+ vs (\d+)", str(err))
         if adjust and (most or least):
-            return int((most or least)[1])
+            size = int((most or least)[1])
+            sized = dataclasses.replace(config, subwords=size)
+            return size, multi30k_vocabularies(sized, (None, None), pairs=train, save=False)
         if most is not None:
             raise BadInput(
                 f"subwords={config.subwords} is a larger vocabulary than the {len(train):,} "
@@ -337,6 +438,42 @@ def check_vocabulary(config: TrainConfig, train: list[tuple[str, str]], *,
                 f"{len(train):,} training pairs need (at least {least[1]} pieces): raise it, "
                 f"e.g. --set subwords={least[1]}") from None
         raise BadInput(" ".join(str(err).split())) from None
+
+
+def stop_options(args: argparse.Namespace, overrides: dict[str, Any]) -> dict[str, Any]:
+    """StopRule's fields given now, by their flags or by --set (taken out of overrides, which
+    are TrainConfig's), checked: a ValueError names a bad one."""
+    names = [field.name for field in dataclasses.fields(StopRule)]
+    given = {name: overrides.pop(name) for name in names if name in overrides}
+    for name in names:
+        if getattr(args, name) is not None:
+            if name in given:
+                raise ValueError(f"{name} is set twice, by --{name.replace('_', '-')} and by "
+                                 "--set: give it once")
+            given[name] = getattr(args, name)
+    StopRule(**given)
+    return given
+
+
+def resumed_stop(folder: Path) -> dict[str, Any]:
+    """The stop rule stored in folder/last.pt ({} when there is none)."""
+    try:
+        return dict(load_checkpoint(folder / "last.pt").get("stopping") or {})
+    except Exception:  # no last.pt: the worker's own checks answer that
+        return {}
+
+
+def read_train(args: argparse.Namespace) -> tuple[list[tuple[str, str]], str | None]:
+    """--train's pairs; with --clean, less the bad ones, and the line that counts them (also
+    kept in args.cleaning for the model folder's info.json)."""
+    if not args.clean:
+        return read_parallel(*args.train), None
+    limits = {"max_chars": args.clean_max_chars or MAX_CHARS,
+              "max_ratio": args.clean_max_ratio or MAX_RATIO}
+    pairs, dropped = read_clean_parallel(*args.train, **limits)
+    args.cleaning = limits | {"dropped": {reason: dropped[reason] for reason in CLEAN_REASONS}}
+    return pairs, (f"--clean {args.train[0]} {args.train[1]}: "
+                   + cleaning_summary(dropped, len(pairs), **limits))
 
 
 def resumed_config(folder: Path, overrides: dict[str, Any]) -> TrainConfig | None:
@@ -395,14 +532,18 @@ def prepare(args: argparse.Namespace, world_size: int
             raise ValueError(f"{both[0]} is set twice, by --{both[0].replace('_', '-')} and by "
                              "--set: give it once")
         overrides |= sets
+        if overrides.get("share_vocab") is False and "share_embeddings" not in overrides:
+            overrides["share_embeddings"] = False  # two vocabularies cannot share one matrix
+        stop_given = stop_options(args, overrides)
         config = training_config(name, **overrides)  # a bad value is one line
     except ValueError as err:
         fail(str(err))
-    languages, pairs, notes = MULTI30K_LANGUAGES, None, []
+    languages, pairs, notes, cleaned = MULTI30K_LANGUAGES, None, [], None
     sized = args.train is not None and args.config is None
     try:
         if args.train is not None:
-            pairs = {"train": read_parallel(*args.train), "val": read_parallel(*args.valid)}
+            train, cleaned = read_train(args)
+            pairs = {"train": train, "val": read_parallel(*args.valid)}
             languages = tuple(args.langs) if args.langs else guess_languages(args.train,
                                                                               args.valid)
         elif args.langs is not None and tuple(args.langs) != MULTI30K_LANGUAGES:
@@ -417,6 +558,8 @@ def prepare(args: argparse.Namespace, world_size: int
             given = sorted(overrides.keys() - {"checkpoint_dir"})
             notes.append(f"settings from {Path(config.checkpoint_dir) / 'last.pt'}, with the "
                          f"options given now ({', '.join(given) or 'none'}) on top")
+        rule = (resumed_stop(Path(config.checkpoint_dir)) if args.resume else {}) | stop_given
+        args.stop = StopRule(**rule) if any(rule.values()) else None
         if sized:
             train = pairs["train"][: overrides.get("train_limit")]
             settings, notes = sized_settings(len(train), overrides)
@@ -431,34 +574,39 @@ def prepare(args: argparse.Namespace, world_size: int
                 f"English tokenizers; for {'-'.join(languages)} choose a subword preset "
                 "(cpu_subword, cpu_fast_dropout) or --set subwords=8000")
         check_folder(config, args)
+        args.vocabularies = None  # the check's sentencepiece models, which the run then uses
         if config.subwords and not args.resume:
             train = pairs["train"] if pairs else load_multi30k("train")
             adjust = sized and "subwords" not in overrides
-            size = check_vocabulary(config, train[: config.train_limit], adjust=adjust)
+            size, vocabs = check_vocabulary(config, train[: config.train_limit], adjust=adjust)
             if size != config.subwords:
                 notes.append(f"subwords={size}: the nearest size to {config.subwords} that "
                              f"the {len(train[: config.train_limit]):,} training pairs allow")
                 config = dataclasses.replace(config, subwords=size)
-            if pairs is not None:  # your own text, or another Multi30k pair: say what is left out
-                dropped = too_long(config, train[: config.train_limit])
+            if pairs is not None and args.corpus_dir is None:  # else encoding counts them
+                dropped = too_long(config, train[: config.train_limit], vocabs)
                 notes += [dropped] if dropped else []
+            args.vocabularies = vocabs
     except BadInput as err:
         fail(str(err))
     except (OSError, ValueError) as err:  # Multi30k missing and not downloadable, or corrupt
         fail(str(err), status=1)
-    return config, languages, pairs, notes
+    return config, languages, pairs, ([cleaned] if cleaned else []) + notes
 
 
 def write_model_folder(config: TrainConfig, model_dir: Path, languages: tuple[str, str],
                        data: dict[str, Any] | None) -> str:
     """Average the run's kept epochs (or take last.pt) into a model folder as
-    export_for_shipping writes one, with the languages in its info.json; what was averaged."""
+    export_for_shipping writes one, with the languages in its info.json; what was averaged.
+    A run stopped inside an epoch gives the weights it stopped with: the kept epochs' files
+    would leave out the updates after the last whole epoch."""
     folder = Path(config.checkpoint_dir)
     last = folder / "last.pt"
-    done = load_checkpoint(last)["epoch"]
+    checkpoint = load_checkpoint(last)
+    done, inside = checkpoint["epoch"], checkpoint.get("batch", 0)
     kept = [folder / f"epoch_{epoch:03d}.pt"
             for epoch in range(max(1, done - config.keep_epochs + 1), done + 1)]
-    kept = [path for path in kept if config.keep_epochs and path.is_file()]
+    kept = [path for path in kept if config.keep_epochs and path.is_file() and not inside]
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
         source = last
         if kept:
@@ -474,7 +622,74 @@ def write_model_folder(config: TrainConfig, model_dir: Path, languages: tuple[st
     epochs = [int(path.stem.removeprefix("epoch_")) for path in kept]
     if len(epochs) > 1:
         return f"epochs {', '.join(map(str, epochs))} averaged"
+    if inside:
+        return f"the weights it stopped with, {inside} micro-batches into epoch {done + 1}"
     return f"the weights after epoch {epochs[0] if epochs else done}"
+
+
+def encoded_pairs(config: TrainConfig, pairs: dict[str, Any] | None, folder: Path, *,
+                  resume: bool, rank0: bool) -> dict[str, Any]:
+    """--corpus-dir: the training pairs as an EncodedCorpus in folder, encoded here once by the
+    run's subword model (the checkpoint's when resuming) unless folder already holds this
+    text's encoding; under torchrun rank 0 encodes and the other processes wait for it."""
+    if not config.subwords:
+        raise BadInput("--corpus-dir stores subword ids: choose a subword preset or "
+                       "--set subwords=N")
+    if pairs is None:
+        pairs = {split: load_multi30k(split) for split in ("train", "val")}
+    train = list(pairs["train"])[: config.train_limit]
+    vocabulary = {name: value for name, value in dataclasses.asdict(config).items()
+                  if "subword" in name or "vocab" in name or "character" in name}
+    stamp = {"text_sha256": pairs_sha256({"train": train, "val": []}),
+             "max_len": config.max_len, "vocabulary": vocabulary}
+    stamp_path, header_path = folder / "text.json", folder / CORPUS_HEADER
+    model = Path(config.checkpoint_dir) / SUBWORD_FILE  # resuming: the ids it was trained on
+    model_sha256 = hashlib.sha256(model.read_bytes()).hexdigest() if resume else None
+
+    def ready() -> bool:
+        if not (header_path.is_file() and stamp_path.is_file()
+                and json.loads(stamp_path.read_text("utf-8")) == stamp):
+            return False
+        header = json.loads(header_path.read_text("utf-8"))
+        return model_sha256 in (None, header["vocab_src_sha256"])
+
+    if rank0 and not ready():
+        if resume:
+            vocab = load_subwords(model)
+        else:
+            vocab = multi30k_vocabularies(config, (None, None), pairs=train, save=False)[0]
+        folder.mkdir(parents=True, exist_ok=True)
+        header_path.unlink(missing_ok=True)  # no process takes the old arrays for the new text
+        stamp_path.write_text(json.dumps(stamp) + "\n", "utf-8")
+        print(f"encoding {len(train):,} training pairs into {folder} ...", file=sys.stderr)
+        header = encode_corpus((src for src, _ in train), (tgt for _, tgt in train), vocab,
+                               folder, max_len=config.max_len)
+        if header["dropped"]:
+            print(f"  {header['dropped']:,} of {header['read']:,} training pairs "
+                  f"({header['dropped'] / header['read']:.1%}) are longer than max_len="
+                  f"{config.max_len} pieces with <s> and </s>, and are left out of training "
+                  "(--set max_len=N keeps more, with max_tokens at least N)", file=sys.stderr)
+    while not ready():  # another torchrun process: rank 0 is encoding
+        time.sleep(5)
+    return {"train": EncodedCorpus(folder), "val": pairs["val"]}
+
+
+def launch(config: TrainConfig, devices: int, options: dict[str, Any]) -> None:
+    """train_distributed, which passes no stop rule and no vocabularies on: with either, the
+    same start made here."""
+    extra = {name: options.pop(name, None) for name in ("stop", "vocabularies")}
+    if all(value is None for value in extra.values()):
+        train_distributed(config, devices, **options)
+    elif devices == 1:
+        train_worker(0, 1, config, **options, **extra)
+    else:
+        if torch.cuda.is_available() and devices > torch.cuda.device_count():
+            raise ValueError(f"world_size={devices} is more than the "
+                             f"{torch.cuda.device_count()} GPUs here")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
+        torch.multiprocessing.spawn(_spawned_worker, nprocs=devices,
+                                    args=(devices, config, options | extra))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -488,6 +703,8 @@ def main(argv: list[str] | None = None) -> None:
         "train": args.train or "Multi30k train", "valid": args.valid or "Multi30k val",
         "train_pairs": len(pairs["train"]), "valid_pairs": len(pairs["val"]),
         "sha256": pairs_sha256(pairs)}
+    if data is not None and args.cleaning is not None:
+        data["clean"] = args.cleaning
     if rank0:
         for line in notes:  # how the settings were chosen, one line each
             print(("" if line.endswith(":") else "  ") + line, file=sys.stderr)
@@ -497,14 +714,18 @@ def main(argv: list[str] | None = None) -> None:
               f"{world_size * config.accum_iter * config.max_tokens:,} padded tokens per "
               "optimizer step", file=sys.stderr)
     options = {"resume": args.resume, "overwrite": args.overwrite, "threads": args.threads,
-               "save_every": args.save_every, "pairs": pairs}
+               "save_every": args.save_every, "pairs": pairs, "stop": args.stop,
+               "vocabularies": args.vocabularies}
     try:
-        message = None if args.overwrite else finished_run(config, model_dir,
-                                                           world_size=world_size, data=data)
+        message = None if args.overwrite else finished_run(
+            config, model_dir, world_size=world_size, data=data, stop=args.stop)
+        if message is None and args.corpus_dir is not None:  # encoded once, mapped by all
+            options["pairs"] = encoded_pairs(config, pairs, Path(args.corpus_dir),
+                                             resume=args.resume, rank0=rank0)
         if message is None and torchrun:
             train_worker(config=config, **options)
         elif message is None:
-            train_distributed(config, args.devices, **options)
+            launch(config, args.devices, options)
         if message is not None:
             if rank0:
                 print(f"annotated-transformer train: {message}", file=sys.stderr)
