@@ -26,8 +26,7 @@ from pathlib import Path
 import torch
 
 from the_annotated_transformer import (
-    SUBWORD_FILE,
-    VOCAB_FILES,
+    TrainConfig,
     average_checkpoints,
     bleu,
     hardware_name,
@@ -37,6 +36,7 @@ from the_annotated_transformer import (
     load_trained_model,
     save_checkpoint,
     translate,
+    vocabulary_files,
 )
 
 
@@ -51,8 +51,9 @@ def write_average(checkpoints: list[Path], output: Path) -> None:
          "averaged_from": [str(path) for path in checkpoints]},
         output,
     )
-    names = [SUBWORD_FILE] if first["config"].get("subwords") else VOCAB_FILES
-    for name in names:
+    fields = TrainConfig.__dataclass_fields__
+    config = TrainConfig(**{k: v for k, v in first["config"].items() if k in fields})
+    for name in vocabulary_files(config):
         source, target = checkpoints[0].parent / name, output.parent / name
         if not source.is_file():
             raise FileNotFoundError(f"no {name} beside {checkpoints[0]}: the model needs it")

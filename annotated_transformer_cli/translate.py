@@ -16,8 +16,8 @@ By default the book's best shipped model (BEST_SHIPPED_MODEL: chapter 21's half-
 model in book/models/multi30k_cpu_fast_dropout) translates German to English; --checkpoint takes
 a folder from export_for_shipping or `annotated-transformer train` (which translates the
 languages its info.json names: a subword model needs no tokenizer of its languages) or a model.pt
-or last.pt file with its vocabularies beside it (vocab_de.json and vocab_en.json, or
-subwords.model).
+or last.pt file with its vocabularies beside it (vocab_de.json and vocab_en.json, subwords.model,
+or subwords_src.model and subwords_tgt.model for a run with share_vocab=False).
 Decoding is the paper's beam search (beam 4, length penalty alpha 0.6; chapter 15) with chapter
 21's key/value cache; --beam 1 gives greedy decoding. A user error (a bad flag, a missing or
 corrupt checkpoint, bad input with --stop-on-bad-input) ends with one line on stderr and exit

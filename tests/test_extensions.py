@@ -209,7 +209,9 @@ def test_grown_train_config_keeps_chapter_14s_fields_presets_and_errors():
     assert grown[:len(first)] == first
     assert grown[len(first):] == [("subwords", 0), ("share_embeddings", False), ("fast", False),
                                   ("decay", "inverse_sqrt"), ("cpu_bf16", False),
-                                  ("paper_dropout", False), ("batch_tokens", 0)]
+                                  ("paper_dropout", False), ("batch_tokens", 0),
+                                  ("subword_sentences", 1_000_000), ("character_coverage", 1.0),
+                                  ("share_vocab", True)]
     presets = first_definition("training_config")
     for name in ("cpu", "base"):
         assert dataclasses.asdict(presets(name)) == {
