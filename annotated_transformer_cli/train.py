@@ -83,7 +83,6 @@ from annotated_transformer_cli.translate import OneLineParser
 from the_annotated_transformer import (
     CORPUS_HEADER,
     MULTI30K_FOLDERS,
-    SUBWORD_FILE,
     EncodedCorpus,
     StopRule,
     TrainConfig,
@@ -96,9 +95,10 @@ from the_annotated_transformer import (
     free_port,
     load_checkpoint,
     load_multi30k,
-    load_subwords,
+    model_sha256,
     multi30k_vocabularies,
     prepare_checkpoint_dir,
+    read_run_vocabularies,
     stop_reason,
     train_distributed,
     train_worker,
@@ -628,10 +628,12 @@ def write_model_folder(config: TrainConfig, model_dir: Path, languages: tuple[st
 
 
 def encoded_pairs(config: TrainConfig, pairs: dict[str, Any] | None, folder: Path, *,
-                  resume: bool, rank0: bool) -> dict[str, Any]:
+                  resume: bool, rank0: bool, vocabs: tuple[Any, Any] | None = None
+                  ) -> dict[str, Any]:
     """--corpus-dir: the training pairs as an EncodedCorpus in folder, encoded here once by the
-    run's subword model (the checkpoint's when resuming) unless folder already holds this
-    text's encoding; under torchrun rank 0 encodes and the other processes wait for it."""
+    run's subword models (vocabs, trained by the checks; the checkpoint's when resuming)
+    unless folder already holds this text's encoding by them; under torchrun rank 0 encodes
+    and the other processes wait for it."""
     if not config.subwords:
         raise BadInput("--corpus-dir stores subword ids: choose a subword preset or "
                        "--set subwords=N")
@@ -643,35 +645,36 @@ def encoded_pairs(config: TrainConfig, pairs: dict[str, Any] | None, folder: Pat
     stamp = {"text_sha256": pairs_sha256({"train": train, "val": []}),
              "max_len": config.max_len, "vocabulary": vocabulary}
     stamp_path, header_path = folder / "text.json", folder / CORPUS_HEADER
-    model = Path(config.checkpoint_dir) / SUBWORD_FILE  # resuming: the ids it was trained on
-    model_sha256 = hashlib.sha256(model.read_bytes()).hexdigest() if resume else None
+    if resume:  # the ids that the checkpoint's embeddings were trained with
+        vocabs = read_run_vocabularies(config.checkpoint_dir, config)
+    hashes = tuple(model_sha256(vocab) for vocab in vocabs) if vocabs else None
 
     def ready() -> bool:
         if not (header_path.is_file() and stamp_path.is_file()
                 and json.loads(stamp_path.read_text("utf-8")) == stamp):
             return False
         header = json.loads(header_path.read_text("utf-8"))
-        return model_sha256 in (None, header["vocab_src_sha256"])
+        return hashes in (None, (header["vocab_src_sha256"], header["vocab_tgt_sha256"]))
 
     if rank0 and not ready():
-        if resume:
-            vocab = load_subwords(model)
-        else:
-            vocab = multi30k_vocabularies(config, (None, None), pairs=train, save=False)[0]
+        if vocabs is None:
+            vocabs = multi30k_vocabularies(config, (None, None), pairs=train, save=False)
         folder.mkdir(parents=True, exist_ok=True)
         header_path.unlink(missing_ok=True)  # no process takes the old arrays for the new text
         stamp_path.write_text(json.dumps(stamp) + "\n", "utf-8")
         print(f"encoding {len(train):,} training pairs into {folder} ...", file=sys.stderr)
-        header = encode_corpus((src for src, _ in train), (tgt for _, tgt in train), vocab,
-                               folder, max_len=config.max_len)
-        if header["dropped"]:
-            print(f"  {header['dropped']:,} of {header['read']:,} training pairs "
-                  f"({header['dropped'] / header['read']:.1%}) are longer than max_len="
-                  f"{config.max_len} pieces with <s> and </s>, and are left out of training "
-                  "(--set max_len=N keeps more, with max_tokens at least N)", file=sys.stderr)
+        encode_corpus((src for src, _ in train), (tgt for _, tgt in train), vocabs[0], folder,
+                      max_len=config.max_len, sp_tgt=vocabs[1])
     while not ready():  # another torchrun process: rank 0 is encoding
         time.sleep(5)
-    return {"train": EncodedCorpus(folder), "val": pairs["val"]}
+    corpus = EncodedCorpus(folder)
+    dropped, read = corpus.header["dropped"], corpus.header["read"]
+    if rank0 and dropped:
+        print(f"  {dropped:,} of {read:,} training pairs ({dropped / read:.1%}) are longer "
+              f"than max_len={config.max_len} pieces with <s> and </s>, and are left out of "
+              "training (--set max_len=N keeps more, with max_tokens at least N)",
+              file=sys.stderr)
+    return {"train": corpus, "val": pairs["val"]}
 
 
 def launch(config: TrainConfig, devices: int, options: dict[str, Any]) -> None:
@@ -721,7 +724,8 @@ def main(argv: list[str] | None = None) -> None:
             config, model_dir, world_size=world_size, data=data, stop=args.stop)
         if message is None and args.corpus_dir is not None:  # encoded once, mapped by all
             options["pairs"] = encoded_pairs(config, pairs, Path(args.corpus_dir),
-                                             resume=args.resume, rank0=rank0)
+                                             resume=args.resume, rank0=rank0,
+                                             vocabs=options.get("vocabularies"))
         if message is None and torchrun:
             train_worker(config=config, **options)
         elif message is None:

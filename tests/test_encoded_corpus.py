@@ -2,6 +2,8 @@
 rank, batched from its stored lengths; it must give exactly what the in-memory path gives."""
 
 import gzip
+import json
+import os
 import pickle
 import subprocess
 import sys
@@ -154,14 +156,47 @@ def test_the_data_benchmark_runs_in_quick_mode(tmp_path):
     result = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "bench_data.py"), "--quick", "--json", str(out),
          "--work", str(tmp_path / "work")],
-        capture_output=True, text=True, timeout=600, env={"OMP_NUM_THREADS": "1",
-                                                           "PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert result.returncode == 0, result.stderr
     assert "per million pairs" in result.stdout
-    import json
-
     rows = json.loads(out.read_text())["sizes"]
     assert len(rows) == 1 and rows[0]["pairs_read"] == rows[0]["pairs"] + rows[0]["dropped"]
     assert rows[0]["rank_data_mb"] < 1000
     assert not (tmp_path / "work").exists() or not any((tmp_path / "work").iterdir())
+
+
+def train_command(folder: Path, *argv: str) -> subprocess.CompletedProcess:
+    files = ["--train", str(folder / "train.de"), str(folder / "train.en"),
+             "--valid", str(folder / "val.de"), str(folder / "val.en")]
+    tiny = ["--set", "N=1", "--set", "d_model=32", "--set", "d_ff=64", "--set", "h=2",
+            "--set", "warmup=2", "--set", "bleu_every=0", "--epochs", "1", "--threads", "1"]
+    return subprocess.run([sys.executable, "-m", "annotated_transformer_cli", "train", *files,
+                           *tiny, *argv], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def test_train_command_with_corpus_dir_trains_as_the_in_memory_run_and_reuses_the_encoding(
+        tmp_path):
+    from the_annotated_transformer import load_checkpoint
+
+    for split, n, seed in (("train", 300, 1), ("val", 30, 2)):
+        pairs = synthetic_sentence_pairs(n, seed)
+        for side, language in enumerate(("de", "en")):
+            (tmp_path / f"{split}.{language}").write_text(
+                "\n".join(pair[side] for pair in pairs) + "\n", "utf-8")
+    corpus = ["--corpus-dir", str(tmp_path / "corpus")]
+    mapped = train_command(tmp_path, "--checkpoint-dir", str(tmp_path / "mapped"), *corpus)
+    assert mapped.returncode == 0, mapped.stderr[-2000:]
+    assert "encoding 300 training pairs into" in mapped.stderr
+    in_memory = train_command(tmp_path, "--checkpoint-dir", str(tmp_path / "in_memory"))
+    assert in_memory.returncode == 0, in_memory.stderr[-2000:]
+    histories = [load_checkpoint(tmp_path / run / "last.pt")["history"]
+                 for run in ("mapped", "in_memory")]
+    losses = [[(e["train_loss"], e["val_loss"]) for e in history] for history in histories]
+    assert losses[0] == losses[1]  # the same vocabulary, pairs, batches and so weights
+    again = train_command(tmp_path, "--checkpoint-dir", str(tmp_path / "mapped"), "--overwrite",
+                          *corpus)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "encoding" not in again.stderr  # the folder holds this text's encoding already
+    assert json.loads((tmp_path / "corpus" / "corpus.json").read_text())["pairs"] == 300

@@ -9,8 +9,9 @@ words, about 22 on average, drawn from a Zipf-like vocabulary of made-up words, 
 as long as the source), then measures, each step in a fresh child process so that one step's
 memory does not count against another's:
 
-1. subwords: train_sentencepiece on a sample of at most --sample sentences of both sides, read
-   line by line (the subword count is config_for_corpus's for the size): peak RSS and seconds;
+1. subwords: train_sentencepiece on a uniform sample of at most --sample sentences of both
+   sides, read line by line (the vocabulary size is config_for_corpus's for the size): peak RSS
+   and seconds;
 2. encode: encode_corpus from the two files, line by line: peak RSS, seconds, pairs per second,
    and the size of the corpus folder on disk;
 3. rank: what one training rank holds, --ranks ranks sharing the corpus: it maps the folder,
@@ -97,6 +98,27 @@ def peak_rss_mb() -> float:
     return peak / (MB if sys.platform == "darwin" else 1024)
 
 
+def status_mb(field: str) -> float:
+    """A field of /proc/self/status in MB (VmRSS: resident now, VmHWM: its peak); nan if none."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def reset_peak() -> float:
+    """Reset this process's peak resident size (Linux: 5 into /proc/self/clear_refs), so that
+    VmHWM measures only what follows; the resident size now, which the peak is compared with."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+    return status_mb("VmRSS")
+
+
 def mapped_rss_mb(folder: Path) -> float:
     """The resident size of this process's mappings of files in folder (/proc/self/smaps)."""
     total, inside = 0, False
@@ -116,24 +138,32 @@ def mapped_rss_mb(folder: Path) -> float:
 def step_subwords(args: dict) -> dict:
     from the_annotated_transformer import read_lines, train_sentencepiece
 
+    before = reset_peak()
     start = time.perf_counter()
-    sentences = (line for path in args["paths"] for line in read_lines(path))
-    sp = train_sentencepiece(sentences, vocab_size=args["subwords"], max_sentences=args["sample"],
-                             num_threads=1)
+    # a uniform sample of at most args["sample"] sentences of both sides, read once (reservoir)
+    rng, sample = random.Random(0), []
+    lines = (line for path in args["paths"] for line in read_lines(path))
+    for position, line in enumerate(lines):
+        if len(sample) < args["sample"]:
+            sample.append(line)
+        elif (slot := rng.randrange(position + 1)) < args["sample"]:
+            sample[slot] = line
+    sp = train_sentencepiece(sample, vocab_size=args["subwords"], num_threads=1)
     Path(args["model"]).write_bytes(sp.serialized_model_proto())
     return {"seconds": time.perf_counter() - start, "peak_rss_mb": peak_rss_mb(),
-            "pieces": len(sp)}
+            "added_peak_mb": status_mb("VmHWM") - before, "pieces": len(sp)}
 
 
 def step_encode(args: dict) -> dict:
     from the_annotated_transformer import encode_corpus, load_subwords, read_lines
 
     sp = load_subwords(args["model"])
+    before = reset_peak()
     start = time.perf_counter()
     header = encode_corpus(read_lines(args["paths"][0]), read_lines(args["paths"][1]), sp,
                            args["corpus"], max_len=args["max_len"])
     return {"seconds": time.perf_counter() - start, "peak_rss_mb": peak_rss_mb(),
-            "header": header}
+            "added_peak_mb": status_mb("VmHWM") - before, "header": header}
 
 
 def step_bare(args: dict) -> dict:
@@ -142,12 +172,13 @@ def step_bare(args: dict) -> dict:
 
     import the_annotated_transformer  # noqa: F401
 
-    return {"peak_rss_mb": peak_rss_mb()}
+    return {"peak_rss_mb": peak_rss_mb(), "rss_mb": status_mb("VmRSS")}
 
 
 def step_rank(args: dict) -> dict:
     from the_annotated_transformer import EncodedCorpus, corpus_loader
 
+    before = reset_peak()
     start = time.perf_counter()
     corpus = EncodedCorpus(args["corpus"])
     loader = corpus_loader(corpus, max_tokens=args["max_tokens"], shuffle=True, seed=0,
@@ -163,7 +194,9 @@ def step_rank(args: dict) -> dict:
             break
     return {"batches_per_rank": batches, "batching_seconds": made,
             "draw_seconds": time.perf_counter() - start, "drawn": drawn, "tokens": int(tokens),
-            "peak_rss_mb": peak_rss_mb(), "mapped_rss_mb": mapped_rss_mb(Path(args["corpus"]))}
+            "peak_rss_mb": peak_rss_mb(), "added_peak_mb": status_mb("VmHWM") - before,
+            "added_rss_mb": status_mb("VmRSS") - before,
+            "mapped_rss_mb": mapped_rss_mb(Path(args["corpus"]))}
 
 
 STEPS = {"subwords": step_subwords, "encode": step_encode, "bare": step_bare, "rank": step_rank}
@@ -214,12 +247,15 @@ def measure(pairs: int, work: Path, options: argparse.Namespace) -> dict:
             "generate_s": round(generated, 1),
             "subwords_s": round(subword["seconds"], 1),
             "subwords_peak_mb": round(subword["peak_rss_mb"], 1),
+            "subwords_added_mb": round(subword["added_peak_mb"], 1),
             "encode_s": round(encode["seconds"], 1),
             "encode_peak_mb": round(encode["peak_rss_mb"], 1),
+            "encode_added_mb": round(encode["added_peak_mb"], 1),
             "pairs_per_s": round(header["read"] / encode["seconds"]),
-            "bare_peak_mb": round(bare["peak_rss_mb"], 1),
+            "bare_peak_mb": round(bare["peak_rss_mb"], 1), "bare_rss_mb": round(bare["rss_mb"], 1),
             "rank_peak_mb": round(rank["peak_rss_mb"], 1),
-            "rank_data_mb": round(rank["peak_rss_mb"] - bare["peak_rss_mb"], 1),
+            "rank_data_mb": round(rank["added_peak_mb"], 1),
+            "rank_held_mb": round(rank["added_rss_mb"], 1),
             "rank_mapped_mb": round(rank["mapped_rss_mb"], 1),
             "batches_per_rank": rank["batches_per_rank"],
             "batching_s": round(rank["batching_seconds"], 2),
@@ -234,27 +270,27 @@ def measure(pairs: int, work: Path, options: argparse.Namespace) -> dict:
 def print_table(rows: list[dict], options: argparse.Namespace) -> None:
     print(f"\nencoded corpus, max_len {options.max_len}; each rank: 1 of {options.ranks}, "
           f"max_tokens {options.max_tokens}, {options.draws} batches drawn")
-    header = (f"{'pairs':>10} {'dropped':>8} {'pieces':>6} {'text MB':>8} {'disk MB':>8} "
-              f"{'spm s':>6} {'spm MB':>7} {'enc s':>7} {'enc MB':>7} {'pairs/s':>8} "
-              f"{'rank MB':>8} {'mapped':>7} {'batch s':>8}")
-    print(header)
+    print(f"{'pairs':>10} {'dropped':>8} {'pieces':>6} {'text MB':>8} {'disk MB':>8} "
+          f"{'spm s':>6} {'spm MB':>7} {'enc s':>7} {'enc MB':>7} {'pairs/s':>8} "
+          f"{'rank MB':>8} {'mapped':>7} {'batch s':>8}")
     for row in rows:
         print(f"{row['pairs_read']:>10,} {row['dropped']:>8,} {row['subwords']:>6} "
               f"{row['text_mb']:>8.1f} {row['disk_mb']:>8.1f} {row['subwords_s']:>6.1f} "
               f"{row['subwords_peak_mb']:>7.0f} {row['encode_s']:>7.1f} "
-              f"{row['encode_peak_mb']:>7.0f} {row['pairs_per_s']:>8,} {row['rank_data_mb']:>8.1f} "
-              f"{row['rank_mapped_mb']:>7.1f} {row['batching_s']:>8.2f}")
-    print("\nper million pairs (spm: sentencepiece on the sample; enc: encode_corpus; MB: peak "
-          "RSS, and per million pairs above a bare process's (torch and the module imported); "
-          "mapped: the corpus pages a rank touched)")
-    print(f"{'pairs':>10} {'disk MB/M':>10} {'enc s/M':>8} {'enc MB/M':>9} {'rank MB/M':>10} "
-          f"{'batch s/M':>10}")
+              f"{row['encode_peak_mb']:>7.0f} {row['pairs_per_s']:>8,} "
+              f"{row['rank_data_mb']:>8.1f} {row['rank_mapped_mb']:>7.1f} "
+              f"{row['batching_s']:>8.2f}")
+    print("spm: sentencepiece on the sample, enc: encode_corpus (seconds, peak RSS of the whole "
+          "process); rank MB: a rank's peak RSS above its RSS before it opened the corpus (of a "
+          f"bare process's {rows[0]['bare_rss_mb']:.0f} MB: torch and the module), mapped: the "
+          "corpus pages it touched (shared among ranks); batch s: making its batches")
+    print(f"\nper million pairs\n{'pairs':>10} {'disk MB':>8} {'enc s':>7} {'rank MB':>8} "
+          f"{'batch s':>8}   (and, not per million: encoding's peak above its start)")
     for row in rows:
         m = row["pairs_read"] / 1e6
-        encode_mb = row["encode_peak_mb"] - row["bare_peak_mb"]
-        print(f"{row['pairs_read']:>10,} {row['disk_mb'] / m:>10.1f} {row['encode_s'] / m:>8.1f} "
-              f"{encode_mb / m:>9.1f} {row['rank_data_mb'] / m:>10.1f} "
-              f"{row['batching_s'] / m:>10.2f}")
+        print(f"{row['pairs_read']:>10,} {row['disk_mb'] / m:>8.1f} {row['encode_s'] / m:>7.1f} "
+              f"{row['rank_data_mb'] / m:>8.1f} {row['batching_s'] / m:>8.2f}   "
+              f"{row['encode_added_mb']:.0f} MB")
 
 
 def machine() -> dict:
@@ -279,7 +315,8 @@ def machine() -> dict:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", type=int, metavar="PAIRS",
-                        help=f"corpus sizes in pairs (default: {' '.join(map(str, DEFAULT_SIZES))})")
+                        help="corpus sizes in pairs (default: "
+                             f"{' '.join(map(str, DEFAULT_SIZES))})")
     parser.add_argument("--quick", action="store_true",
                         help=f"one tiny size ({QUICK_SIZE:,} pairs), for the tests")
     parser.add_argument("--sample", type=int, default=1_000_000,
