@@ -137,7 +137,8 @@ def tiny_notebook(path: Path, code: str) -> Path:
 
 def test_harness_fails_unfetched_shipped_files_and_unmapped_urls(tmp_path):
     """The bug of the old chapter 27 (a shipped file read without fetch_shipped_model) and a
-    download outside the map fail; the same read after fetch_shipped_model passes."""
+    download outside the map fail; the same read after fetch_shipped_model passes; a notebook
+    whose setup installs nothing fails, as Colab's shell would not find annotated-transformer."""
     unfetched = tiny_notebook(tmp_path / "unfetched.ipynb", """
         from the_annotated_transformer import read_vocabularies, shipped_model_dir
         read_vocabularies(shipped_model_dir())
@@ -154,7 +155,11 @@ def test_harness_fails_unfetched_shipped_files_and_unmapped_urls(tmp_path):
         except OSError:
             pass
         """)
-    results = colab_check.check([unfetched, fetched, unmapped], jobs=2, timeout=300)
+    uninstalled = tmp_path / "uninstalled.ipynb"
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("print('no setup cell')")]
+    nbformat.write(nb, uninstalled)
+    results = colab_check.check([unfetched, fetched, unmapped, uninstalled], jobs=2, timeout=300)
     for result in results:  # what a failure leaves for a reader: not needed here
         shutil.rmtree(result.folder, ignore_errors=True)
     by_name = {result.name: result for result in results}
@@ -165,4 +170,6 @@ def test_harness_fails_unfetched_shipped_files_and_unmapped_urls(tmp_path):
     assert not by_name["unmapped"].ok
     assert "network outside the map" in by_name["unmapped"].error
     assert "example.org" in by_name["unmapped"].error
+    assert not by_name["uninstalled"].ok
+    assert "installed no annotated-transformer command" in by_name["uninstalled"].error
 

@@ -54,10 +54,10 @@ def write_pairs(folder: Path, name: str, n: int) -> None:
 def test_the_training_block_is_the_commands_this_file_runs():
     kinds = [" ".join(command.split()[:2]) if command.startswith("make") else command.split()[0]
              for command in readme_commands()]
-    assert set(kinds) == {"make train", "echo", ".venv/bin/python"}, kinds
+    assert set(kinds) == {"make train", "echo", ".venv/bin/annotated-transformer"}, kinds
 
 
-def test_each_make_train_line_passes_every_check_of_tools_train(tmp_path, monkeypatch):
+def test_each_make_train_line_passes_every_check_of_the_train_command(tmp_path, monkeypatch):
     from annotated_transformer_cli.train import parse_args, prepare
 
     write_pairs(tmp_path, "train", 300)
@@ -106,13 +106,20 @@ def trained(tmp_path_factory) -> Path:
              word.split("=")[0] + "=" + " ".join(str(folder / name)
                                                  for name in word.split("=")[1].split())
              for word in shlex.split(command)]
+    venv_bin = str(ROOT / ".venv" / "bin")  # as a reader without an activated venv runs it
+    path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep)
+                           if p.rstrip("/") != venv_bin)
     done = subprocess.run(
         [*words, f"SET={TINY_SET}", "EPOCHS=2", f"CHECKPOINT_DIR={folder / 'run'}"],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
-        env={**os.environ, "OMP_NUM_THREADS": "1"})
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PATH": path})
     assert done.returncode == 0, done.stderr[-2000:]
     last = done.stderr.strip().splitlines()[-1]
-    assert f"translate with: make -s translate CHECKPOINT={folder / 'run' / 'model'}" in last
+    model = shlex.quote(str(folder / "run" / "model"))
+    # make runs .venv/bin/annotated-transformer, which is not on PATH here: its path is printed
+    assert (f"translate with: .venv/bin/annotated-transformer translate --checkpoint {model} "
+            "< sentences.en; score with: .venv/bin/annotated-transformer evaluate --model "
+            f"{model} --test SRC_FILE REF_FILE") in last, last
     return folder
 
 

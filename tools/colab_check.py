@@ -18,7 +18,10 @@ book/models, no ../shared/data, no cache. This harness gives each chapter such a
    (hard links: a second or two), so its setup cell installs the package as in a fresh
    runtime and the venv that was built stays untouched; executed top to bottom with nbclient
    (tools/colab/run_notebook.py) in that copy, its python the kernel.
-A chapter fails when a cell raises or when it touched the network outside the map.
+A chapter fails when a cell raises, when it touched the network outside the map, or when its
+setup cell did not install the readers' command where Colab's shell finds it: after the run,
+`annotated-transformer --help` must answer from the venv's bin/, first on PATH as /usr/local/bin
+is in Colab.
 
 The default set (DEFAULT_CHAPTERS), about five minutes here two at a time on a quiet machine:
 every kind of download a chapter makes (the book's data and shipped models, Multi30k, the
@@ -62,6 +65,7 @@ DEFAULT_CHAPTERS = ["intro", "03_attention", "09_training_data", "16_checkpoint_
                     "27_conclusion", "appendix_data", "appendix_performance"]
 REFUSED = {"url", "connect", "resolve"}  # log entries that fail a chapter
 DROPPED_ENV = {"VIRTUAL_ENV", "MULTI30K_DIR", "PTB_SAMPLE_DIR", "PIP_REQUIRE_VIRTUALENV"}
+COMMAND = "annotated-transformer"  # the package's console script (pyproject [project.scripts])
 
 
 @dataclass
@@ -228,6 +232,19 @@ def fresh_venv(template: Path, venv: Path) -> Path:
     return venv
 
 
+def command_error(venv: Path, env: dict[str, str]) -> str:
+    """Why `annotated-transformer --help`, typed in a cell after the setup cell (`!` runs it in
+    the shell), would fail in this runtime; "" when it prints its usage."""
+    found = shutil.which(COMMAND, path=env["PATH"])
+    if found is None or Path(found).parent != venv / "bin":
+        return f"the setup cell installed no {COMMAND} command into the runtime's {venv / 'bin'}"
+    done = subprocess.run([found, "--help"], env=env, capture_output=True, text=True, timeout=120)
+    if done.returncode != 0 or "usage:" not in done.stdout:
+        lines = done.stderr.strip().splitlines() or [""]
+        return f"{COMMAND} --help failed (status {done.returncode}): {lines[-1]}"
+    return ""
+
+
 def network_entries(log: Path) -> list[dict[str, str]]:
     """What the kernel's guard recorded."""
     if not log.is_file():
@@ -261,6 +278,9 @@ def run_notebook(notebook: Path, template: Path, git_config: Path, map_file: Pat
     else:
         lines = (folder / "runner.log").read_text().strip().splitlines() or [""]
         ok, error = False, f"the runner stopped (status {done.returncode}): {lines[-1]}"
+    if ok:
+        error = command_error(venv, env)
+        ok = not error
     if refused:
         ok = False
         error = (f"used the network outside the map ({refused[0]['kind']} "
