@@ -80,25 +80,51 @@ MAX_CHARS = 1000  # --clean's default limit per side, in characters
 MAX_RATIO = 3.0  # --clean's default limit on the longer side's characters over the shorter's
 
 
-def read_lines_or_none(path: str | os.PathLike) -> list[str | None]:
-    """The lines of a plain or gzipped file, None for a line that is not UTF-8 (a byte-order
-    mark dropped, CRLF endings fine); a missing, unreadable or empty file raises BadInput."""
+def lines_or_none(path: str | os.PathLike) -> Iterator[str | None]:
+    """The lines of a plain or gzipped file one at a time, None for a line that is not UTF-8
+    (a byte-order mark dropped, CRLF endings fine); a missing or unreadable file raises
+    BadInput. Streamed: a corpus of millions of lines is never held as bytes."""
     path = Path(path)
-    data = read_bytes(path)
-    if data.startswith(b"\xef\xbb\xbf"):
-        data = data[3:]
-    raw = data.split(b"\n")
-    if raw[-1] == b"":  # the newline that ends the last line
-        raw.pop()
-    if not raw:
-        raise BadInput(f"{path} is empty: it holds no sentence")
-    lines: list[str | None] = []
-    for line in raw:
-        try:
-            lines.append(line.removesuffix(b"\r").decode("utf-8"))
-        except UnicodeDecodeError:
-            lines.append(None)
-    return lines
+    if not path.is_file():
+        raise BadInput(f"{path} does not exist" if not path.exists() else f"{path} is not a file")
+    try:
+        with open(path, "rb") as f:
+            gzipped = f.read(2) == GZIP_MAGIC  # gzipped, whatever its name
+        with (gzip.open if gzipped else open)(path, "rb") as f:
+            for number, line in enumerate(f, start=1):
+                line = line.removesuffix(b"\n").removesuffix(b"\r")
+                if number == 1:
+                    line = line.removeprefix(b"\xef\xbb\xbf")
+                try:
+                    yield line.decode("utf-8")
+                except UnicodeDecodeError:
+                    yield None
+    except (OSError, EOFError, zlib.error) as err:
+        raise BadInput(f"{path} cannot be read ({type(err).__name__}: {err})") from err
+
+
+def parallel_lines(src_path: str | os.PathLike, tgt_path: str | os.PathLike
+                   ) -> Iterator[tuple[str | None, str | None]]:
+    """Line i of one file with line i of the other, streamed; files of unequal length, or
+    empty ones, raise BadInput (at their end) with both line counts."""
+    src, tgt, end = lines_or_none(src_path), lines_or_none(tgt_path), object()
+    n = more_src = 0
+    for line in src:
+        other = next(tgt, end)
+        if other is end:  # the target ended first: this source line is one more
+            more_src = 1
+            break
+        n += 1
+        yield line, other
+    more_src += sum(1 for _ in src)
+    more_tgt = sum(1 for _ in tgt)
+    if more_src or more_tgt:
+        raise BadInput(f"{src_path} has {n + more_src:,} lines but {tgt_path} has "
+                       f"{n + more_tgt:,}: a parallel text has the same number of lines on "
+                       "both sides (--clean drops bad pairs, but cannot tell which lines "
+                       "belong together)")
+    if not n:
+        raise BadInput(f"{src_path} and {tgt_path} are empty: they hold no sentence")
 
 
 def clean_pairs(pairs: Iterable[tuple[str | None, str | None]], dropped: Counter, *,
@@ -133,14 +159,10 @@ def read_clean_parallel(src_path: str | os.PathLike, tgt_path: str | os.PathLike
                         max_chars: int = MAX_CHARS, max_ratio: float = MAX_RATIO
                         ) -> tuple[list[tuple[str, str]], Counter]:
     """read_parallel's pairs less those clean_pairs drops, and how many it dropped for each
-    reason; files of unequal length, or nothing left, still raise BadInput."""
-    src, tgt = read_lines_or_none(src_path), read_lines_or_none(tgt_path)
-    if len(src) != len(tgt):
-        raise BadInput(f"{src_path} has {len(src):,} lines but {tgt_path} has {len(tgt):,}: "
-                       "a parallel text has the same number of lines on both sides (--clean "
-                       "drops bad pairs, but cannot tell which lines belong together)")
+    reason, in one pass over the files; files of unequal length, or nothing left, still raise
+    BadInput."""
     dropped: Counter = Counter()
-    pairs = list(clean_pairs(zip(src, tgt, strict=True), dropped, max_chars=max_chars,
+    pairs = list(clean_pairs(parallel_lines(src_path, tgt_path), dropped, max_chars=max_chars,
                              max_ratio=max_ratio))
     if not pairs:
         raise BadInput(f"--clean leaves no pair of {src_path} and {tgt_path} "

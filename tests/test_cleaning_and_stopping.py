@@ -27,7 +27,7 @@ GOOD = [("Ein Hund läuft.", "A dog runs."), ("Eine Katze sitzt.", "A cat sits."
         ("Zwei Kinder spielen im Park.", "Two children play in the park.")]
 # Each bad pair with the one reason --clean counts it under (the first of CLEAN_REASONS).
 BAD = [
-    (None, "A dog runs."),  # not UTF-8 (read_lines_or_none's None)
+    (None, "A dog runs."),  # not UTF-8 (lines_or_none's None)
     ("", "A man sits."),  # empty
     ("Ein Mann sitzt.", "   "),  # blank counts as empty
     ("Wort " * 250, "word " * 250),  # 1,250 characters a side: too long
@@ -70,9 +70,19 @@ def test_read_clean_parallel_reads_bad_bytes_as_a_pair_to_drop_and_refuses_unequ
     src, tgt = write_pairs(tmp_path, "train", GOOD + BAD)
     pairs, dropped = read_clean_parallel(src, tgt)
     assert pairs == GOOD and dropped == COUNTS
-    Path(tgt).write_text("A dog runs.\n", "utf-8")
+    # a byte-order mark and CRLF endings are read as read_parallel reads them
+    Path(src).write_bytes(b"\xef\xbb\xbf" + Path(src).read_bytes().replace(b"\n", b"\r\n"))
+    assert read_clean_parallel(src, tgt) == (pairs, dropped)
+    short = tmp_path / "short.en"
+    short.write_text("A dog runs.\n", "utf-8")
     with pytest.raises(BadInput, match=r"has 10 lines but .* has 1: .*cannot tell which"):
-        read_clean_parallel(src, tgt)
+        read_clean_parallel(src, short)
+    with pytest.raises(BadInput, match=r"short.en has 1 lines but .* has 10: "):
+        read_clean_parallel(short, tgt)
+    empty = tmp_path / "empty.de"
+    empty.write_bytes(b"")
+    with pytest.raises(BadInput, match="are empty: they hold no sentence"):
+        read_clean_parallel(empty, empty)
     only_bad = write_pairs(tmp_path, "bad", BAD[:3])
     with pytest.raises(BadInput, match="--clean leaves no pair of .*kept 0 of 3 pairs"):
         read_clean_parallel(*only_bad)
@@ -280,3 +290,19 @@ def test_gzipped_files_are_cleaned_too(tmp_path):
         Path(path + ".gz").write_bytes(gzip.compress(Path(path).read_bytes()))
     pairs, dropped = read_clean_parallel(src + ".gz", tgt + ".gz")
     assert pairs == GOOD and dropped == COUNTS
+
+
+def test_two_processes_stop_together_at_the_same_update(corpus, tmp_path, capfd):
+    """--devices 2 with a stop rule (the command starts the processes itself, since
+    train_distributed passes no rule on): the clock's all-reduce runs at every step, and both
+    ranks stop at max_updates, the run finished with its model folder."""
+    folder = tmp_path / "run"
+    train_cli.main(["--train", *corpus["train"], "--valid", *corpus["valid"], "--clean", *TINY,
+                    "--checkpoint-dir", str(folder), "--devices", "2", "--max-updates", "2",
+                    "--max-minutes", "600"])
+    last = load_checkpoint(folder / "last.pt")
+    assert last["train_state"]["accum_step"] == 2 and len(last["rng"]) == 2
+    assert last["stopped"].startswith("max_updates=2: ")
+    assert last["stopping"] == {"max_updates": 2, "max_minutes": 600.0, "patience": 0}
+    assert (folder / "model" / "model.pt").is_file()
+    assert "stopped early: max_updates=2" in capfd.readouterr().out  # the processes' output
