@@ -10,6 +10,7 @@
     torchrun --nproc_per_node=8 -m annotated_transformer_cli train --config base
     annotated-transformer train --resume                  # continue after an interruption
     annotated-transformer train --save-every 500          # also a checkpoint every 500 steps
+    annotated-transformer train --train a.en b.de --valid c.en d.de --corpus-dir ids/  # millions
 
 --train and --valid each take two files, source then target: plain or gzipped, UTF-8, one
 sentence per line, line i of one the translation of line i of the other (the language codes
@@ -25,7 +26,11 @@ are checked before anything runs. Your own text without --config gets the book's
 to it by config_for_corpus (book/appendix_data.ipynb, after chapter 18's table of settings by
 data size): subwords, model size, dropout, warm-up and epochs follow the number of pairs, and
 the run prints each choice and why. --resume takes the settings stored in last.pt, so only
-what changes (--epochs) needs giving.
+what changes (--epochs) needs giving. With --corpus-dir, the training pairs are encoded once, by
+the first process, into flat id arrays in that folder (encode_corpus, book/appendix_data.ipynb),
+and every training process maps them and makes its batches from their stored lengths, instead
+of each encoding the whole text: the way for corpora of millions of pairs. The folder is reused
+while the text, max_len and the vocabulary settings are the same.
 
 A run can also stop before its last epoch: after --max-updates optimizer steps, after
 --max-minutes of training, or after --patience validations without a new best BLEU (each also
