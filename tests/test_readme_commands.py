@@ -83,7 +83,7 @@ def test_readme_command_names_only_what_exists_and_its_program_answers_help(sect
 
 def test_the_readmes_text_names_only_make_targets_and_subcommands_that_exist():
     """Commands in the prose, in `code`: make's targets, the installed command's subcommands and
-    the programs it names under .venv/bin."""
+    what it names under .venv/bin."""
     from annotated_transformer_cli.main import SUBCOMMANDS
 
     targets = set(re.findall(r"^([a-z][\w-]*):", (ROOT / "Makefile").read_text("utf-8"), re.M))
@@ -99,4 +99,4 @@ def test_the_readmes_text_names_only_make_targets_and_subcommands_that_exist():
         elif words[0] == "annotated-transformer":
             assert not rest or rest[0] in SUBCOMMANDS or rest[0].isupper(), " ".join(words)
         else:
-            assert (ROOT / words[0]).is_file(), f"{' '.join(words)}: {words[0]} is not there"
+            assert (ROOT / words[0]).exists(), f"{' '.join(words)}: {words[0]} is not there"
