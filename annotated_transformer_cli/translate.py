@@ -21,7 +21,7 @@ or subwords_src.model and subwords_tgt.model for a run with share_vocab=False).
 Decoding is the paper's beam search (beam 4, length penalty alpha 0.6; chapter 15) with chapter
 21's key/value cache; --beam 1 gives greedy decoding. A user error (a bad flag, a missing or
 corrupt checkpoint, bad input with --stop-on-bad-input) ends with one line on stderr and exit
-status 1 (2 for a bad flag).
+status 2, as in the other subcommands.
 """
 
 import argparse
@@ -258,13 +258,13 @@ def main(argv: list[str] | None = None, stdin: BinaryIO | None = None,
                 args.checkpoint, name=BEST_SHIPPED_MODEL)
     except (OSError, ValueError) as err:  # missing, truncated or corrupt files
         print("annotated-transformer translate: " + " ".join(str(err).split()), file=sys.stderr)
-        return 1
+        return 2
     lines, problems = decode_lines(stdin.read())
     for problem in problems:
         ending = ": stopping" if args.stop_on_bad_input else ": its output line is empty"
         print(f"annotated-transformer translate: {problem}{ending}", file=sys.stderr)
     if problems and args.stop_on_bad_input:
-        return 1
+        return 2
     # A word model splits its input with spaCy's German tokenizer; a subword model needs none.
     tokenizer = None if config.subwords else load_tokenizers()[0]
     # A source is read up to the length the model trained on (config.max_len), less <s> and </s>.

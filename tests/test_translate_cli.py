@@ -64,7 +64,7 @@ def test_translate_gives_one_line_per_input_line_through_a_bom_crlf_bad_bytes_an
 
 def test_translate_stops_at_an_undecodable_line_when_asked(capsys):
     status, lines = run_main(["--stop-on-bad-input"], b"Ein Hund.\n\xc3\x28\n")
-    assert status == 1 and lines == []
+    assert status == 2 and lines == []
     assert "line 2 is not valid UTF-8 (byte 0xc3 at column 1): stopping" in capsys.readouterr().err
 
 
@@ -108,7 +108,7 @@ def test_translate_rejects_a_bad_flag_in_one_line(flag, value, message):
 
 def test_translate_reports_a_missing_checkpoint_in_one_line(tmp_path):
     result = run_script(["--checkpoint", str(tmp_path / "nothing.pt")])
-    assert result.returncode == 1 and result.stdout == b""
+    assert result.returncode == 2 and result.stdout == b""
     assert result.stderr.decode().splitlines() == [
         f"annotated-transformer translate: checkpoint {tmp_path / 'nothing.pt'} does not exist"
     ]
@@ -121,7 +121,7 @@ def test_translate_reports_a_truncated_checkpoint_in_one_line(tmp_path):
     weights.write_bytes(weights.read_bytes()[:1000])
     result = run_script(["--checkpoint", str(folder)])
     errors = result.stderr.decode().splitlines()
-    assert result.returncode == 1 and result.stdout == b""
+    assert result.returncode == 2 and result.stdout == b""
     assert len(errors) == 1 and "Traceback" not in result.stderr.decode()
     assert errors[0].startswith(
         f"annotated-transformer translate: checkpoint {weights} is truncated or corrupted")
