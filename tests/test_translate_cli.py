@@ -77,9 +77,9 @@ def test_translate_splits_a_500_token_line_and_says_so(greedy, capsys):
     status, lines = run_main(["--beam", "1"], f"Ein Mann.\n{line}\n".encode())
     assert status == 0 and len(lines) == 2
     assert lines[0] == greedy(["Ein Mann."])[0]
-    pieces = translate_cli.split_long(line.split(), 70, count)
+    pieces = translate_cli.split_pieces(line, greedy.vocab_src, 70)  # as the command splits
     assert len(pieces) > 5 and all(count(piece) <= 70 for piece in pieces)
-    assert " ".join(pieces) == line
+    assert " ".join(pieces) == line and all(piece.endswith(".") for piece in pieces)
     assert lines[1] == " ".join(greedy(pieces))  # every piece translated, none dropped
     assert (f"line 2 has {count(line)} tokens, more than the 70 that translation reads at "
             f"once: translated in {len(pieces)} pieces") in capsys.readouterr().err
