@@ -1820,32 +1820,6 @@ def load_subwords(path: str | os.PathLike) -> Any:
 
 
 # %%
-def multi30k_vocabularies(
-    config: TrainConfig,
-    tokenizers: tuple[Any, Any],
-    *,
-    pairs: Sequence[tuple[str, str]] | None = None,
-    save: bool = True,
-) -> tuple[Vocab, Vocab]:
-    """Chapter 14's two word vocabularies, or with config.subwords one sentencepiece model
-    trained on both languages, returned twice; save=True writes them into the checkpoint
-    folder."""
-    if pairs is None:  # train only: val and test stay unseen
-        pairs = load_multi30k("train")[: config.train_limit]
-    if config.subwords:
-        sp = train_sentencepiece([s for pair in pairs for s in pair], vocab_size=config.subwords)
-        vocabs = (sp, sp)
-        writers = {SUBWORD_FILE: lambda path: Path(path).write_bytes(sp.serialized_model_proto())}
-    else:
-        token_pairs = tokenize_pairs(pairs, *tokenizers)
-        vocabs = tuple(Vocab.build([pair[side] for pair in token_pairs], min_freq=config.min_freq)
-                       for side in (0, 1))
-        writers = dict(zip(VOCAB_FILES, (vocab.save for vocab in vocabs), strict=True))
-    if save:
-        write_run_files(config.checkpoint_dir, writers)
-    return vocabs
-
-
 def read_vocabularies(folder: str | os.PathLike, *, subwords: bool = False
                       ) -> tuple[Vocab, Vocab]:
     """The vocabularies a run wrote into its checkpoint folder: chapter 14's two word
@@ -4978,7 +4952,8 @@ from dataclasses import dataclass, replace
 @dataclass(frozen=True)
 class TrainConfig:
     """Chapter 17's configuration, grown by the fast path, a schedule that ends at zero, the
-    paper's dropout sites, bfloat16 on CPUs and a global batch for any number of GPUs."""
+    paper's dropout sites, bfloat16 on CPUs and a global batch for any number of GPUs; the
+    last three fields choose how sentencepiece is trained (the data appendix)."""
 
     N: int = 6
     d_model: int = 512
@@ -5006,6 +4981,10 @@ class TrainConfig:
     cpu_bf16: bool = False  # bfloat16 autocast on a CPU with AMX or AVX512-BF16 (chapter 22)
     paper_dropout: bool = False  # dropout only where §5.4 puts it: none in attention or the FFN
     batch_tokens: int = 0  # > 0: padded tokens per optimizer step on all devices (sets accum_iter)
+    # sentencepiece for large corpora and other scripts (the data appendix grows its training)
+    subword_sentences: int = 1_000_000  # trains on a seeded sample of at most this many sentences
+    character_coverage: float = 1.0  # the share of the text's characters that get pieces
+    share_vocab: bool = True  # one model for both languages; False: one model per language
 
     def __post_init__(self) -> None:
         check_train_config(self)
@@ -5019,6 +4998,17 @@ class TrainConfig:
         if isinstance(self.batch_tokens, bool) or not isinstance(self.batch_tokens, int) or (
                 self.batch_tokens < 0):
             raise ValueError(f"batch_tokens must be an integer >= 0, got {self.batch_tokens!r}")
+        if isinstance(self.subword_sentences, bool) or not isinstance(
+                self.subword_sentences, int) or self.subword_sentences < 1:
+            raise ValueError(
+                f"subword_sentences must be an integer >= 1, got {self.subword_sentences!r}")
+        if isinstance(self.character_coverage, bool) or not isinstance(
+                self.character_coverage, int | float) or not 0 < self.character_coverage <= 1:
+            raise ValueError("character_coverage must be a number in (0, 1], got "
+                             f"{self.character_coverage!r}")
+        if self.share_embeddings and not self.share_vocab:
+            raise ValueError("share_embeddings=True needs one joint vocabulary, and share_vocab="
+                             "False gives two: set share_embeddings=False")
 
 
 def training_config(name: str, **overrides) -> TrainConfig:
@@ -5550,6 +5540,7 @@ class RunData:
     val_loader: DataLoader
     val_pairs: list[tuple[str, str]]  # the validation sentences, for BLEU
     tokenizers: tuple[Any, Any]
+    left_out: tuple[int, int] = (0, 0)  # training and validation pairs longer than max_len
 
 
 def training_pairs(
@@ -5561,21 +5552,28 @@ def training_pairs(
     missing = sorted({"train", "val"} - set(pairs))
     if missing:
         raise ValueError(f"pairs must hold the splits 'train' and 'val'; missing {missing}")
-    return {"train": list(pairs["train"])[: config.train_limit],
+    train = pairs["train"]  # an EncodedCorpus (appendix_data) stays mapped: corpus[:n]
+    train = train if isinstance(train, EncodedCorpus) else list(train)
+    return {"train": train[: config.train_limit],
             "val": list(pairs["val"])[: config.val_limit]}
 
 
 def load_data(
     process: Process, config: TrainConfig, pairs: dict[str, list[tuple[str, str]]],
-    *, resuming: bool,
+    *, resuming: bool, vocabs: tuple[Vocab, Vocab] | None = None,
 ) -> RunData:
-    """3) Rank 0's vocabularies on every rank, and this rank's share of the batches. A
-    sentencepiece model reads raw text, so a subword run needs no spaCy tokenizers."""
+    """3) Rank 0's vocabularies (vocabs when given, for a fresh run) on every rank, and this
+    rank's share of the batches. A sentencepiece model reads raw text, so a subword run needs
+    no spaCy tokenizers."""
+    if isinstance(pairs["train"], EncodedCorpus):  # encoded once, on disk (appendix_data)
+        return load_encoded_data(process, config, pairs, resuming=resuming)
     tokenizers = (None, None) if config.subwords else load_tokenizers()
 
     def vocabularies() -> tuple[Vocab, Vocab]:
         if resuming:  # the ids the checkpoint's embeddings were trained with
-            return read_vocabularies(config.checkpoint_dir, subwords=config.subwords > 0)
+            return read_run_vocabularies(config.checkpoint_dir, config)
+        if vocabs is not None:  # trained already by the caller (the training command's check)
+            return vocabs
         return multi30k_vocabularies(config, tokenizers, pairs=pairs["train"], save=False)
 
     vocab_src, vocab_tgt = from_rank0(process, vocabularies)
@@ -5587,7 +5585,9 @@ def load_data(
              "rank": process.rank, "seed": config.seed}
     train_loader = multi30k_loader(train_data, shuffle=True, **shard)
     val_loader = multi30k_loader(val_data, shuffle=False, **shard)
-    return RunData(vocab_src, vocab_tgt, train_loader, val_loader, pairs["val"], tokenizers)
+    left_out = (len(pairs["train"]) - len(train_data), len(pairs["val"]) - len(val_data))
+    return RunData(vocab_src, vocab_tgt, train_loader, val_loader, pairs["val"], tokenizers,
+                   left_out)
 
 
 def start_run_folder(process: Process, config: TrainConfig, data: RunData, *, overwrite: bool,
@@ -5598,13 +5598,8 @@ def start_run_folder(process: Process, config: TrainConfig, data: RunData, *, ov
     def write() -> None:
         prepare_checkpoint_dir(config.checkpoint_dir, resume=False, overwrite=overwrite,
                                restarted=restarted)
-        if config.subwords:  # one sentencepiece model serves both sides
-            proto = data.vocab_src.serialized_model_proto()
-            writers = {SUBWORD_FILE: lambda path: Path(path).write_bytes(proto)}
-        else:
-            writers = dict(zip(VOCAB_FILES, (data.vocab_src.save, data.vocab_tgt.save),
-                               strict=True))
-        write_run_files(config.checkpoint_dir, writers)
+        write_run_files(config.checkpoint_dir,
+                        vocabulary_writers(config, data.vocab_src, data.vocab_tgt))
 
     from_rank0(process, write)
 
@@ -5732,12 +5727,14 @@ def all_ranks_sum(process: Process, values: list[float]) -> list[float]:
 
 
 def save_epoch(
-    process: Process, config: TrainConfig, run: Run, improved: bool, *, elapsed_s: float = 0.0
+    process: Process, config: TrainConfig, run: Run, improved: bool, *, elapsed_s: float = 0.0,
+    stop: "StopRule | None" = None, stopped: str | None = None,
 ) -> None:
     """7) Rank 0 writes last.pt (and best.pt, epoch_NNN.pt); every rank waits until it is done.
 
-    Inside an epoch (run.batch > 0) it writes last.pt only; elapsed_s is then the training time
-    of the epoch so far.
+    Inside an epoch (run.batch > 0) it writes last.pt only (and best.pt when a stop there
+    improved on it); elapsed_s is then the training time of the epoch so far. With a stop
+    rule, last.pt also holds the rule and, once the run has stopped, why.
     """
     rng_all = [rng_states(process.device)]
     if process.distributed:
@@ -5762,13 +5759,14 @@ def save_epoch(
                 "hardware": hardware_name(process.device, process.world_size),
                 "cpu": cpu_notes(),
                 "command": " ".join(["python", *sys.argv]),
+                **({} if stop is None else {"stopping": asdict(stop), "stopped": stopped}),
             },
             folder / "last.pt",
         )
-        if run.batch:
-            return
         if improved:
             save_checkpoint({**weights, "val_bleu": run.best_bleu}, folder / "best.pt")
+        if run.batch:
+            return
         if config.keep_epochs:  # weights only: what checkpoint averaging needs
             save_checkpoint(weights, folder / f"epoch_{run.epoch:03d}.pt")
             stale = run.epoch - config.keep_epochs
@@ -5820,6 +5818,65 @@ def checkpointed_batches(
         yield batch
 
 
+@dataclass(frozen=True)
+class StopRule:
+    """When a run ends before its last epoch (0: no such limit): after max_updates optimizer
+    steps, after max_minutes of training (the time the epoch lines count, validation not
+    included), or after `patience` validations in a row without a new best BLEU."""
+
+    max_updates: int = 0
+    max_minutes: float = 0.0
+    patience: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("max_updates", "patience"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a whole number >= 0 (0: no limit), got "
+                                 f"{value!r}")
+        minutes = self.max_minutes
+        if isinstance(minutes, bool) or not isinstance(minutes, int | float) or not (
+                0 <= minutes < math.inf):
+            raise ValueError(f"max_minutes must be a number >= 0 (0: no limit), got {minutes!r}")
+
+
+def stop_reason(stop: StopRule | None, *, updates: int, minutes: float,
+                history: Sequence[dict[str, float]]) -> str | None:
+    """Why the run stops now, in words; None while it goes on."""
+    if stop is None:
+        return None
+    if stop.max_updates and updates >= stop.max_updates:
+        return f"max_updates={stop.max_updates}: {updates} optimizer updates done"
+    if stop.max_minutes and minutes >= stop.max_minutes:
+        return f"max_minutes={stop.max_minutes:g}: {minutes:.1f} minutes of training done"
+    scores = [record["val_bleu"] for record in history if "val_bleu" in record]
+    if stop.patience and scores:
+        best = scores.index(max(scores))  # the first of the best: a tie is no new best
+        if len(scores) - 1 - best >= stop.patience:
+            return (f"patience={stop.patience}: {len(scores) - 1 - best} validations without "
+                    f"a new best BLEU (the best, {scores[best]:.2f}, was validation {best + 1})")
+    return None
+
+
+def until_stop(batches: Iterable, *, start: int, every: int, stop: Callable[[int], bool]
+               ) -> Iterator:
+    """The batches from number `start` on, until stop(i) says to stop before batch i; it is
+    asked whenever i - start is a multiple of `every` (an optimizer step's first batch)."""
+    for i, batch in enumerate(batches, start=start):
+        if i > start and (i - start) % every == 0 and stop(i):
+            return
+        yield batch
+
+
+def slowest_rank_minutes(process: Process, seconds: float) -> float:
+    """The most minutes any rank has trained: one clock for all, so that all stop together."""
+    if not process.distributed:
+        return seconds / 60
+    most = torch.tensor([seconds], dtype=torch.float64, device=process.device)
+    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    return most.item() / 60
+
+
 def check_batches(process: Process, train_loader: DataLoader, epoch: int) -> None:
     """Stop every rank when the ranks' batch counts or batch lists of `epoch` differ."""
     sampler = train_loader.batch_sampler
@@ -5839,9 +5896,11 @@ def train_epochs(
     *,
     progress: bool,
     save_every: int = 0,
+    stop: StopRule | None = None,
 ) -> list[dict[str, float]]:
     """6) The epochs: check the batches, train, validate, score, report, checkpoint (also
-    every `save_every` optimizer steps inside an epoch, when it is not 0)."""
+    every `save_every` optimizer steps inside an epoch, when it is not 0), until the last
+    epoch or until the stop rule says to stop."""
     train_loader, val_loader = data.train_loader, data.val_loader
     device = process.device
     autocast_dtype = autocast_dtype_for(device, config.cpu_bf16)
@@ -5849,7 +5908,20 @@ def train_epochs(
         print("cpu_bf16: this CPU has no bfloat16 instructions (AMX or AVX512-BF16); "
               "training in float32", file=sys.stderr)
     walls = []  # each epoch's wall-clock time, validation and checkpoint included
+
+    def why_stop(seconds: float) -> str | None:  # seconds: trained in this epoch so far
+        if stop is None:
+            return None
+        minutes = slowest_rank_minutes(process, run.elapsed_s + seconds) if stop.max_minutes else 0
+        return stop_reason(stop, updates=run.train_state.accum_step, minutes=minutes,
+                           history=run.history)
+
     for epoch in range(run.epoch, config.epochs):
+        why = why_stop(0.0)
+        if why is not None:  # resumed with a limit that the run has reached already
+            if process.rank == 0:
+                print(f"stopped early: {why}", flush=True)
+            break
         wall = time.perf_counter()
         check_batches(process, train_loader, epoch)
         bar = None
@@ -5864,16 +5936,30 @@ def train_epochs(
 
         def save_inside(i: int, start: float = start) -> None:
             run.batch = i
-            save_epoch(process, config, run, False, elapsed_s=time.perf_counter() - start)
+            save_epoch(process, config, run, False, elapsed_s=time.perf_counter() - start,
+                       stop=stop)
+
+        stopped = {}  # why and before which batch a stop rule ended this epoch
+
+        def stop_here(i: int, start: float = start, stopped: dict = stopped) -> bool:
+            why = why_stop(time.perf_counter() - start)
+            stopped.update({} if why is None else {"why": why, "batch": i})
+            return why is not None
 
         batches = checkpointed_batches(train_loader, start=run.batch, save=save_inside,
                                        every=save_every * config.accum_iter)
+        if stop is not None:
+            batches = until_stop(batches, start=run.batch, every=config.accum_iter,
+                                 stop=stop_here)
         train_sums = train_epoch(
             run.model, batches, run.criterion, run.optimizer, run.scheduler, device=device,
             accum_iter=config.accum_iter, train_state=run.train_state,
             autocast_dtype=autocast_dtype, bar=bar,
         )
         seconds = time.perf_counter() - start
+        # validating draws from the generator (a DataLoader's seed): a stop inside an epoch
+        # keeps the state of its batch, as the run that had not stopped has it there
+        at_stop = rng_states(device) if stopped else None
         if bar is not None:
             bar.close()
         check_same_on_all_ranks(process, [weights_fingerprint(run.model)],
@@ -5884,8 +5970,10 @@ def train_epochs(
             process, [*train_sums, *val_sums]
         )
         run.epoch, run.batch, run.elapsed_s = epoch + 1, 0, run.elapsed_s + seconds
+        if stopped:  # the epoch is not done: a resumed run goes on from this batch
+            run.epoch, run.batch = epoch, stopped["batch"]
         record = {
-            "epoch": run.epoch,
+            "epoch": epoch + 1,
             "train_loss": loss / max(tokens, 1),
             "train_nll": nll / max(tokens, 1),
             "val_loss": val_loss / max(val_tokens, 1),
@@ -5899,18 +5987,32 @@ def train_epochs(
             record["autocast"] = "bfloat16"
         if resumed_at:  # the training numbers cover the batches after the checkpoint only
             record["resumed_at_batch"] = resumed_at
+        last = epoch + 1 == config.epochs and not stopped
+        why = None if last else stopped.get("why") or why_stop(0.0)  # updates or minutes
+        if stopped:
+            record["stopped_at_batch"] = stopped["batch"]
         improved = False
-        if config.bleu_every and run.epoch % config.bleu_every == 0:
+        if config.bleu_every and ((epoch + 1) % config.bleu_every == 0 or why is not None):
             record["val_bleu"] = validation_bleu(process, run.model, data, config.max_len)
             improved = run.best_bleu is None or record["val_bleu"] > run.best_bleu
             run.best_bleu = record["val_bleu"] if improved else run.best_bleu
         run.history.append(record)
-        save_epoch(process, config, run, improved)
+        if why is None and not last:  # patience, counting this validation
+            why = why_stop(0.0)
+        if why is not None:
+            record["stopped"] = why
+        if at_stop is not None:
+            set_rng_states(at_stop, device)
+        save_epoch(process, config, run, improved, stop=stop, stopped=why)
         walls.append(time.perf_counter() - wall)
         if process.rank == 0:
-            left = sum(walls) / len(walls) * (config.epochs - run.epoch)
+            left = 0 if why else sum(walls) / len(walls) * (config.epochs - run.epoch)
             print(epoch_line(record, epochs=config.epochs, trained_s=run.elapsed_s, left_s=left),
                   flush=True)
+            if why is not None:
+                print(f"stopped early: {why}", flush=True)
+        if why is not None:
+            break
     return run.history
 
 
@@ -5936,6 +6038,8 @@ def train_worker(
     threads: int | None = None,
     pairs: dict[str, Sequence[tuple[str, str]]] | None = None,
     save_every: int = 0,
+    stop: StopRule | None = None,
+    vocabularies: tuple[Any, Any] | None = None,
 ) -> list[dict[str, float]]:
     """Train (or resume) on one device as one of world_size processes; the per-epoch history.
 
@@ -5943,6 +6047,9 @@ def train_worker(
     environment: RANK, WORLD_SIZE, LOCAL_RANK), or called directly for one process. pairs
     replaces Multi30k: {"train": [(german, english), ...], "val": [...]}. save_every: also
     write last.pt every that many optimizer steps inside an epoch (0: after each epoch only).
+    stop: a StopRule that may end the run before its last epoch (None: all epochs are trained).
+    vocabularies: the (source, target) vocabularies a fresh run uses, when its caller has
+    trained them already from the same config and pairs (None: they are trained here).
     A config with batch_tokens gets the accum_iter that keeps its global batch on world_size
     devices (config_for_devices).
     """
@@ -5957,6 +6064,9 @@ def train_worker(
         )
     if not isinstance(save_every, int) or save_every < 0:
         raise ValueError(f"save_every must be a whole number of steps >= 0, got {save_every!r}")
+    if stop is not None and stop.patience and not config.bleu_every:
+        raise ValueError(f"patience={stop.patience} counts validations with BLEU, and "
+                         "bleu_every=0 has none: set bleu_every to 1 or more")
     process = setup_process(rank, world_size, threads)
     try:
         restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
@@ -5964,12 +6074,17 @@ def train_worker(
             config.checkpoint_dir, resume=resume, overwrite=overwrite, restarted=restarted,
             check_only=True))
         split_pairs = training_pairs(config, pairs)
-        data = load_data(process, config, split_pairs, resuming=resuming)
+        data = load_data(process, config, split_pairs, resuming=resuming, vocabs=vocabularies)
         plan = schedule_steps(config, batches_per_epoch=len(data.train_loader),
                               world_size=process.world_size)
         if progress and process.rank == 0:
             print(f"schedule: {plan['total_steps']} optimizer steps ({config.epochs} epochs of "
                   f"{plan['steps_per_epoch']}), warm-up {plan['warmup']} steps", flush=True)
+        if process.rank == 0 and any(data.left_out):  # said even without progress
+            (train, val), total = data.left_out, len(split_pairs["train"])
+            print(f"left out, longer than max_len={config.max_len} tokens with <s> and </s>: "
+                  f"{train:,} of {total:,} training pairs ({train / total:.1%}) and {val:,} "
+                  f"of {len(split_pairs['val']):,} validation pairs", flush=True)
         run = build_training(process, config, len(data.vocab_src), len(data.vocab_tgt),
                              warmup=plan["warmup"], total=plan["total_steps"])
         resume_run(process, config, run, resuming=resuming)
@@ -5979,7 +6094,7 @@ def train_worker(
         if process.distributed:  # only now: every rank holds rank 0's state
             run.model = wrap_ddp(run.model, process.device)
         history = train_epochs(process, config, run, data, progress=progress,
-                               save_every=save_every)
+                               save_every=save_every, stop=stop)
         if process.distributed:  # no rank tears down while another still talks to it
             dist.barrier()
         return history
@@ -6391,8 +6506,9 @@ def export_for_shipping(
         weights[name] = same[0]  # half the size of float32; load_trained_model converts back
     folder.mkdir(parents=True, exist_ok=True)
     save_checkpoint({"model": weights, "config": state["config"]}, folder / "model.pt")
-    subwords = state["config"].get("subwords", 0) > 0
-    for name in [SUBWORD_FILE] if subwords else VOCAB_FILES:
+    fields = TrainConfig.__dataclass_fields__
+    config = TrainConfig(**{k: v for k, v in state["config"].items() if k in fields})
+    for name in vocabulary_files(config):
         shutil.copyfile(checkpoint.parent / name, folder / name)
     info = {
         "config": state["config"],
@@ -6410,6 +6526,25 @@ def export_for_shipping(
         info["averaged_from"] = [Path(path).name for path in state["averaged_from"]]
     (folder / "info.json").write_text(json.dumps(info, indent=1) + "\n", "utf-8")
     return folder / "model.pt"
+
+
+# A run's notes keep its command as it was typed. The scripts named in the shipped models' notes
+# and the stored measurements are today subcommands of the installed `annotated-transformer`
+# command, with the same options; current_command shows a stored command in today's form.
+RECORDED_PROGRAMS = {
+    "python tools/train.py": "annotated-transformer train",
+    "python tools/translate.py": "annotated-transformer translate",
+    "python tools/evaluate.py": "annotated-transformer evaluate",
+    "python tools/average_checkpoints.py": "annotated-transformer average",
+}
+
+
+def current_command(recorded: str) -> str:
+    """A command from a run's notes as a reader types it today, so that no page tells the
+    reader to run a script by a path it no longer has."""
+    for program, command in RECORDED_PROGRAMS.items():
+        recorded = recorded.replace(program, command)
+    return recorded
 
 
 def load_trained_model(
@@ -6444,7 +6579,7 @@ def load_trained_model(
     state = load_checkpoint(file)
     fields = TrainConfig.__dataclass_fields__
     config = TrainConfig(**{k: v for k, v in state["config"].items() if k in fields})
-    vocab_src, vocab_tgt = read_vocabularies(file.parent, subwords=config.subwords > 0)
+    vocab_src, vocab_tgt = read_run_vocabularies(file.parent, config)
     model = make_model(
         len(vocab_src), len(vocab_tgt), N=config.N, d_model=config.d_model, d_ff=config.d_ff,
         h=config.h, dropout=0.0, share_embeddings=config.share_embeddings,
@@ -6452,3 +6587,452 @@ def load_trained_model(
     model.load_state_dict({key: tensor.float() if tensor.is_floating_point() else tensor
                            for key, tensor in state["model"].items()})
     return model.to(device).eval(), vocab_src, vocab_tgt, config
+
+
+# %%
+import io
+import os
+import random
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+SUBWORD_FILES = ("subwords_src.model", "subwords_tgt.model")  # share_vocab=False: one per side
+
+
+def sample_sentences(sentences: Iterable[str], k: int, *, seed: int = 0) -> list[str]:
+    """At most k of the non-empty sentences, each with the same chance, in the order they came
+    (all of them when there are no more than k): reservoir sampling, which reads the text once
+    and holds only k sentences at a time."""
+    rng = random.Random(seed)
+    kept: list[tuple[int, str]] = []  # (position among the non-empty sentences, sentence)
+    for position, sentence in enumerate(s for s in sentences if s):
+        if not isinstance(sentence, str):
+            raise TypeError("sentences must hold only strings")
+        if len(kept) < k:
+            kept.append((position, sentence))
+        elif (slot := rng.randrange(position + 1)) < k:  # kept with chance k / (position + 1)
+            kept[slot] = (position, sentence)
+    return [sentence for _, sentence in sorted(kept, key=lambda item: item[0])]
+
+
+def train_subword_model(
+    sentences: Iterable[str],
+    *,
+    vocab_size: int = 8000,
+    max_sentences: int = 1_000_000,
+    character_coverage: float = 1.0,
+    seed: int = 0,
+) -> Any:
+    """Chapter 17's train_sentencepiece model (BPE, lossless, byte fallback, in memory) from at
+    most max_sentences of the sentences (sample_sentences with seed: every one, in order, when
+    there are no more), with character_coverage, the share of the text's characters that get
+    pieces of their own (the rarest others are spelled in bytes)."""
+    import sentencepiece as spm
+
+    if isinstance(sentences, str):
+        raise TypeError("sentences must be an iterable of sentences, got one str: wrap it")
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size <= 4:
+        raise ValueError(f"vocab_size must be an integer > 4 (the specials), got {vocab_size!r}")
+    if isinstance(max_sentences, bool) or not isinstance(max_sentences, int) or max_sentences < 1:
+        raise ValueError(f"max_sentences must be an integer >= 1, got {max_sentences!r}")
+    if isinstance(character_coverage, bool) or not isinstance(character_coverage, int | float) or (
+            not 0 < character_coverage <= 1):
+        raise ValueError(f"character_coverage must be in (0, 1], got {character_coverage!r}")
+    sample = sample_sentences(sentences, max_sentences, seed=seed)
+    if not sample:
+        raise ValueError("sentences holds no non-empty sentence to train on")
+    model = io.BytesIO()
+    try:  # chapter 17's options, with character_coverage
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sample), model_writer=model, vocab_size=vocab_size,
+            model_type="bpe", character_coverage=character_coverage, byte_fallback=True,
+            normalization_rule_name="identity", remove_extra_whitespaces=False,
+            bos_id=SPECIALS.index("<s>"), bos_piece="<s>",
+            eos_id=SPECIALS.index("</s>"), eos_piece="</s>",
+            pad_id=SPECIALS.index("<blank>"), pad_piece="<blank>",
+            unk_id=SPECIALS.index("<unk>"), unk_piece="<unk>",
+            num_threads=1, minloglevel=2,
+        )
+    except RuntimeError as err:  # e.g. vocab_size larger than the text allows
+        raise ValueError(f"sentencepiece could not train vocab_size={vocab_size} (bpe) on "
+                         f"{len(sample)} sentences: {err}") from err
+    return spm.SentencePieceProcessor(model_proto=model.getvalue())
+
+
+def vocabulary_files(config: TrainConfig) -> tuple[str, ...]:
+    """The files that hold a run's vocabularies in its folder: two word vocabularies, one joint
+    sentencepiece model, or with share_vocab=False one sentencepiece model per language."""
+    if not config.subwords:
+        return tuple(VOCAB_FILES)
+    return (SUBWORD_FILE,) if config.share_vocab else SUBWORD_FILES
+
+
+def vocabulary_writers(config: TrainConfig, vocab_src: Any, vocab_tgt: Any
+                       ) -> dict[str, Callable[[Path], Any]]:
+    """Each of the run's vocabulary files with what writes it, for write_run_files."""
+    if not config.subwords:
+        return dict(zip(VOCAB_FILES, (vocab_src.save, vocab_tgt.save), strict=True))
+
+    def writer(proto: bytes) -> Callable[[Path], Any]:
+        return lambda path: Path(path).write_bytes(proto)
+
+    models = (vocab_src,) if config.share_vocab else (vocab_src, vocab_tgt)
+    return {name: writer(sp.serialized_model_proto())
+            for name, sp in zip(vocabulary_files(config), models, strict=True)}
+
+
+def read_run_vocabularies(folder: str | os.PathLike, config: TrainConfig) -> tuple[Any, Any]:
+    """The vocabularies that a run with this config wrote into folder (vocabulary_files)."""
+    if not config.subwords or config.share_vocab:
+        return read_vocabularies(folder, subwords=config.subwords > 0)
+    paths = [Path(folder) / name for name in SUBWORD_FILES]
+    missing = [str(path) for path in paths if not path.is_file()]
+    if missing:
+        raise FileNotFoundError(f"the run's vocabularies are missing: {', '.join(missing)}")
+    return load_subwords(paths[0]), load_subwords(paths[1])
+
+
+# %%
+from collections.abc import Sequence
+from typing import Any
+
+
+def multi30k_vocabularies(
+    config: TrainConfig,
+    tokenizers: tuple[Any, Any],
+    *,
+    pairs: Sequence[tuple[str, str]] | None = None,
+    save: bool = True,
+) -> tuple[Vocab, Vocab]:
+    """Chapter 17's vocabularies, with sentencepiece trained as config says (train_subword_model):
+    on a sample of at most subword_sentences sentences, with character_coverage, and with
+    share_vocab=False one model per language; save=True writes them into the checkpoint
+    folder."""
+    if pairs is None:  # train only: val and test stay unseen
+        pairs = load_multi30k("train")[: config.train_limit]
+    if config.subwords:
+        options = {"vocab_size": config.subwords, "max_sentences": config.subword_sentences,
+                   "character_coverage": config.character_coverage, "seed": config.seed}
+        if config.share_vocab:  # both languages, pair by pair, as chapter 17 trains it
+            sp = train_subword_model((s for pair in pairs for s in pair), **options)
+            vocabs = (sp, sp)
+        else:  # each language on its own side
+            vocabs = tuple(train_subword_model((pair[side] for pair in pairs), **options)
+                           for side in (0, 1))
+    else:
+        token_pairs = tokenize_pairs(pairs, *tokenizers)
+        vocabs = tuple(Vocab.build([pair[side] for pair in token_pairs], min_freq=config.min_freq)
+                       for side in (0, 1))
+    if save:
+        write_run_files(config.checkpoint_dir, vocabulary_writers(config, *vocabs))
+    return vocabs
+
+
+# %%
+import gzip
+import hashlib
+import itertools
+import json
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+CORPUS_HEADER = "corpus.json"  # written last: a folder without it is an unfinished encoding
+CORPUS_MODELS = ("src.model", "tgt.model")  # the sentencepiece models that made the ids
+
+
+def read_lines(path: str | os.PathLike) -> Iterator[str]:
+    """A plain or gzipped UTF-8 file's lines one at a time (no BOM, no line ends), so that a
+    corpus of any size is read in constant memory."""
+    path = Path(path)
+    with path.open("rb") as f:
+        gzipped = f.read(2) == b"\x1f\x8b"
+    with (gzip.open if gzipped else open)(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            raw = raw.removesuffix(b"\n").removesuffix(b"\r")
+            if number == 1:
+                raw = raw.removeprefix(b"\xef\xbb\xbf")  # a byte-order mark
+            try:
+                yield raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(f"{path}: line {number} is not valid UTF-8 (byte "
+                                 f"{raw[err.start]:#04x} at column {err.start + 1})") from None
+
+
+def model_sha256(sp: Any) -> str:
+    """The SHA-256 of a sentencepiece model's bytes: which ids a corpus holds."""
+    return hashlib.sha256(sp.serialized_model_proto()).hexdigest()
+
+
+def write_npy(path: Path, raw: Path, dtype: np.dtype, count: int) -> None:
+    """path as an .npy file holding the count values of dtype written raw into raw (a copy
+    in blocks: the array is never in memory), and raw deleted."""
+    with path.open("wb") as out, raw.open("rb") as f:
+        header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
+                  "fortran_order": False, "shape": (count,)}
+        np.lib.format.write_array_header_2_0(out, header)
+        while block := f.read(1 << 24):
+            out.write(block)
+    raw.unlink()
+
+
+def encode_corpus(
+    src_lines: Iterable[str], tgt_lines: Iterable[str], sp: Any, folder: str | os.PathLike, *,
+    max_len: int, sp_tgt: Any = None, chunk_size: int = 50_000, num_threads: int = 1,
+) -> dict[str, Any]:
+    """Encode a parallel text once, in chunks, into flat id arrays on disk that any number of
+    training processes map (EncodedCorpus) instead of each encoding the text again.
+
+    Pairs that do not fit max_len with `<s>` and `</s>` are left out and counted, as
+    filter_by_length does. sp encodes both sides unless sp_tgt encodes the target. Writes, into
+    folder: src_tokens.npy and tgt_tokens.npy (every kept pair's ids, one after the other;
+    uint16 when the vocabulary fits it), src_lengths.npy and tgt_lengths.npy, the models, and
+    last corpus.json, the header it returns: counts, max_len, dtype and the models' SHA-256.
+    """
+    filter_by_length([], max_len=max_len)  # the same check of max_len as chapter 14's
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    sps = (sp, sp if sp_tgt is None else sp_tgt)
+    size = max(s.get_piece_size() for s in sps)
+    dtype = np.dtype(np.uint16 if size <= 1 << 16 else np.int32)
+    length_dtype = np.dtype(np.uint16 if max_len <= 1 << 16 else np.int32)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / CORPUS_HEADER).unlink(missing_ok=True)  # unfinished until the header is back
+    raws = [folder / f"{side}_tokens.raw" for side in ("src", "tgt")]
+    lengths: list[list[np.ndarray]] = [[], []]
+    read = kept = 0
+    end = object()  # marks the shorter side's end
+    pairs = itertools.zip_longest(src_lines, tgt_lines, fillvalue=end)
+    with raws[0].open("wb") as src_out, raws[1].open("wb") as tgt_out:
+        while chunk := list(itertools.islice(pairs, chunk_size)):
+            if chunk[-1][0] is end or chunk[-1][1] is end:
+                short = "source" if chunk[-1][0] is end else "target"
+                done = read + sum(end not in pair for pair in chunk)
+                raise ValueError(f"the {short} side ends after {done:,} lines but the other "
+                                 "goes on: a parallel text has as many lines on both sides")
+            # 1) both sides' ids, 2) which pairs fit max_len, 3) append the kept ones
+            ids = [s.encode([pair[side] for pair in chunk], num_threads=num_threads)
+                   for side, s in enumerate(sps)]
+            n = [np.fromiter(map(len, side), dtype=np.int64, count=len(chunk)) for side in ids]
+            keep = np.maximum(n[0], n[1]) + 2 <= max_len
+            for side, out in enumerate((src_out, tgt_out)):
+                flat = itertools.chain.from_iterable(itertools.compress(ids[side], keep))
+                out.write(np.fromiter(flat, dtype=dtype, count=int(n[side][keep].sum()))
+                          .tobytes())
+                lengths[side].append(n[side][keep].astype(length_dtype))
+            read, kept = read + len(chunk), kept + int(keep.sum())
+    header = {"format": "EncodedCorpus", "version": 1, "pairs": kept, "read": read,
+              "dropped": read - kept, "max_len": max_len, "dtype": dtype.name,
+              "vocab_src_sha256": model_sha256(sps[0]),
+              "vocab_tgt_sha256": model_sha256(sps[1])}
+    for side, raw, chunks in zip(("src", "tgt"), raws, lengths, strict=True):
+        counts = np.concatenate([np.zeros(0, dtype=length_dtype), *chunks])
+        header[f"{side}_tokens"] = int(counts.sum(dtype=np.int64))
+        write_npy(folder / f"{side}_tokens.npy", raw, dtype, header[f"{side}_tokens"])
+        np.save(folder / f"{side}_lengths.npy", counts)
+    for s, name in zip(sps, CORPUS_MODELS, strict=True):
+        (folder / name).write_bytes(s.serialized_model_proto())
+    (folder / CORPUS_HEADER).write_text(json.dumps(header, indent=1) + "\n", "utf-8")
+    return header
+
+
+# %%
+import json
+import operator
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+class EncodedCorpus:
+    """A corpus that encode_corpus wrote, memory-mapped: the ids stay on disk, and the pages
+    that batches read are shared by every process that maps the same files.
+
+    corpus[i] is pair i's (source ids, target ids) as encode_examples gives them, corpus[:n]
+    its first n pairs (as does EncodedCorpus(folder, n)); src_lengths and tgt_lengths count
+    each pair's ids (without `<s>` and `</s>`).
+    """
+
+    def __init__(self, folder: str | os.PathLike, pairs: int | None = None) -> None:
+        self.folder = Path(folder)
+        path = self.folder / CORPUS_HEADER
+        if not path.is_file():
+            raise FileNotFoundError(f"{self.folder} holds no finished encoded corpus (no "
+                                    f"{CORPUS_HEADER}): encode it with encode_corpus")
+        self.header = json.loads(path.read_text("utf-8"))
+        if self.header.get("format") != "EncodedCorpus":
+            raise ValueError(f"{path} is not the header of an encoded corpus")
+        self.src_tokens, self.tgt_tokens, src_lengths, tgt_lengths = (
+            np.load(self.folder / f"{name}.npy", mmap_mode="r")
+            for name in ("src_tokens", "tgt_tokens", "src_lengths", "tgt_lengths"))
+        if not len(src_lengths) == len(tgt_lengths) == self.header["pairs"]:
+            raise ValueError(f"{self.folder}: the length arrays do not hold the "
+                             f"{self.header['pairs']} pairs that {CORPUS_HEADER} counts")
+        self.pairs = len(src_lengths) if pairs is None else min(pairs, len(src_lengths))
+        self.src_lengths, self.tgt_lengths = src_lengths[: self.pairs], tgt_lengths[: self.pairs]
+        # where each pair's ids start: the only arrays a process holds (8 bytes a pair a side)
+        self.src_starts = np.concatenate([[0], np.cumsum(self.src_lengths, dtype=np.int64)])
+        self.tgt_starts = np.concatenate([[0], np.cumsum(self.tgt_lengths, dtype=np.int64)])
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its folder and size: a process it is sent to maps the files itself."""
+        return EncodedCorpus, (str(self.folder), self.pairs)
+
+    def __len__(self) -> int:
+        return self.pairs
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            if i.start not in (None, 0) or i.step not in (None, 1):
+                raise ValueError(f"an encoded corpus is cut from its start only (corpus[:n]), "
+                                 f"got [{i.start}:{i.stop}:{i.step}]")
+            return EncodedCorpus(self.folder, range(self.pairs)[i].stop)
+        i = operator.index(i)
+        if not -self.pairs <= i < self.pairs:
+            raise IndexError(f"pair {i} is out of range for a corpus of {self.pairs} pairs")
+        i %= self.pairs
+        return (self.src_tokens[self.src_starts[i] : self.src_starts[i + 1]].tolist(),
+                self.tgt_tokens[self.tgt_starts[i] : self.tgt_starts[i + 1]].tolist())
+
+    def vocabularies(self) -> tuple[Any, Any]:
+        """The sentencepiece models that encoded the two sides (one object twice when joint)."""
+        src = load_subwords(self.folder / CORPUS_MODELS[0])
+        if self.header["vocab_src_sha256"] == self.header["vocab_tgt_sha256"]:
+            return src, src
+        return src, load_subwords(self.folder / CORPUS_MODELS[1])
+
+
+# %%
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+
+class StoredLengthSampler(Sampler[list[int]]):
+    """TokenBudgetSampler's batches, the same ones, computed with numpy from length arrays:
+    no Python object per example, so a rank's batches of millions of pairs stay small."""
+
+    def __init__(self, src_lengths: Sequence[int], tgt_lengths: Sequence[int], *, max_tokens: int,
+                 pool_size: int | None = None, shuffle: bool = True, seed: int = 0,
+                 num_replicas: int = 1, rank: int = 0) -> None:
+        super().__init__()
+        self.src_lengths = np.asarray(src_lengths, dtype=np.int32)  # (examples,)
+        self.tgt_lengths = np.asarray(tgt_lengths, dtype=np.int32)  # (examples,)
+        check_token_budget(self.src_lengths.tolist(), self.tgt_lengths.tolist(),
+                           max_tokens=max_tokens, pool_size=pool_size,
+                           num_replicas=num_replicas, rank=rank)
+        self.max_tokens = max_tokens
+        self.pool_size = pool_size or len(self.src_lengths)
+        self.shuffle, self.seed, self.epoch = shuffle, seed, 0
+        self.num_replicas, self.rank = num_replicas, rank
+        self._cache: tuple[int, list[np.ndarray]] | None = None  # (epoch, its batches)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch and with it the order; call it with the same epoch on every rank."""
+        self.epoch = epoch
+
+    def _fill(self, pool: np.ndarray, longest: np.ndarray) -> list[np.ndarray]:
+        """Cut a pool sorted by its longer sides into batches, as TokenBudgetSampler's _fill.
+
+        A batch's padded size is its size times its last (longest) example's longer side, so
+        a batch from `start` takes examples while (k + 1) x longest[start + k] fits."""
+        batches, start = [], 0
+        while start < len(pool):
+            window = longest[start : start + self.max_tokens // int(longest[start]) + 1]
+            padded = np.arange(1, len(window) + 1) * window  # the size with each next example
+            over = padded > self.max_tokens
+            size = int(np.argmax(over)) if over.any() else len(window)
+            batches.append(pool[start : start + size])
+            start += size
+        return batches
+
+    def batches(self) -> list[np.ndarray]:
+        """All ranks' batches of this epoch, in order (rank r takes every num_replicas-th)."""
+        if self._cache is not None and self._cache[0] == self.epoch:
+            return self._cache[1]
+        n = len(self.src_lengths)
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(n, generator=generator).numpy() if self.shuffle else np.arange(n)
+        batches = []
+        for start in range(0, n, self.pool_size):
+            # 1) shuffled pool, 2) sorted by (longer, src, tgt) length, stable, 3) cut
+            pool = order[start : start + self.pool_size]
+            src, tgt = self.src_lengths[pool], self.tgt_lengths[pool]
+            longest = np.maximum(src, tgt)
+            by_length = np.lexsort((tgt, src, longest))  # the last key sorts first
+            batches += self._fill(pool[by_length], longest[by_length])
+        batches = split_batches_for_ranks(batches, self.num_replicas)  # the same count per rank
+        if self.shuffle:  # 4) shuffle the batches themselves
+            batches = [batches[j] for j in torch.randperm(len(batches), generator=generator)]
+        self._cache = (self.epoch, batches)
+        return batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for batch in self.batches()[self.rank :: self.num_replicas]:
+            yield batch.tolist()
+
+    def __len__(self) -> int:
+        return len(self.batches()) // self.num_replicas
+
+
+def corpus_loader(corpus: EncodedCorpus, *, max_tokens: int, shuffle: bool, seed: int = 0,
+                  num_replicas: int = 1, rank: int = 0) -> DataLoader:
+    """multi30k_loader for an encoded corpus: batches from its stored lengths, ids read from
+    the mapped files only when a batch is drawn."""
+    sampler = StoredLengthSampler(
+        corpus.src_lengths.astype(np.int32) + 2, corpus.tgt_lengths.astype(np.int32) + 2,
+        max_tokens=max_tokens, shuffle=shuffle, seed=seed, num_replicas=num_replicas, rank=rank,
+    )  # with <s> and </s>, as example_lengths counts
+    return DataLoader(corpus, batch_sampler=sampler, collate_fn=collate_to_batch)
+
+
+# %%
+from typing import Any
+
+
+def load_encoded_data(process: Process, config: TrainConfig,
+                      pairs: dict[str, Any], *, resuming: bool) -> RunData:
+    """load_data for pairs["train"] an EncodedCorpus: its own subword models (the checkpoint's
+    when resuming, which must be the same), val encoded here, train batched from its stored
+    lengths; every rank maps the files that were encoded once."""
+    corpus: EncodedCorpus = pairs["train"]
+    header = corpus.header
+    if header["max_len"] != config.max_len:
+        raise ValueError(f"the encoded corpus {corpus.folder} was cut at max_len="
+                         f"{header['max_len']} but the run has max_len={config.max_len}: "
+                         "encode it again with the run's max_len")
+    if config.share_vocab and header["vocab_src_sha256"] != header["vocab_tgt_sha256"]:
+        raise ValueError(f"the encoded corpus {corpus.folder} has one vocabulary per side but "
+                         "the run shares one (share_vocab=True): encode both sides with one")
+
+    def vocabularies() -> tuple[Any, Any]:
+        if resuming:
+            return read_run_vocabularies(config.checkpoint_dir, config)
+        return corpus.vocabularies()
+
+    vocab_src, vocab_tgt = from_rank0(process, vocabularies)
+    stored = (header["vocab_src_sha256"], header["vocab_tgt_sha256"])
+    if (model_sha256(vocab_src), model_sha256(vocab_tgt)) != stored:
+        raise ValueError(f"the encoded corpus {corpus.folder} holds the ids of other subword "
+                         f"models than {config.checkpoint_dir}'s: encode it again")
+    if config.subwords != len(vocab_src):
+        raise ValueError(f"subwords={config.subwords} but the encoded corpus {corpus.folder} "
+                         f"has {len(vocab_src)} pieces: set subwords={len(vocab_src)}")
+    val_data = encode_examples(pairs["val"], vocab_src, vocab_tgt, (None, None),
+                               max_len=config.max_len)
+    shard = {"max_tokens": config.max_tokens, "num_replicas": process.world_size,
+             "rank": process.rank, "seed": config.seed}
+    train_loader = corpus_loader(corpus, shuffle=True, **shard)
+    val_loader = multi30k_loader(val_data, shuffle=False, **shard)
+    # the training pairs that max_len left out were counted (and said) when it was encoded
+    return RunData(vocab_src, vocab_tgt, train_loader, val_loader, list(pairs["val"]),
+                   (None, None), (0, len(pairs["val"]) - len(val_data)))

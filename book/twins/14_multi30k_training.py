@@ -9,7 +9,7 @@
 # that others can reproduce. We build the configuration, atomic checkpoints, the pipeline from
 # sentences to batches, an epoch of training and evaluation, and translation scored with
 # sacreBLEU {cite}`post2018call`; then we look at the model that ships with the book. The
-# program that runs the training, `tools/train.py`, is the subject of chapter 22.
+# command that runs the training, `annotated-transformer train`, is the subject of chapter 22.
 
 # %% tags=["setup", "hide-cell"]
 # Setup (hidden in the book): in Colab, install the book's package; everywhere, import what
@@ -36,6 +36,7 @@ from the_annotated_transformer import (
     TokenBudgetSampler,
     TrainState,
     count_parameters,
+    current_command,
     enable_book_charts,
     fetch_shipped_model,
     line_chart,
@@ -71,7 +72,7 @@ enable_book_charts()
 # `max_tokens` is a budget **per device and per micro-batch**, what one process's memory must
 # hold; with $R$ processes one optimizer step sees $R \times$ `accum_iter` $\times$ `max_tokens`
 # padded tokens, so more devices enlarge the global batch. A batch of the paper's size is reached
-# by accumulation: `tools/train.py --batch-tokens 25000` picks the `accum_iter` that comes nearest
+# by accumulation: `annotated-transformer train --batch-tokens 25000` picks the `accum_iter` that comes nearest
 # 25,000 padded tokens for the processes it runs with (6 on one GPU, 1 on eight); the paper
 # counted real tokens, and padded ones hold fewer (chapter 22 prints how many). With
 # $k = R \times$ `accum_iter` micro-batches per step an epoch has about $k$ times fewer optimizer
@@ -157,8 +158,8 @@ def training_config(name: str, **overrides) -> TrainConfig:
 # %% [markdown]
 # The `cpu` preset is sized for this book's 2-core CPU: about an hour of training on one thread.
 # One thread, because the two threads of a matrix product wait for each other, and on a shared
-# machine another job keeps taking one of their cores; so `tools/train.py` has a `--threads`
-# option, and the training worker ({doc}`appendix_distributed`) never gives its processes more threads than there are cores.
+# machine another job keeps taking one of their cores; so `annotated-transformer train` has a
+# `--threads` option, and the training worker ({doc}`appendix_distributed`) never gives its processes more threads than there are cores.
 # Its warm-up of 1,000 steps covers a little over three of its twelve epochs of 305 steps (chapter 22
 # counts them), and `lr_factor=0.5` makes its peak learning rate
 # $0.5 \cdot 256^{-0.5} \cdot 1000^{-0.5} \approx 0.001$.
@@ -1026,13 +1027,14 @@ assert detokenize(tokens) == 'A man in a T-shirt doesn\'t smile (really), he\'s 
 # the book's 2-core CPU, followed by one call that keeps what translation needs:
 #
 # ```bash
-# python tools/train.py --config cpu --threads 1
+# annotated-transformer train --config cpu --threads 1
 # python -c "from the_annotated_transformer import export_for_shipping; \
 #     export_for_shipping('checkpoints/multi30k_cpu/last.pt', 'book/models/multi30k_cpu', \
-#     command='python tools/train.py --config cpu --threads 1')"
+#     command='annotated-transformer train --config cpu --threads 1')"
 # ```
 #
-# (`make train CONFIG=cpu` runs the first line without `--threads 1`, and `make train CONFIG=cpu RESUME=1` continues an interrupted run from
+# (`annotated-transformer` is the command that installing the package provides,
+# `.venv/bin/annotated-transformer` in a copy of the repository; `make train CONFIG=cpu` runs the first line without `--threads 1`, and `make train CONFIG=cpu RESUME=1` continues an interrupted run from
 # its last checkpoint.) `export_for_shipping` keeps the weights in half precision, the two
 # vocabularies, and an `info.json` with the configuration, the variant, the command, the training
 # time and the hardware. `load_trained_model` builds the model from them in float32; outside a
@@ -1047,7 +1049,7 @@ import json
 
 folder = fetch_shipped_model()  # here, the repository's copy; in Colab, a download
 info = json.loads((folder / "info.json").read_text())
-print("command: ", info["command"])
+print("command: ", current_command(info["command"]))
 print("hardware:", info["hardware"])
 print(f"training: {info['epochs']} epochs in {info['training_seconds'] / 60:.0f} minutes")
 print(f"weights:  {(folder / 'model.pt').stat().st_size / 1e6:.1f} MB (float16)")
@@ -1112,7 +1114,7 @@ pd.DataFrame(table)
 #
 # ```bash
 # echo "Ein Hund rennt durch den Schnee." | \
-#     python tools/translate.py --checkpoint book/models/multi30k_cpu --beam 1
+#     annotated-transformer translate --checkpoint book/models/multi30k_cpu --beam 1
 # ```
 
 # %% [markdown]

@@ -33,6 +33,7 @@ from the_annotated_transformer import (
     SimpleLossCompute,
     TrainState,
     book_data,
+    current_command,
     enable_book_charts,
     exact_matches,
     fetch_shipped_model,
@@ -482,8 +483,8 @@ alt.hconcat(*(
 #
 # The shipped model of chapter 14 is the last checkpoint of a 12-epoch run. To have checkpoints to
 # average, that run was continued for five more epochs, keeping each epoch's weights
-# (`tools/train.py --keep-epochs`); each epoch and the averages of the last 2, 3 and 5 were then
-# translated greedily and scored with sacreBLEU by `tools/average_checkpoints.py --bleu`, as
+# (`annotated-transformer train --keep-epochs`); each epoch and the averages of the last 2, 3 and 5 were then
+# translated greedily and scored with sacreBLEU by `annotated-transformer average --bleu`, as
 # chapter 14 scores the shipped model. That takes far longer than a chapter may, so the cells
 # print what was measured, stored with the commands in `book/models/multi30k_cpu/averaging.json`
 # (the averaged weights are not shipped; `--output` makes them in a few seconds).
@@ -494,7 +495,7 @@ import json
 path = fetch_shipped_model() / "averaging.json"  # in Colab, downloaded and checked
 measured = json.loads(path.read_text())
 training = measured["training"]
-print("training: ", training["command"])
+print("training: ", current_command(training["command"]))
 print("          ", training["started_from"])
 print("hardware: ", training["hardware"])
 for row in training["epochs"]:
@@ -508,7 +509,7 @@ results = pd.DataFrame([
      "test BLEU": entry["scores"]["test_2016_flickr"]["bleu"]}
     for entry in measured["results"]
 ]).set_index("weights")
-print("measured by, for example:", measured["results"][-1]["command"])
+print("measured by, for example:", current_command(measured["results"][-1]["command"]))
 print("on:", measured["results"][-1]["hardware"], "|", measured["results"][-1]["date"])
 print("sacreBLEU:", measured["results"][-1]["scores"]["val"]["signature"])
 results
@@ -569,7 +570,7 @@ bleu_points_chart(results, title="Multi30k: single epochs and averages")
 # trains a subword model (chapter 17 builds its vocabulary) with untied embeddings that kept its
 # last five epochs. Here are those epochs and the averages of the last 2, 3 and 5, scored both
 # ways in half precision on both sets (`book/data/results_multi30k_more.json`, by
-# `tools/evaluate.py`):
+# `annotated-transformer evaluate`):
 
 # %%
 more = book_data("results_multi30k_more.json")["results"]

@@ -32,6 +32,7 @@ from the_annotated_transformer import (
     beam_translate,
     bleu,
     book_data,
+    current_command,
     enable_book_charts,
     fetch_shipped_model,
     load_multi30k,
@@ -65,13 +66,13 @@ for name, (before, after) in changed.items():
 
 # %% [markdown]
 # The vocabulary travels in the checkpoint folder (`subwords.model`), and the training script,
-# `load_trained_model`, `translate` and `tools/translate.py` handle both kinds of model: a
+# `load_trained_model`, `translate` and `annotated-transformer translate` handle both kinds of model: a
 # subword model encodes raw German and decodes its pieces straight to text, with no tokenizer
 # rules on either side. The run, and the average of its last five epochs (chapter 16's tool):
 #
 # ```bash
-# python tools/train.py --config cpu_subword --keep-epochs 5 --threads 2
-# python tools/average_checkpoints.py checkpoints/multi30k_cpu_subword/epoch_0{08,09,10,11,12}.pt \
+# annotated-transformer train --config cpu_subword --keep-epochs 5 --threads 2
+# annotated-transformer average checkpoints/multi30k_cpu_subword/epoch_0{08,09,10,11,12}.pt \
 #     --output checkpoints/multi30k_cpu_subword/average_08-12.pt
 # ```
 #
@@ -86,7 +87,7 @@ info = json.loads((folder / "info.json").read_text())
 print("hardware:", info["hardware"])
 print(f"training: {info['training_seconds'] / 3600:.2f} hours for {info['epochs']} epochs "
       "(without the validation BLEU after each epoch)")
-print("command:", info["command"])
+print("command:", current_command(info["command"]))
 for row in info["history"]:
     bleu_text = f" | val BLEU {row['val_bleu']:5.2f}" if "val_bleu" in row else ""
     print(f"epoch {row['epoch']:2d} | train loss {row['train_loss']:.4f} | "
@@ -141,7 +142,7 @@ for (de, en), g, b in zip(val[:5], greedy, beam, strict=True):
 # **Tokens a translation must not contain.** A decoder may choose `<s>`, padding or `<unk>`, none
 # of which belongs in a translation; chapter 14's word model writes `<unk>` where it wants a word
 # its vocabulary lacks, and `<unk>` never matches a reference. `translate`, `beam_translate` and
-# `tools/translate.py` ban all three (`never_generated`): their scores are set to $-\infty$ before
+# `annotated-transformer translate` ban all three (`never_generated`): their scores are set to $-\infty$ before
 # the choice, so the decoder takes the best real word instead; `allow_unk=True` lifts the ban, for
 # studying what the model does not know. A subword model never needs `<unk>`: every character has
 # a piece or falls back to bytes.
@@ -197,7 +198,7 @@ choices
 #
 # ## The table
 #
-# Every row is one model and one decoding, translated by `tools/evaluate.py` and scored with
+# Every row is one model and one decoding, translated by `annotated-transformer evaluate` and scored with
 # sacreBLEU {cite}`post2018call` (cased, detokenized, the 13a tokenizer, one reference; the
 # signature is printed under the table); every model is scored as the book ships it, with its
 # weights rounded to float16 and its arithmetic in float32 (`load_trained_model`). Beside this
@@ -294,7 +295,7 @@ print("make translate uses:", BEST_SHIPPED_MODEL, "with beam 4, alpha 0.6")
 # Best in the whole table, by less than the seeds of one recipe move a score (chapter 21), is
 # chapter 21's model: the same recipe on the fast path, trained in under half an hour on an Intel
 # Xeon (42 minutes on the EPYC of the peer section below) and averaged over its last two epochs.
-# `BEST_SHIPPED_MODEL` names it, so `make translate` and `tools/translate.py` use it by default,
+# `BEST_SHIPPED_MODEL` names it, so `make translate` and `annotated-transformer translate` use it by default,
 # with beam 4 and $\alpha = 0.6$.
 
 # %% [markdown]
@@ -307,7 +308,7 @@ print("make translate uses:", BEST_SHIPPED_MODEL, "with beam 4, alpha 0.6")
 # drawn sets on which the gap moved from its mean by at least the real gap. The drawn sets also
 # give each score a 95% interval. We use sacreBLEU's implementation (`sacrebleu --paired-bs`,
 # through its Python API, with its fixed seed) on the stored test translations
-# (`book/data/test_outputs_multi30k.json`, from `tools/evaluate.py --keep-outputs`). The tied
+# (`book/data/test_outputs_multi30k.json`, from `annotated-transformer evaluate --keep-outputs`). The tied
 # run's averaged weights were not kept, so its averaging rows are not tested.
 
 # %% tags=["export"]
@@ -546,7 +547,7 @@ for row in mended[:4]:
 # `tools/peer/README.md` lists what is shared and what is not, with sources, and the commands:
 #
 # ```bash
-# python tools/train.py --threads 2 --checkpoint-dir checkpoints/peer_book   # the book, timed
+# annotated-transformer train --threads 2 --checkpoint-dir checkpoints/peer_book   # the book, timed
 # tools/peer/.venv/bin/python tools/peer/joeynmt_multi30k.py --threads 2 --budget SECONDS
 # ```
 
@@ -644,19 +645,20 @@ context
 # %% [markdown]
 # ## Another language pair
 #
-# Nothing in the recipe is specific to German. `tools/train.py` takes a language pair as two files
+# Nothing in the recipe is specific to German. `annotated-transformer train` takes a language pair as two files
 # for training and two for validation, one sentence per line; it builds one joint sentencepiece
 # vocabulary from the training side, trains chapter 21's recipe, averages the last two epochs, and
-# writes a model folder that `tools/translate.py` and `tools/evaluate.py` read as they read the
+# writes a model folder that `annotated-transformer translate` and `evaluate` read as they read the
 # shipped models (the README lists the options; any field of the recipe can be set from the
 # command line). Pairs longer than `max_len=72` pieces on either side, `<s>` and `</s>` included,
-# are left out of training without a message: Multi30k has none (chapter 17), but longer text may,
-# and `--set max_len=...` raises the limit. Multi30k's captions exist in French and Czech too,
-# line for line with the same English, so one flag turns the book around, English to French:
+# are left out of training, and the run says how many: Multi30k has none (chapter 17), but
+# longer text may, and `--set max_len=...` raises the limit. Multi30k's captions exist in French
+# and Czech too, line for line with the same English, so one flag turns the book around, English
+# to French:
 #
 # ```bash
-# python tools/train.py --langs en fr     # your own text: --train SRC TGT --valid SRC TGT
-# python tools/evaluate.py --model en-fr=checkpoints/en-fr_cpu_fast_dropout/model \
+# annotated-transformer train --langs en fr   # your own text: --train SRC TGT --valid SRC TGT
+# annotated-transformer evaluate --model en-fr=checkpoints/en-fr_cpu_fast_dropout/model \
 #     --decodings greedy beam4 --test val.en.gz val.fr.gz \
 #     --test test_2016_flickr.en.gz test_2016_flickr.fr.gz
 # ```
@@ -702,7 +704,7 @@ assert all(e["bleu"] > 30 for e in en_fr["results"]), "the French model should t
 # | millions (WMT) | the paper's base or big model and a shared vocabulary of tens of thousands of pieces {cite}`vaswani2017attention` | the paper's | the paper's | long runs keep paying off {cite}`popel2018training`; average the last checkpoints, as the paper does |
 #
 # Two rules hold at every size. The schedule needs a run well past its warm-up, which is why
-# `tools/train.py` refuses a run that would spend less than a fifth of its steps after the peak;
+# `annotated-transformer train` refuses a run that would spend less than a fifth of its steps after the peak;
 # and the choice among settings is made on the validation set, with the test set read once at
 # the end.
 

@@ -2,7 +2,7 @@
 # # Training on many devices
 #
 # Chapter 14 trained the shipped model with one command,
-# `python tools/train.py --config cpu --threads 1`. The same command trains on several GPUs of one machine, or on several machines, with PyTorch's
+# `annotated-transformer train --config cpu --threads 1`. The same command trains on several GPUs of one machine, or on several machines, with PyTorch's
 # `DistributedDataParallel` (DDP): every device holds a copy of the model and trains on its own
 # share of the batches, and the copies stay equal because each takes the same averaged gradient
 # step. This chapter grows Part II's data loader and training loop for that. Four rules carry it:
@@ -523,18 +523,21 @@ for devices in (1, 8):
 # process drives one GPU and the processes talk through NCCL; without GPUs they share the CPU and
 # talk through gloo, which runs the same code on any machine (the tests run it so).
 # On several machines PyTorch's launcher `torchrun` starts the processes and sets `RANK`,
-# `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR` and `MASTER_PORT` for each; `tools/train.py` notices
+# `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR` and `MASTER_PORT` for each; `annotated-transformer train` notices
 # and calls `train_worker` directly. The commands:
 #
 # ```bash
-# python tools/train.py --config cpu                       # one CPU process
-# python tools/train.py --config cpu --threads 1           # the same on a machine shared with others
-# python tools/train.py --config base --devices 4          # four GPUs: batch x4, peak x2
-# python tools/train.py --config base --batch-tokens 25000  # one GPU, 25,000 padded tokens (accum 6)
-# torchrun --nproc_per_node=8 tools/train.py --config base  # eight GPUs: batch x8, peak x2.8
+# annotated-transformer train --config cpu               # one CPU process
+# annotated-transformer train --config cpu --threads 1   # the same on a machine shared with others
+# annotated-transformer train --config base --devices 4  # four GPUs: batch x4, peak x2
+# # one GPU, 25,000 padded tokens (accum 6):
+# annotated-transformer train --config base --batch-tokens 25000
+# # eight GPUs: batch x8, peak x2.8 (torchrun starts Python, so the command runs as a module, -m):
+# torchrun --nproc_per_node=8 -m annotated_transformer_cli train --config base
 # # two machines with 8 GPUs each; the same command on both, meeting on the first:
 # torchrun --nnodes=2 --nproc_per_node=8 --max-restarts=3 --rdzv-backend=c10d \
-#     --rdzv-endpoint=10.0.0.1:29500 --rdzv-id=multi30k tools/train.py --config base
+#     --rdzv-endpoint=10.0.0.1:29500 --rdzv-id=multi30k -m annotated_transformer_cli train \
+#     --config base
 # ```
 #
 # An interrupted run continues with the same command plus `--resume`; a fresh run into a folder

@@ -23,23 +23,35 @@ if "google.colab" in sys.modules:
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
 
 from the_annotated_transformer import (
+    SPECIALS,
     SUBWORD_FILE,
     VOCAB_FILES,
     EncoderDecoder,
+    Process,
+    RunData,
     TokenBudgetSampler,
     TrainConfig,
     Vocab,
+    collate_to_batch,
     config_for_devices,
     download_file,
     enable_book_charts,
+    encode_examples,
+    example_lengths,
+    filter_by_length,
+    from_rank0,
     load_checkpoint,
+    load_subwords,
     make_model,
+    multi30k_loader,
     read_vocabularies,
     repository_root,
     save_checkpoint,
     sha256_of,
+    tokenize_pairs,
     train_worker,
     training_config,
+    write_run_files,
 )
 
 enable_book_charts()
@@ -178,7 +190,7 @@ with tempfile.TemporaryDirectory() as folder:
 # name, finds the folder, verifies (and if need be downloads) both files, and reads them.
 # The same splits exist in French and Czech, line for line with the English side, in a second
 # folder, `multi30k-fr-cs`: `load_multi30k(split, languages=("en", "fr"))` reads English-French
-# pairs, and `tools/train.py --langs en fr` trains a translator on them (chapter 18).
+# pairs, and `annotated-transformer train --langs en fr` trains a translator on them (chapter 18).
 
 # %% tags=["export"]
 import gzip
@@ -385,7 +397,7 @@ def length_histogram(pairs: Sequence[tuple[Sequence[str], Sequence[str]]], *, ti
 # %% [markdown]
 # ## Settings for your own data
 #
-# `tools/train.py --train SRC TGT --valid SRC TGT` trains on a text of any size, and the settings
+# `annotated-transformer train --train SRC TGT --valid SRC TGT` trains on a text of any size, and the settings
 # that suit Multi30k do not suit them all: a few hundred pairs are spread thin over 8,000
 # subwords, and a run on them would end before a 2,000-step warm-up does. Chapter 18's table of
 # settings by data size says in which direction each setting moves; `config_for_corpus` is this
@@ -642,8 +654,9 @@ def export_for_shipping(
         weights[name] = same[0]  # half the size of float32; load_trained_model converts back
     folder.mkdir(parents=True, exist_ok=True)
     save_checkpoint({"model": weights, "config": state["config"]}, folder / "model.pt")
-    subwords = state["config"].get("subwords", 0) > 0
-    for name in [SUBWORD_FILE] if subwords else VOCAB_FILES:
+    fields = TrainConfig.__dataclass_fields__
+    config = TrainConfig(**{k: v for k, v in state["config"].items() if k in fields})
+    for name in vocabulary_files(config):
         shutil.copyfile(checkpoint.parent / name, folder / name)
     info = {
         "config": state["config"],
@@ -661,6 +674,25 @@ def export_for_shipping(
         info["averaged_from"] = [Path(path).name for path in state["averaged_from"]]
     (folder / "info.json").write_text(json.dumps(info, indent=1) + "\n", "utf-8")
     return folder / "model.pt"
+
+
+# A run's notes keep its command as it was typed. The scripts named in the shipped models' notes
+# and the stored measurements are today subcommands of the installed `annotated-transformer`
+# command, with the same options; current_command shows a stored command in today's form.
+RECORDED_PROGRAMS = {
+    "python tools/train.py": "annotated-transformer train",
+    "python tools/translate.py": "annotated-transformer translate",
+    "python tools/evaluate.py": "annotated-transformer evaluate",
+    "python tools/average_checkpoints.py": "annotated-transformer average",
+}
+
+
+def current_command(recorded: str) -> str:
+    """A command from a run's notes as a reader types it today, so that no page tells the
+    reader to run a script by a path it no longer has."""
+    for program, command in RECORDED_PROGRAMS.items():
+        recorded = recorded.replace(program, command)
+    return recorded
 
 
 def load_trained_model(
@@ -695,7 +727,7 @@ def load_trained_model(
     state = load_checkpoint(file)
     fields = TrainConfig.__dataclass_fields__
     config = TrainConfig(**{k: v for k, v in state["config"].items() if k in fields})
-    vocab_src, vocab_tgt = read_vocabularies(file.parent, subwords=config.subwords > 0)
+    vocab_src, vocab_tgt = read_run_vocabularies(file.parent, config)
     model = make_model(
         len(vocab_src), len(vocab_tgt), N=config.N, d_model=config.d_model, d_ff=config.d_ff,
         h=config.h, dropout=0.0, share_embeddings=config.share_embeddings,
@@ -733,3 +765,581 @@ with tempfile.TemporaryDirectory() as folder:
         fetch_shipped_model(copy)
     except ValueError as err:
         print(str(err).replace(folder, "<folder>").split(" (SHA-256")[0], "...")
+
+# %% [markdown]
+# ## Subword vocabularies for large corpora and other scripts
+#
+# Chapter 17 trains one sentencepiece model on every sentence of both languages, which suits
+# Multi30k. Three `TrainConfig` fields (defined with chapter 21's in {doc}`appendix_performance`)
+# adapt it to other text: `train_subword_model` trains chapter 17's sentencepiece model with
+# them, and `multi30k_vocabularies` grows here to call it. At their defaults they train chapter
+# 17's model.
+#
+# * **A sample.** sentencepiece holds every sentence it trains on in memory, so a corpus of
+#   millions of pairs would cost it memory and time in proportion. `subword_sentences` caps the
+#   sentences one model sees, a million by default. `sample_sentences` draws them by reservoir
+#   sampling: it reads the text once, holds at most the cap, gives every sentence the same
+#   chance, and keeps the sample in the order of the text, so a text under the cap is used whole
+#   and in order, as chapter 17 uses it. The run's seed draws it, so every rank and every rerun
+#   gets the same sample.
+# * **Character coverage.** sentencepiece gives the most frequent characters pieces of their own
+#   until they cover `character_coverage` of the text's characters; the rarer ones get none and,
+#   with byte fallback, are spelled as UTF-8 bytes. The book's 1.0 keeps them all; for languages
+#   with thousands of characters, such as Chinese or Japanese, sentencepiece's documentation
+#   recommends 0.9995.
+# * **Separate vocabularies.** With `share_vocab=False` each language gets its own model of
+#   `subwords` pieces, trained on its own side and stored as `subwords_src.model` and
+#   `subwords_tgt.model` (`vocabulary_files`), which resuming, `export_for_shipping` and
+#   `load_trained_model` read back. For languages written in different scripts, which have few
+#   characters in common, each side then keeps all its pieces for itself. Two vocabularies cannot
+#   share one embedding matrix, so `share_embeddings` must be off.
+
+# %% tags=["export"]
+import io
+import os
+import random
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+SUBWORD_FILES = ("subwords_src.model", "subwords_tgt.model")  # share_vocab=False: one per side
+
+
+def sample_sentences(sentences: Iterable[str], k: int, *, seed: int = 0) -> list[str]:
+    """At most k of the non-empty sentences, each with the same chance, in the order they came
+    (all of them when there are no more than k): reservoir sampling, which reads the text once
+    and holds only k sentences at a time."""
+    rng = random.Random(seed)
+    kept: list[tuple[int, str]] = []  # (position among the non-empty sentences, sentence)
+    for position, sentence in enumerate(s for s in sentences if s):
+        if not isinstance(sentence, str):
+            raise TypeError("sentences must hold only strings")
+        if len(kept) < k:
+            kept.append((position, sentence))
+        elif (slot := rng.randrange(position + 1)) < k:  # kept with chance k / (position + 1)
+            kept[slot] = (position, sentence)
+    return [sentence for _, sentence in sorted(kept, key=lambda item: item[0])]
+
+
+def train_subword_model(
+    sentences: Iterable[str],
+    *,
+    vocab_size: int = 8000,
+    max_sentences: int = 1_000_000,
+    character_coverage: float = 1.0,
+    seed: int = 0,
+) -> Any:
+    """Chapter 17's train_sentencepiece model (BPE, lossless, byte fallback, in memory) from at
+    most max_sentences of the sentences (sample_sentences with seed: every one, in order, when
+    there are no more), with character_coverage, the share of the text's characters that get
+    pieces of their own (the rarest others are spelled in bytes)."""
+    import sentencepiece as spm
+
+    if isinstance(sentences, str):
+        raise TypeError("sentences must be an iterable of sentences, got one str: wrap it")
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size <= 4:
+        raise ValueError(f"vocab_size must be an integer > 4 (the specials), got {vocab_size!r}")
+    if isinstance(max_sentences, bool) or not isinstance(max_sentences, int) or max_sentences < 1:
+        raise ValueError(f"max_sentences must be an integer >= 1, got {max_sentences!r}")
+    if isinstance(character_coverage, bool) or not isinstance(character_coverage, int | float) or (
+            not 0 < character_coverage <= 1):
+        raise ValueError(f"character_coverage must be in (0, 1], got {character_coverage!r}")
+    sample = sample_sentences(sentences, max_sentences, seed=seed)
+    if not sample:
+        raise ValueError("sentences holds no non-empty sentence to train on")
+    model = io.BytesIO()
+    try:  # chapter 17's options, with character_coverage
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sample), model_writer=model, vocab_size=vocab_size,
+            model_type="bpe", character_coverage=character_coverage, byte_fallback=True,
+            normalization_rule_name="identity", remove_extra_whitespaces=False,
+            bos_id=SPECIALS.index("<s>"), bos_piece="<s>",
+            eos_id=SPECIALS.index("</s>"), eos_piece="</s>",
+            pad_id=SPECIALS.index("<blank>"), pad_piece="<blank>",
+            unk_id=SPECIALS.index("<unk>"), unk_piece="<unk>",
+            num_threads=1, minloglevel=2,
+        )
+    except RuntimeError as err:  # e.g. vocab_size larger than the text allows
+        raise ValueError(f"sentencepiece could not train vocab_size={vocab_size} (bpe) on "
+                         f"{len(sample)} sentences: {err}") from err
+    return spm.SentencePieceProcessor(model_proto=model.getvalue())
+
+
+def vocabulary_files(config: TrainConfig) -> tuple[str, ...]:
+    """The files that hold a run's vocabularies in its folder: two word vocabularies, one joint
+    sentencepiece model, or with share_vocab=False one sentencepiece model per language."""
+    if not config.subwords:
+        return tuple(VOCAB_FILES)
+    return (SUBWORD_FILE,) if config.share_vocab else SUBWORD_FILES
+
+
+def vocabulary_writers(config: TrainConfig, vocab_src: Any, vocab_tgt: Any
+                       ) -> dict[str, Callable[[Path], Any]]:
+    """Each of the run's vocabulary files with what writes it, for write_run_files."""
+    if not config.subwords:
+        return dict(zip(VOCAB_FILES, (vocab_src.save, vocab_tgt.save), strict=True))
+
+    def writer(proto: bytes) -> Callable[[Path], Any]:
+        return lambda path: Path(path).write_bytes(proto)
+
+    models = (vocab_src,) if config.share_vocab else (vocab_src, vocab_tgt)
+    return {name: writer(sp.serialized_model_proto())
+            for name, sp in zip(vocabulary_files(config), models, strict=True)}
+
+
+def read_run_vocabularies(folder: str | os.PathLike, config: TrainConfig) -> tuple[Any, Any]:
+    """The vocabularies that a run with this config wrote into folder (vocabulary_files)."""
+    if not config.subwords or config.share_vocab:
+        return read_vocabularies(folder, subwords=config.subwords > 0)
+    paths = [Path(folder) / name for name in SUBWORD_FILES]
+    missing = [str(path) for path in paths if not path.is_file()]
+    if missing:
+        raise FileNotFoundError(f"the run's vocabularies are missing: {', '.join(missing)}")
+    return load_subwords(paths[0]), load_subwords(paths[1])
+
+
+# %% tags=["export", "extends"]
+from collections.abc import Sequence
+from typing import Any
+
+
+def multi30k_vocabularies(
+    config: TrainConfig,
+    tokenizers: tuple[Any, Any],
+    *,
+    pairs: Sequence[tuple[str, str]] | None = None,
+    save: bool = True,
+) -> tuple[Vocab, Vocab]:
+    """Chapter 17's vocabularies, with sentencepiece trained as config says (train_subword_model):
+    on a sample of at most subword_sentences sentences, with character_coverage, and with
+    share_vocab=False one model per language; save=True writes them into the checkpoint
+    folder."""
+    if pairs is None:  # train only: val and test stay unseen
+        pairs = load_multi30k("train")[: config.train_limit]
+    if config.subwords:
+        options = {"vocab_size": config.subwords, "max_sentences": config.subword_sentences,
+                   "character_coverage": config.character_coverage, "seed": config.seed}
+        if config.share_vocab:  # both languages, pair by pair, as chapter 17 trains it
+            sp = train_subword_model((s for pair in pairs for s in pair), **options)
+            vocabs = (sp, sp)
+        else:  # each language on its own side
+            vocabs = tuple(train_subword_model((pair[side] for pair in pairs), **options)
+                           for side in (0, 1))
+    else:
+        token_pairs = tokenize_pairs(pairs, *tokenizers)
+        vocabs = tuple(Vocab.build([pair[side] for pair in token_pairs], min_freq=config.min_freq)
+                       for side in (0, 1))
+    if save:
+        write_run_files(config.checkpoint_dir, vocabulary_writers(config, *vocabs))
+    return vocabs
+
+
+# %% [markdown]
+# At the defaults the grown functions train chapter 17's model on Multi30k, the shipped model's
+# `subwords.model` byte for byte. A small sample keeps the order of the text. Then separate
+# German and English models, each from a capped sample, and how many of their pieces are single
+# characters at full coverage and at 0.9995:
+
+# %%
+from dataclasses import replace
+
+train = load_multi30k("train")
+shipped = fetch_shipped_model(name=BEST_SHIPPED_MODEL) / SUBWORD_FILE
+recipe = training_config(SHIPPED_PRESETS[BEST_SHIPPED_MODEL])
+joint, same = multi30k_vocabularies(recipe, (None, None), pairs=train, save=False)
+assert joint is same and joint.serialized_model_proto() == shipped.read_bytes()
+print(f"defaults, {2 * len(train):,} sentences: {len(joint):,} pieces, the shipped "
+      f"{SUBWORD_FILE} byte for byte")
+print("a sample of 3:", sample_sentences(["a", "b", "", "c", "d", "e", "f"], 3, seed=0))
+
+separate = replace(recipe, subwords=4000, subword_sentences=10_000, share_vocab=False,
+                   share_embeddings=False)
+for coverage in (1.0, 0.9995):
+    models = multi30k_vocabularies(replace(separate, character_coverage=coverage), (None, None),
+                                   pairs=train, save=False)
+    characters = [sum(len(sp.id_to_piece(i)) == 1 and not sp.is_byte(i) for i in range(len(sp)))
+                  for sp in models]
+    print(f"share_vocab=False, coverage {coverage}: {len(models[0]):,} German and "
+          f"{len(models[1]):,} English pieces, each from a sample of 10,000 of "
+          f"{len(train):,} sentences; {characters[0]} and {characters[1]} of them one character")
+
+# %% [markdown]
+# ## A corpus encoded once, on disk
+#
+# Chapter 14 keeps every training pair's ids as Python lists, and chapter 22's ranks each encode
+# and sort the whole text themselves. At Multi30k's size that costs little. The paper's WMT 2014
+# English-German set has 4.5 million sentence pairs {cite}`vaswani2017attention`, and there
+# lists of Python integers take memory in proportion to the text, on every rank. The path below is the
+# one that binarized data sets take in fairseq {cite}`ott2019fairseq`: encode the text once, store
+# the ids as compact arrays on disk, and let every rank map the same files.
+#
+# `encode_corpus` reads the two sides line by line (`read_lines` opens a plain or gzipped file),
+# encodes a chunk of lines at a time with the sentencepiece model, and appends the ids of the pairs
+# that fit `max_len` to one flat array per side, with each pair's length beside them. Pairs that do
+# not fit are left out and counted, as `filter_by_length` counts them. The ids are `uint16` (two
+# bytes each) when the vocabulary has at most 65,536 pieces. A header, `corpus.json`, is written
+# last, so a folder without it is an encoding that did not finish.
+
+# %% tags=["export"]
+import gzip
+import hashlib
+import itertools
+import json
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+CORPUS_HEADER = "corpus.json"  # written last: a folder without it is an unfinished encoding
+CORPUS_MODELS = ("src.model", "tgt.model")  # the sentencepiece models that made the ids
+
+
+def read_lines(path: str | os.PathLike) -> Iterator[str]:
+    """A plain or gzipped UTF-8 file's lines one at a time (no BOM, no line ends), so that a
+    corpus of any size is read in constant memory."""
+    path = Path(path)
+    with path.open("rb") as f:
+        gzipped = f.read(2) == b"\x1f\x8b"
+    with (gzip.open if gzipped else open)(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            raw = raw.removesuffix(b"\n").removesuffix(b"\r")
+            if number == 1:
+                raw = raw.removeprefix(b"\xef\xbb\xbf")  # a byte-order mark
+            try:
+                yield raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(f"{path}: line {number} is not valid UTF-8 (byte "
+                                 f"{raw[err.start]:#04x} at column {err.start + 1})") from None
+
+
+def model_sha256(sp: Any) -> str:
+    """The SHA-256 of a sentencepiece model's bytes: which ids a corpus holds."""
+    return hashlib.sha256(sp.serialized_model_proto()).hexdigest()
+
+
+def write_npy(path: Path, raw: Path, dtype: np.dtype, count: int) -> None:
+    """path as an .npy file holding the count values of dtype written raw into raw (a copy
+    in blocks: the array is never in memory), and raw deleted."""
+    with path.open("wb") as out, raw.open("rb") as f:
+        header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
+                  "fortran_order": False, "shape": (count,)}
+        np.lib.format.write_array_header_2_0(out, header)
+        while block := f.read(1 << 24):
+            out.write(block)
+    raw.unlink()
+
+
+def encode_corpus(
+    src_lines: Iterable[str], tgt_lines: Iterable[str], sp: Any, folder: str | os.PathLike, *,
+    max_len: int, sp_tgt: Any = None, chunk_size: int = 50_000, num_threads: int = 1,
+) -> dict[str, Any]:
+    """Encode a parallel text once, in chunks, into flat id arrays on disk that any number of
+    training processes map (EncodedCorpus) instead of each encoding the text again.
+
+    Pairs that do not fit max_len with `<s>` and `</s>` are left out and counted, as
+    filter_by_length does. sp encodes both sides unless sp_tgt encodes the target. Writes, into
+    folder: src_tokens.npy and tgt_tokens.npy (every kept pair's ids, one after the other;
+    uint16 when the vocabulary fits it), src_lengths.npy and tgt_lengths.npy, the models, and
+    last corpus.json, the header it returns: counts, max_len, dtype and the models' SHA-256.
+    """
+    filter_by_length([], max_len=max_len)  # the same check of max_len as chapter 14's
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    sps = (sp, sp if sp_tgt is None else sp_tgt)
+    size = max(s.get_piece_size() for s in sps)
+    dtype = np.dtype(np.uint16 if size <= 1 << 16 else np.int32)
+    length_dtype = np.dtype(np.uint16 if max_len <= 1 << 16 else np.int32)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / CORPUS_HEADER).unlink(missing_ok=True)  # unfinished until the header is back
+    raws = [folder / f"{side}_tokens.raw" for side in ("src", "tgt")]
+    lengths: list[list[np.ndarray]] = [[], []]
+    read = kept = 0
+    end = object()  # marks the shorter side's end
+    pairs = itertools.zip_longest(src_lines, tgt_lines, fillvalue=end)
+    with raws[0].open("wb") as src_out, raws[1].open("wb") as tgt_out:
+        while chunk := list(itertools.islice(pairs, chunk_size)):
+            if chunk[-1][0] is end or chunk[-1][1] is end:
+                short = "source" if chunk[-1][0] is end else "target"
+                done = read + sum(end not in pair for pair in chunk)
+                raise ValueError(f"the {short} side ends after {done:,} lines but the other "
+                                 "goes on: a parallel text has as many lines on both sides")
+            # 1) both sides' ids, 2) which pairs fit max_len, 3) append the kept ones
+            ids = [s.encode([pair[side] for pair in chunk], num_threads=num_threads)
+                   for side, s in enumerate(sps)]
+            n = [np.fromiter(map(len, side), dtype=np.int64, count=len(chunk)) for side in ids]
+            keep = np.maximum(n[0], n[1]) + 2 <= max_len
+            for side, out in enumerate((src_out, tgt_out)):
+                flat = itertools.chain.from_iterable(itertools.compress(ids[side], keep))
+                out.write(np.fromiter(flat, dtype=dtype, count=int(n[side][keep].sum()))
+                          .tobytes())
+                lengths[side].append(n[side][keep].astype(length_dtype))
+            read, kept = read + len(chunk), kept + int(keep.sum())
+    header = {"format": "EncodedCorpus", "version": 1, "pairs": kept, "read": read,
+              "dropped": read - kept, "max_len": max_len, "dtype": dtype.name,
+              "vocab_src_sha256": model_sha256(sps[0]),
+              "vocab_tgt_sha256": model_sha256(sps[1])}
+    for side, raw, chunks in zip(("src", "tgt"), raws, lengths, strict=True):
+        counts = np.concatenate([np.zeros(0, dtype=length_dtype), *chunks])
+        header[f"{side}_tokens"] = int(counts.sum(dtype=np.int64))
+        write_npy(folder / f"{side}_tokens.npy", raw, dtype, header[f"{side}_tokens"])
+        np.save(folder / f"{side}_lengths.npy", counts)
+    for s, name in zip(sps, CORPUS_MODELS, strict=True):
+        (folder / name).write_bytes(s.serialized_model_proto())
+    (folder / CORPUS_HEADER).write_text(json.dumps(header, indent=1) + "\n", "utf-8")
+    return header
+
+
+# %% [markdown]
+# `EncodedCorpus` opens such a folder with `numpy.load(mmap_mode="r")`: the arrays are mapped,
+# not read. `corpus[i]` reads pair $i$'s ids from the mapped pages when a batch asks for them, and
+# the operating system keeps one copy of each page in memory for all the processes that map the
+# file. Of the corpus, a rank holds in its own memory only where each pair starts (eight bytes a
+# pair a side). Sent to another
+# process, the corpus travels as its folder's name, and that process maps the files itself.
+
+# %% tags=["export"]
+import json
+import operator
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+class EncodedCorpus:
+    """A corpus that encode_corpus wrote, memory-mapped: the ids stay on disk, and the pages
+    that batches read are shared by every process that maps the same files.
+
+    corpus[i] is pair i's (source ids, target ids) as encode_examples gives them, corpus[:n]
+    its first n pairs (as does EncodedCorpus(folder, n)); src_lengths and tgt_lengths count
+    each pair's ids (without `<s>` and `</s>`).
+    """
+
+    def __init__(self, folder: str | os.PathLike, pairs: int | None = None) -> None:
+        self.folder = Path(folder)
+        path = self.folder / CORPUS_HEADER
+        if not path.is_file():
+            raise FileNotFoundError(f"{self.folder} holds no finished encoded corpus (no "
+                                    f"{CORPUS_HEADER}): encode it with encode_corpus")
+        self.header = json.loads(path.read_text("utf-8"))
+        if self.header.get("format") != "EncodedCorpus":
+            raise ValueError(f"{path} is not the header of an encoded corpus")
+        self.src_tokens, self.tgt_tokens, src_lengths, tgt_lengths = (
+            np.load(self.folder / f"{name}.npy", mmap_mode="r")
+            for name in ("src_tokens", "tgt_tokens", "src_lengths", "tgt_lengths"))
+        if not len(src_lengths) == len(tgt_lengths) == self.header["pairs"]:
+            raise ValueError(f"{self.folder}: the length arrays do not hold the "
+                             f"{self.header['pairs']} pairs that {CORPUS_HEADER} counts")
+        self.pairs = len(src_lengths) if pairs is None else min(pairs, len(src_lengths))
+        self.src_lengths, self.tgt_lengths = src_lengths[: self.pairs], tgt_lengths[: self.pairs]
+        # where each pair's ids start: the only arrays a process holds (8 bytes a pair a side)
+        self.src_starts = np.concatenate([[0], np.cumsum(self.src_lengths, dtype=np.int64)])
+        self.tgt_starts = np.concatenate([[0], np.cumsum(self.tgt_lengths, dtype=np.int64)])
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its folder and size: a process it is sent to maps the files itself."""
+        return EncodedCorpus, (str(self.folder), self.pairs)
+
+    def __len__(self) -> int:
+        return self.pairs
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            if i.start not in (None, 0) or i.step not in (None, 1):
+                raise ValueError(f"an encoded corpus is cut from its start only (corpus[:n]), "
+                                 f"got [{i.start}:{i.stop}:{i.step}]")
+            return EncodedCorpus(self.folder, range(self.pairs)[i].stop)
+        i = operator.index(i)
+        if not -self.pairs <= i < self.pairs:
+            raise IndexError(f"pair {i} is out of range for a corpus of {self.pairs} pairs")
+        i %= self.pairs
+        return (self.src_tokens[self.src_starts[i] : self.src_starts[i + 1]].tolist(),
+                self.tgt_tokens[self.tgt_starts[i] : self.tgt_starts[i + 1]].tolist())
+
+    def vocabularies(self) -> tuple[Any, Any]:
+        """The sentencepiece models that encoded the two sides (one object twice when joint)."""
+        src = load_subwords(self.folder / CORPUS_MODELS[0])
+        if self.header["vocab_src_sha256"] == self.header["vocab_tgt_sha256"]:
+            return src, src
+        return src, load_subwords(self.folder / CORPUS_MODELS[1])
+
+
+# %% [markdown]
+# Batches need only the lengths. `StoredLengthSampler` makes exactly `TokenBudgetSampler`'s
+# batches, but with numpy: the random order, the stable sort of each pool by length and the
+# shuffle of the batches draw the same random numbers, and a batch is cut where the next example
+# would push its padded size over `max_tokens`. In a pool sorted by the longer side, a batch's
+# padded size is its size times its last example's longer side, so each cut is one vectorized
+# comparison instead of a Python loop over the examples. `corpus_loader` is `multi30k_loader` for
+# an encoded corpus.
+
+# %% tags=["export"]
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+
+class StoredLengthSampler(Sampler[list[int]]):
+    """TokenBudgetSampler's batches, the same ones, computed with numpy from length arrays:
+    no Python object per example, so a rank's batches of millions of pairs stay small."""
+
+    def __init__(self, src_lengths: Sequence[int], tgt_lengths: Sequence[int], *, max_tokens: int,
+                 pool_size: int | None = None, shuffle: bool = True, seed: int = 0,
+                 num_replicas: int = 1, rank: int = 0) -> None:
+        super().__init__()
+        self.src_lengths = np.asarray(src_lengths, dtype=np.int32)  # (examples,)
+        self.tgt_lengths = np.asarray(tgt_lengths, dtype=np.int32)  # (examples,)
+        check_token_budget(self.src_lengths.tolist(), self.tgt_lengths.tolist(),
+                           max_tokens=max_tokens, pool_size=pool_size,
+                           num_replicas=num_replicas, rank=rank)
+        self.max_tokens = max_tokens
+        self.pool_size = pool_size or len(self.src_lengths)
+        self.shuffle, self.seed, self.epoch = shuffle, seed, 0
+        self.num_replicas, self.rank = num_replicas, rank
+        self._cache: tuple[int, list[np.ndarray]] | None = None  # (epoch, its batches)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch and with it the order; call it with the same epoch on every rank."""
+        self.epoch = epoch
+
+    def _fill(self, pool: np.ndarray, longest: np.ndarray) -> list[np.ndarray]:
+        """Cut a pool sorted by its longer sides into batches, as TokenBudgetSampler's _fill.
+
+        A batch's padded size is its size times its last (longest) example's longer side, so
+        a batch from `start` takes examples while (k + 1) x longest[start + k] fits."""
+        batches, start = [], 0
+        while start < len(pool):
+            window = longest[start : start + self.max_tokens // int(longest[start]) + 1]
+            padded = np.arange(1, len(window) + 1) * window  # the size with each next example
+            over = padded > self.max_tokens
+            size = int(np.argmax(over)) if over.any() else len(window)
+            batches.append(pool[start : start + size])
+            start += size
+        return batches
+
+    def batches(self) -> list[np.ndarray]:
+        """All ranks' batches of this epoch, in order (rank r takes every num_replicas-th)."""
+        if self._cache is not None and self._cache[0] == self.epoch:
+            return self._cache[1]
+        n = len(self.src_lengths)
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(n, generator=generator).numpy() if self.shuffle else np.arange(n)
+        batches = []
+        for start in range(0, n, self.pool_size):
+            # 1) shuffled pool, 2) sorted by (longer, src, tgt) length, stable, 3) cut
+            pool = order[start : start + self.pool_size]
+            src, tgt = self.src_lengths[pool], self.tgt_lengths[pool]
+            longest = np.maximum(src, tgt)
+            by_length = np.lexsort((tgt, src, longest))  # the last key sorts first
+            batches += self._fill(pool[by_length], longest[by_length])
+        batches = split_batches_for_ranks(batches, self.num_replicas)  # the same count per rank
+        if self.shuffle:  # 4) shuffle the batches themselves
+            batches = [batches[j] for j in torch.randperm(len(batches), generator=generator)]
+        self._cache = (self.epoch, batches)
+        return batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for batch in self.batches()[self.rank :: self.num_replicas]:
+            yield batch.tolist()
+
+    def __len__(self) -> int:
+        return len(self.batches()) // self.num_replicas
+
+
+def corpus_loader(corpus: EncodedCorpus, *, max_tokens: int, shuffle: bool, seed: int = 0,
+                  num_replicas: int = 1, rank: int = 0) -> DataLoader:
+    """multi30k_loader for an encoded corpus: batches from its stored lengths, ids read from
+    the mapped files only when a batch is drawn."""
+    sampler = StoredLengthSampler(
+        corpus.src_lengths.astype(np.int32) + 2, corpus.tgt_lengths.astype(np.int32) + 2,
+        max_tokens=max_tokens, shuffle=shuffle, seed=seed, num_replicas=num_replicas, rank=rank,
+    )  # with <s> and </s>, as example_lengths counts
+    return DataLoader(corpus, batch_sampler=sampler, collate_fn=collate_to_batch)
+
+
+# %% [markdown]
+# Multi30k's training set, encoded with the shipped subword model: the corpus on disk holds the
+# pairs that `encode_examples` gives, in its order, and for each of two ranks the stored lengths
+# give `TokenBudgetSampler`'s batches.
+
+# %%
+import tempfile
+
+sp = load_subwords(fetch_shipped_model(name="multi30k_cpu_fast_dropout") / SUBWORD_FILE)
+recipe = training_config("cpu_fast_dropout")
+pairs = load_multi30k("train")
+with tempfile.TemporaryDirectory() as folder:
+    header = encode_corpus((de for de, _ in pairs), (en for _, en in pairs), sp, folder,
+                           max_len=recipe.max_len)
+    corpus = EncodedCorpus(folder)
+    print(f"{header['read']:,} pairs read, {header['dropped']} left out for max_len="
+          f"{header['max_len']}, {header['src_tokens'] + header['tgt_tokens']:,} ids stored as "
+          f"{header['dtype']}")
+    examples = encode_examples(pairs, sp, sp, (None, None), max_len=recipe.max_len)
+    print("the pairs of encode_examples, in its order:",
+          [corpus[i] for i in range(len(corpus))] == examples)
+    for rank in range(2):  # each of two ranks, as chapter 22 deals them
+        options = {"max_tokens": recipe.max_tokens, "num_replicas": 2, "rank": rank}
+        in_memory = TokenBudgetSampler(*example_lengths(examples), **options)
+        stored = corpus_loader(corpus, shuffle=True, **options).batch_sampler
+        print(f"rank {rank}: {len(stored)} batches, TokenBudgetSampler's:",
+              list(stored) == list(in_memory))
+    del corpus, stored  # unmapped before the folder goes (Windows cannot delete mapped files)
+
+# %% [markdown]
+# `train_worker` trains on an encoded corpus when `pairs["train"]` is an `EncodedCorpus`:
+# `load_data` then hands over to `load_encoded_data`, which takes the corpus's own subword model,
+# refuses a corpus that was cut at another `max_len` or encoded with another model than the run's,
+# and encodes only the validation pairs in memory. `annotated-transformer train --corpus-dir DIR`
+# takes this path: the first process encodes the training pairs into `DIR` once, with the run's
+# subword models, before any rank loads data, and later runs on the same text reuse the folder. `tools/bench_data.py` measures this path on generated corpora up to the
+# paper's size: the memory and time of encoding, the size on disk, and each rank's memory while it
+# draws batches; its results are in `book/data/bench_data_cpu.json`.
+
+# %% tags=["export"]
+from typing import Any
+
+
+def load_encoded_data(process: Process, config: TrainConfig,
+                      pairs: dict[str, Any], *, resuming: bool) -> RunData:
+    """load_data for pairs["train"] an EncodedCorpus: its own subword models (the checkpoint's
+    when resuming, which must be the same), val encoded here, train batched from its stored
+    lengths; every rank maps the files that were encoded once."""
+    corpus: EncodedCorpus = pairs["train"]
+    header = corpus.header
+    if header["max_len"] != config.max_len:
+        raise ValueError(f"the encoded corpus {corpus.folder} was cut at max_len="
+                         f"{header['max_len']} but the run has max_len={config.max_len}: "
+                         "encode it again with the run's max_len")
+    if config.share_vocab and header["vocab_src_sha256"] != header["vocab_tgt_sha256"]:
+        raise ValueError(f"the encoded corpus {corpus.folder} has one vocabulary per side but "
+                         "the run shares one (share_vocab=True): encode both sides with one")
+
+    def vocabularies() -> tuple[Any, Any]:
+        if resuming:
+            return read_run_vocabularies(config.checkpoint_dir, config)
+        return corpus.vocabularies()
+
+    vocab_src, vocab_tgt = from_rank0(process, vocabularies)
+    stored = (header["vocab_src_sha256"], header["vocab_tgt_sha256"])
+    if (model_sha256(vocab_src), model_sha256(vocab_tgt)) != stored:
+        raise ValueError(f"the encoded corpus {corpus.folder} holds the ids of other subword "
+                         f"models than {config.checkpoint_dir}'s: encode it again")
+    if config.subwords != len(vocab_src):
+        raise ValueError(f"subwords={config.subwords} but the encoded corpus {corpus.folder} "
+                         f"has {len(vocab_src)} pieces: set subwords={len(vocab_src)}")
+    val_data = encode_examples(pairs["val"], vocab_src, vocab_tgt, (None, None),
+                               max_len=config.max_len)
+    shard = {"max_tokens": config.max_tokens, "num_replicas": process.world_size,
+             "rank": process.rank, "seed": config.seed}
+    train_loader = corpus_loader(corpus, shuffle=True, **shard)
+    val_loader = multi30k_loader(val_data, shuffle=False, **shard)
+    # the training pairs that max_len left out were counted (and said) when it was encoded
+    return RunData(vocab_src, vocab_tgt, train_loader, val_loader, list(pairs["val"]),
+                   (None, None), (0, len(pairs["val"]) - len(val_data)))

@@ -24,8 +24,7 @@ if "google.colab" in sys.modules:
 
 from the_annotated_transformer import (
     PAD_ID,
-    SUBWORD_FILE,
-    VOCAB_FILES,
+    EncodedCorpus,
     FusedLabelSmoothing,
     LabelSmoothing,
     TrainConfig,
@@ -41,6 +40,7 @@ from the_annotated_transformer import (
     line_chart,
     linear_rate,
     load_checkpoint,
+    load_encoded_data,
     load_multi30k,
     load_tokenizers,
     load_trained_model,
@@ -49,7 +49,7 @@ from the_annotated_transformer import (
     multi30k_vocabularies,
     paper_dropout_only,
     rate,
-    read_vocabularies,
+    read_run_vocabularies,
     save_checkpoint,
     schedule_steps,
     train_epoch,
@@ -58,6 +58,7 @@ from the_annotated_transformer import (
     translation_table,
     unwrap,
     use_fast_path,
+    vocabulary_writers,
     write_run_files,
 )
 
@@ -87,7 +88,9 @@ enable_book_charts()
 # 3. **`load_data`: vocabularies and batches.** Rank 0 builds the vocabularies (or, resuming,
 #    reads them from its folder) and sends them to the other ranks, which may run on machines
 #    that cannot see rank 0's files. Each rank encodes its sentence pairs and takes its share of
-#    the batches. Chapter 22's `schedule_steps` then counts the run's optimizer steps.
+#    the batches; pairs longer than `max_len` are left out (chapter 14's `filter_by_length`),
+#    and rank 0 prints how many of each split when there are any. Chapter 22's
+#    `schedule_steps` then counts the run's optimizer steps.
 # 4. **`build_training`: model, optimizer, schedule, loss.** Every rank seeds the generator
 #    identically before building the model, so all copies start from the same weights. The
 #    schedule is `rate`, or with `decay="linear"` `linear_rate` ({doc}`appendix_performance`), which needs the
@@ -132,6 +135,17 @@ enable_book_charts()
 # with the next one (`checkpointed_batches`). One detail makes that exact: a `DataLoader` draws a
 # number from torch's random generator when its iterator is created, so a run resumed inside an
 # epoch puts the saved random state back after that draw.
+#
+# **Stopping early.** `stop=StopRule(...)` ends a run before its last epoch: after
+# `max_updates` optimizer steps, after `max_minutes` of training (the time the epoch lines
+# count, without validation), or after `patience` validations in a row without a new best BLEU.
+# The limits are checked before each optimizer step and after each validation. Every rank counts
+# the same steps and computes the same BLEU; for the clock the ranks take the slowest one's time
+# (one small all-reduce at each check, only with `max_minutes`), so that all of them stop at the
+# same step. A stop inside an epoch validates the weights it stopped with, writes `best.pt` when they
+# score best, and writes `last.pt` marked with the micro-batches done, like a checkpoint inside an
+# epoch, together with the rule and the reason. The learning-rate schedule follows `epochs`, not
+# the limit, so a run resumed with a larger limit goes on where it stopped.
 #
 # The same function runs in three ways: called directly for one process, started by
 # `train_distributed`, or started by `torchrun`, in which case it reads `RANK`, `WORLD_SIZE` and
@@ -377,6 +391,7 @@ class RunData:
     val_loader: DataLoader
     val_pairs: list[tuple[str, str]]  # the validation sentences, for BLEU
     tokenizers: tuple[Any, Any]
+    left_out: tuple[int, int] = (0, 0)  # training and validation pairs longer than max_len
 
 
 def training_pairs(
@@ -388,21 +403,28 @@ def training_pairs(
     missing = sorted({"train", "val"} - set(pairs))
     if missing:
         raise ValueError(f"pairs must hold the splits 'train' and 'val'; missing {missing}")
-    return {"train": list(pairs["train"])[: config.train_limit],
+    train = pairs["train"]  # an EncodedCorpus (appendix_data) stays mapped: corpus[:n]
+    train = train if isinstance(train, EncodedCorpus) else list(train)
+    return {"train": train[: config.train_limit],
             "val": list(pairs["val"])[: config.val_limit]}
 
 
 def load_data(
     process: Process, config: TrainConfig, pairs: dict[str, list[tuple[str, str]]],
-    *, resuming: bool,
+    *, resuming: bool, vocabs: tuple[Vocab, Vocab] | None = None,
 ) -> RunData:
-    """3) Rank 0's vocabularies on every rank, and this rank's share of the batches. A
-    sentencepiece model reads raw text, so a subword run needs no spaCy tokenizers."""
+    """3) Rank 0's vocabularies (vocabs when given, for a fresh run) on every rank, and this
+    rank's share of the batches. A sentencepiece model reads raw text, so a subword run needs
+    no spaCy tokenizers."""
+    if isinstance(pairs["train"], EncodedCorpus):  # encoded once, on disk (appendix_data)
+        return load_encoded_data(process, config, pairs, resuming=resuming)
     tokenizers = (None, None) if config.subwords else load_tokenizers()
 
     def vocabularies() -> tuple[Vocab, Vocab]:
         if resuming:  # the ids the checkpoint's embeddings were trained with
-            return read_vocabularies(config.checkpoint_dir, subwords=config.subwords > 0)
+            return read_run_vocabularies(config.checkpoint_dir, config)
+        if vocabs is not None:  # trained already by the caller (the training command's check)
+            return vocabs
         return multi30k_vocabularies(config, tokenizers, pairs=pairs["train"], save=False)
 
     vocab_src, vocab_tgt = from_rank0(process, vocabularies)
@@ -414,7 +436,9 @@ def load_data(
              "rank": process.rank, "seed": config.seed}
     train_loader = multi30k_loader(train_data, shuffle=True, **shard)
     val_loader = multi30k_loader(val_data, shuffle=False, **shard)
-    return RunData(vocab_src, vocab_tgt, train_loader, val_loader, pairs["val"], tokenizers)
+    left_out = (len(pairs["train"]) - len(train_data), len(pairs["val"]) - len(val_data))
+    return RunData(vocab_src, vocab_tgt, train_loader, val_loader, pairs["val"], tokenizers,
+                   left_out)
 
 
 def start_run_folder(process: Process, config: TrainConfig, data: RunData, *, overwrite: bool,
@@ -425,13 +449,8 @@ def start_run_folder(process: Process, config: TrainConfig, data: RunData, *, ov
     def write() -> None:
         prepare_checkpoint_dir(config.checkpoint_dir, resume=False, overwrite=overwrite,
                                restarted=restarted)
-        if config.subwords:  # one sentencepiece model serves both sides
-            proto = data.vocab_src.serialized_model_proto()
-            writers = {SUBWORD_FILE: lambda path: Path(path).write_bytes(proto)}
-        else:
-            writers = dict(zip(VOCAB_FILES, (data.vocab_src.save, data.vocab_tgt.save),
-                               strict=True))
-        write_run_files(config.checkpoint_dir, writers)
+        write_run_files(config.checkpoint_dir,
+                        vocabulary_writers(config, data.vocab_src, data.vocab_tgt))
 
     from_rank0(process, write)
 
@@ -559,12 +578,14 @@ def all_ranks_sum(process: Process, values: list[float]) -> list[float]:
 
 
 def save_epoch(
-    process: Process, config: TrainConfig, run: Run, improved: bool, *, elapsed_s: float = 0.0
+    process: Process, config: TrainConfig, run: Run, improved: bool, *, elapsed_s: float = 0.0,
+    stop: "StopRule | None" = None, stopped: str | None = None,
 ) -> None:
     """7) Rank 0 writes last.pt (and best.pt, epoch_NNN.pt); every rank waits until it is done.
 
-    Inside an epoch (run.batch > 0) it writes last.pt only; elapsed_s is then the training time
-    of the epoch so far.
+    Inside an epoch (run.batch > 0) it writes last.pt only (and best.pt when a stop there
+    improved on it); elapsed_s is then the training time of the epoch so far. With a stop
+    rule, last.pt also holds the rule and, once the run has stopped, why.
     """
     rng_all = [rng_states(process.device)]
     if process.distributed:
@@ -589,13 +610,14 @@ def save_epoch(
                 "hardware": hardware_name(process.device, process.world_size),
                 "cpu": cpu_notes(),
                 "command": " ".join(["python", *sys.argv]),
+                **({} if stop is None else {"stopping": asdict(stop), "stopped": stopped}),
             },
             folder / "last.pt",
         )
-        if run.batch:
-            return
         if improved:
             save_checkpoint({**weights, "val_bleu": run.best_bleu}, folder / "best.pt")
+        if run.batch:
+            return
         if config.keep_epochs:  # weights only: what checkpoint averaging needs
             save_checkpoint(weights, folder / f"epoch_{run.epoch:03d}.pt")
             stale = run.epoch - config.keep_epochs
@@ -647,6 +669,65 @@ def checkpointed_batches(
         yield batch
 
 
+@dataclass(frozen=True)
+class StopRule:
+    """When a run ends before its last epoch (0: no such limit): after max_updates optimizer
+    steps, after max_minutes of training (the time the epoch lines count, validation not
+    included), or after `patience` validations in a row without a new best BLEU."""
+
+    max_updates: int = 0
+    max_minutes: float = 0.0
+    patience: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("max_updates", "patience"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a whole number >= 0 (0: no limit), got "
+                                 f"{value!r}")
+        minutes = self.max_minutes
+        if isinstance(minutes, bool) or not isinstance(minutes, int | float) or not (
+                0 <= minutes < math.inf):
+            raise ValueError(f"max_minutes must be a number >= 0 (0: no limit), got {minutes!r}")
+
+
+def stop_reason(stop: StopRule | None, *, updates: int, minutes: float,
+                history: Sequence[dict[str, float]]) -> str | None:
+    """Why the run stops now, in words; None while it goes on."""
+    if stop is None:
+        return None
+    if stop.max_updates and updates >= stop.max_updates:
+        return f"max_updates={stop.max_updates}: {updates} optimizer updates done"
+    if stop.max_minutes and minutes >= stop.max_minutes:
+        return f"max_minutes={stop.max_minutes:g}: {minutes:.1f} minutes of training done"
+    scores = [record["val_bleu"] for record in history if "val_bleu" in record]
+    if stop.patience and scores:
+        best = scores.index(max(scores))  # the first of the best: a tie is no new best
+        if len(scores) - 1 - best >= stop.patience:
+            return (f"patience={stop.patience}: {len(scores) - 1 - best} validations without "
+                    f"a new best BLEU (the best, {scores[best]:.2f}, was validation {best + 1})")
+    return None
+
+
+def until_stop(batches: Iterable, *, start: int, every: int, stop: Callable[[int], bool]
+               ) -> Iterator:
+    """The batches from number `start` on, until stop(i) says to stop before batch i; it is
+    asked whenever i - start is a multiple of `every` (an optimizer step's first batch)."""
+    for i, batch in enumerate(batches, start=start):
+        if i > start and (i - start) % every == 0 and stop(i):
+            return
+        yield batch
+
+
+def slowest_rank_minutes(process: Process, seconds: float) -> float:
+    """The most minutes any rank has trained: one clock for all, so that all stop together."""
+    if not process.distributed:
+        return seconds / 60
+    most = torch.tensor([seconds], dtype=torch.float64, device=process.device)
+    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    return most.item() / 60
+
+
 def check_batches(process: Process, train_loader: DataLoader, epoch: int) -> None:
     """Stop every rank when the ranks' batch counts or batch lists of `epoch` differ."""
     sampler = train_loader.batch_sampler
@@ -666,9 +747,11 @@ def train_epochs(
     *,
     progress: bool,
     save_every: int = 0,
+    stop: StopRule | None = None,
 ) -> list[dict[str, float]]:
     """6) The epochs: check the batches, train, validate, score, report, checkpoint (also
-    every `save_every` optimizer steps inside an epoch, when it is not 0)."""
+    every `save_every` optimizer steps inside an epoch, when it is not 0), until the last
+    epoch or until the stop rule says to stop."""
     train_loader, val_loader = data.train_loader, data.val_loader
     device = process.device
     autocast_dtype = autocast_dtype_for(device, config.cpu_bf16)
@@ -676,7 +759,20 @@ def train_epochs(
         print("cpu_bf16: this CPU has no bfloat16 instructions (AMX or AVX512-BF16); "
               "training in float32", file=sys.stderr)
     walls = []  # each epoch's wall-clock time, validation and checkpoint included
+
+    def why_stop(seconds: float) -> str | None:  # seconds: trained in this epoch so far
+        if stop is None:
+            return None
+        minutes = slowest_rank_minutes(process, run.elapsed_s + seconds) if stop.max_minutes else 0
+        return stop_reason(stop, updates=run.train_state.accum_step, minutes=minutes,
+                           history=run.history)
+
     for epoch in range(run.epoch, config.epochs):
+        why = why_stop(0.0)
+        if why is not None:  # resumed with a limit that the run has reached already
+            if process.rank == 0:
+                print(f"stopped early: {why}", flush=True)
+            break
         wall = time.perf_counter()
         check_batches(process, train_loader, epoch)
         bar = None
@@ -691,16 +787,30 @@ def train_epochs(
 
         def save_inside(i: int, start: float = start) -> None:
             run.batch = i
-            save_epoch(process, config, run, False, elapsed_s=time.perf_counter() - start)
+            save_epoch(process, config, run, False, elapsed_s=time.perf_counter() - start,
+                       stop=stop)
+
+        stopped = {}  # why and before which batch a stop rule ended this epoch
+
+        def stop_here(i: int, start: float = start, stopped: dict = stopped) -> bool:
+            why = why_stop(time.perf_counter() - start)
+            stopped.update({} if why is None else {"why": why, "batch": i})
+            return why is not None
 
         batches = checkpointed_batches(train_loader, start=run.batch, save=save_inside,
                                        every=save_every * config.accum_iter)
+        if stop is not None:
+            batches = until_stop(batches, start=run.batch, every=config.accum_iter,
+                                 stop=stop_here)
         train_sums = train_epoch(
             run.model, batches, run.criterion, run.optimizer, run.scheduler, device=device,
             accum_iter=config.accum_iter, train_state=run.train_state,
             autocast_dtype=autocast_dtype, bar=bar,
         )
         seconds = time.perf_counter() - start
+        # validating draws from the generator (a DataLoader's seed): a stop inside an epoch
+        # keeps the state of its batch, as the run that had not stopped has it there
+        at_stop = rng_states(device) if stopped else None
         if bar is not None:
             bar.close()
         check_same_on_all_ranks(process, [weights_fingerprint(run.model)],
@@ -711,8 +821,10 @@ def train_epochs(
             process, [*train_sums, *val_sums]
         )
         run.epoch, run.batch, run.elapsed_s = epoch + 1, 0, run.elapsed_s + seconds
+        if stopped:  # the epoch is not done: a resumed run goes on from this batch
+            run.epoch, run.batch = epoch, stopped["batch"]
         record = {
-            "epoch": run.epoch,
+            "epoch": epoch + 1,
             "train_loss": loss / max(tokens, 1),
             "train_nll": nll / max(tokens, 1),
             "val_loss": val_loss / max(val_tokens, 1),
@@ -726,18 +838,32 @@ def train_epochs(
             record["autocast"] = "bfloat16"
         if resumed_at:  # the training numbers cover the batches after the checkpoint only
             record["resumed_at_batch"] = resumed_at
+        last = epoch + 1 == config.epochs and not stopped
+        why = None if last else stopped.get("why") or why_stop(0.0)  # updates or minutes
+        if stopped:
+            record["stopped_at_batch"] = stopped["batch"]
         improved = False
-        if config.bleu_every and run.epoch % config.bleu_every == 0:
+        if config.bleu_every and ((epoch + 1) % config.bleu_every == 0 or why is not None):
             record["val_bleu"] = validation_bleu(process, run.model, data, config.max_len)
             improved = run.best_bleu is None or record["val_bleu"] > run.best_bleu
             run.best_bleu = record["val_bleu"] if improved else run.best_bleu
         run.history.append(record)
-        save_epoch(process, config, run, improved)
+        if why is None and not last:  # patience, counting this validation
+            why = why_stop(0.0)
+        if why is not None:
+            record["stopped"] = why
+        if at_stop is not None:
+            set_rng_states(at_stop, device)
+        save_epoch(process, config, run, improved, stop=stop, stopped=why)
         walls.append(time.perf_counter() - wall)
         if process.rank == 0:
-            left = sum(walls) / len(walls) * (config.epochs - run.epoch)
+            left = 0 if why else sum(walls) / len(walls) * (config.epochs - run.epoch)
             print(epoch_line(record, epochs=config.epochs, trained_s=run.elapsed_s, left_s=left),
                   flush=True)
+            if why is not None:
+                print(f"stopped early: {why}", flush=True)
+        if why is not None:
+            break
     return run.history
 
 
@@ -763,6 +889,8 @@ def train_worker(
     threads: int | None = None,
     pairs: dict[str, Sequence[tuple[str, str]]] | None = None,
     save_every: int = 0,
+    stop: StopRule | None = None,
+    vocabularies: tuple[Any, Any] | None = None,
 ) -> list[dict[str, float]]:
     """Train (or resume) on one device as one of world_size processes; the per-epoch history.
 
@@ -770,6 +898,9 @@ def train_worker(
     environment: RANK, WORLD_SIZE, LOCAL_RANK), or called directly for one process. pairs
     replaces Multi30k: {"train": [(german, english), ...], "val": [...]}. save_every: also
     write last.pt every that many optimizer steps inside an epoch (0: after each epoch only).
+    stop: a StopRule that may end the run before its last epoch (None: all epochs are trained).
+    vocabularies: the (source, target) vocabularies a fresh run uses, when its caller has
+    trained them already from the same config and pairs (None: they are trained here).
     A config with batch_tokens gets the accum_iter that keeps its global batch on world_size
     devices (config_for_devices).
     """
@@ -784,6 +915,9 @@ def train_worker(
         )
     if not isinstance(save_every, int) or save_every < 0:
         raise ValueError(f"save_every must be a whole number of steps >= 0, got {save_every!r}")
+    if stop is not None and stop.patience and not config.bleu_every:
+        raise ValueError(f"patience={stop.patience} counts validations with BLEU, and "
+                         "bleu_every=0 has none: set bleu_every to 1 or more")
     process = setup_process(rank, world_size, threads)
     try:
         restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
@@ -791,12 +925,17 @@ def train_worker(
             config.checkpoint_dir, resume=resume, overwrite=overwrite, restarted=restarted,
             check_only=True))
         split_pairs = training_pairs(config, pairs)
-        data = load_data(process, config, split_pairs, resuming=resuming)
+        data = load_data(process, config, split_pairs, resuming=resuming, vocabs=vocabularies)
         plan = schedule_steps(config, batches_per_epoch=len(data.train_loader),
                               world_size=process.world_size)
         if progress and process.rank == 0:
             print(f"schedule: {plan['total_steps']} optimizer steps ({config.epochs} epochs of "
                   f"{plan['steps_per_epoch']}), warm-up {plan['warmup']} steps", flush=True)
+        if process.rank == 0 and any(data.left_out):  # said even without progress
+            (train, val), total = data.left_out, len(split_pairs["train"])
+            print(f"left out, longer than max_len={config.max_len} tokens with <s> and </s>: "
+                  f"{train:,} of {total:,} training pairs ({train / total:.1%}) and {val:,} "
+                  f"of {len(split_pairs['val']):,} validation pairs", flush=True)
         run = build_training(process, config, len(data.vocab_src), len(data.vocab_tgt),
                              warmup=plan["warmup"], total=plan["total_steps"])
         resume_run(process, config, run, resuming=resuming)
@@ -806,7 +945,7 @@ def train_worker(
         if process.distributed:  # only now: every rank holds rank 0's state
             run.model = wrap_ddp(run.model, process.device)
         history = train_epochs(process, config, run, data, progress=progress,
-                               save_every=save_every)
+                               save_every=save_every, stop=stop)
         if process.distributed:  # no rank tears down while another still talks to it
             dist.barrier()
         return history
@@ -836,7 +975,7 @@ def train_worker(
 #   processes $\times$ `accum_iter`, the number of micro-batches in one optimizer step, or it
 #   would continue with another global batch and another schedule. Without `--batch-tokens`,
 #   `accum_iter` stays what it was, and the survivor stops with the one-line error below. With
-#   `--batch-tokens`, `tools/train.py` chooses `accum_iter` for the processes present, so the
+#   `--batch-tokens`, `annotated-transformer train` chooses `accum_iter` for the processes present, so the
 #   survivor doubles its accumulation and continues with the same global batch (when the numbers
 #   divide). Its processes draw fresh random states, since the checkpoint holds one per process of
 #   the old group, and they say so. A checkpoint written inside an epoch (`--save-every`) is the

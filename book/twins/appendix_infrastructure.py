@@ -67,7 +67,9 @@ from the_annotated_transformer import (
 # `read_vocabularies`, and a sentencepiece branch inside `multi30k_vocabularies`,
 # `encode_examples`, `encode_text` and `decode_text`, whose signatures do not change; chapter 21's
 # recipe grows `TrainConfig` and the presets again ({doc}`appendix_performance` defines it), by `fast`, `decay`, `cpu_bf16`, `paper_dropout`
-# and the `cpu_fast` and `cpu_fast_dropout` presets. The
+# and the `cpu_fast` and `cpu_fast_dropout` presets; {doc}`appendix_data` grows `TrainConfig` by
+# three fields for subword vocabularies of large corpora and other scripts, and
+# `multi30k_vocabularies` with them. The
 # module's signatures, each parameter (or field) with the chapter that brought it:
 
 # %%
@@ -85,7 +87,9 @@ grown_in = {  # the parameters a later chapter added, with that chapter
     "multi30k_loader": {"num_replicas": 22, "rank": 22},
     "beam_search": {"use_cache": 21},
     "TrainConfig": {"subwords": 17, "share_embeddings": 17, "fast": 21, "decay": 21,
-                    "cpu_bf16": 21, "paper_dropout": 21, "batch_tokens": 21},
+                    "cpu_bf16": 21, "paper_dropout": 21, "batch_tokens": 21,
+                    "subword_sentences": "appendix_data", "character_coverage": "appendix_data",
+                    "share_vocab": "appendix_data"},
     "read_vocabularies": {"subwords": 17},
 }
 for function in [greedy_decode, run_groups, TokenBudgetSampler, train_epoch, evaluate,
@@ -95,8 +99,9 @@ for function in [greedy_decode, run_groups, TokenBudgetSampler, train_epoch, eva
     first = [p for p in names if p not in grown_in[name]]
     assert names[:len(first)] == first  # the grown parameters come after the first ones
     print(f"{name}:")
-    for chapter in sorted(set(chapter_of.values())):
-        print(f"  chapter {chapter}:", ", ".join(p for p in names if chapter_of[p] == chapter))
+    for chapter in sorted(set(chapter_of.values()), key=lambda c: (isinstance(c, str), c)):
+        label = f"chapter {chapter}" if isinstance(chapter, int) else chapter  # or an appendix
+        print(f"  {label}:", ", ".join(p for p in names if chapter_of[p] == chapter))
 
 # %% [markdown]
 # The tests hold the rule: a name defined in two chapters must be tagged `extends` in the later

@@ -159,7 +159,8 @@ from dataclasses import dataclass, replace
 @dataclass(frozen=True)
 class TrainConfig:
     """Chapter 17's configuration, grown by the fast path, a schedule that ends at zero, the
-    paper's dropout sites, bfloat16 on CPUs and a global batch for any number of GPUs."""
+    paper's dropout sites, bfloat16 on CPUs and a global batch for any number of GPUs; the
+    last three fields choose how sentencepiece is trained (the data appendix)."""
 
     N: int = 6
     d_model: int = 512
@@ -187,6 +188,10 @@ class TrainConfig:
     cpu_bf16: bool = False  # bfloat16 autocast on a CPU with AMX or AVX512-BF16 (chapter 22)
     paper_dropout: bool = False  # dropout only where §5.4 puts it: none in attention or the FFN
     batch_tokens: int = 0  # > 0: padded tokens per optimizer step on all devices (sets accum_iter)
+    # sentencepiece for large corpora and other scripts (the data appendix grows its training)
+    subword_sentences: int = 1_000_000  # trains on a seeded sample of at most this many sentences
+    character_coverage: float = 1.0  # the share of the text's characters that get pieces
+    share_vocab: bool = True  # one model for both languages; False: one model per language
 
     def __post_init__(self) -> None:
         check_train_config(self)
@@ -200,6 +205,17 @@ class TrainConfig:
         if isinstance(self.batch_tokens, bool) or not isinstance(self.batch_tokens, int) or (
                 self.batch_tokens < 0):
             raise ValueError(f"batch_tokens must be an integer >= 0, got {self.batch_tokens!r}")
+        if isinstance(self.subword_sentences, bool) or not isinstance(
+                self.subword_sentences, int) or self.subword_sentences < 1:
+            raise ValueError(
+                f"subword_sentences must be an integer >= 1, got {self.subword_sentences!r}")
+        if isinstance(self.character_coverage, bool) or not isinstance(
+                self.character_coverage, int | float) or not 0 < self.character_coverage <= 1:
+            raise ValueError("character_coverage must be a number in (0, 1], got "
+                             f"{self.character_coverage!r}")
+        if self.share_embeddings and not self.share_vocab:
+            raise ValueError("share_embeddings=True needs one joint vocabulary, and share_vocab="
+                             "False gives two: set share_embeddings=False")
 
 
 def training_config(name: str, **overrides) -> TrainConfig:
