@@ -91,13 +91,11 @@ from the_annotated_transformer import (
     EncodedCorpus,
     StopRule,
     TrainConfig,
-    _spawned_worker,
     config_differences,
     config_for_corpus,
     config_for_devices,
     encode_corpus,
     export_for_shipping,
-    free_port,
     load_checkpoint,
     load_multi30k,
     model_sha256,
@@ -401,21 +399,6 @@ def guess_languages(train: list[str], valid: list[str]) -> tuple[str, str]:
     return codes
 
 
-def too_long(config: TrainConfig, train: list[tuple[str, str]], vocabs: tuple[Any, Any]
-             ) -> str | None:
-    """How many training pairs the run will leave out for being longer than max_len pieces
-    of its vocabularies (encode_examples drops them), as a line to print; None when there are
-    none."""
-    vocab_src, vocab_tgt = vocabs
-    long = sum(max(len(vocab_src.encode(src)), len(vocab_tgt.encode(tgt))) + 2 > config.max_len
-               for src, tgt in train)
-    if not long:
-        return None
-    return (f"{long:,} of {len(train):,} training pairs ({long / len(train):.1%}) are longer than "
-            f"max_len={config.max_len} pieces with <s> and </s>, and are left out of training "
-            "(--set max_len=N keeps more, with max_tokens at least N)")
-
-
 def check_vocabulary(config: TrainConfig, train: list[tuple[str, str]], *,
                      adjust: bool = False) -> tuple[int, tuple[Any, Any]]:
     """Train the run's sentencepiece vocabularies as the run would (multi30k_vocabularies), so
@@ -588,9 +571,6 @@ def prepare(args: argparse.Namespace, world_size: int
                 notes.append(f"subwords={size}: the nearest size to {config.subwords} that "
                              f"the {len(train[: config.train_limit]):,} training pairs allow")
                 config = dataclasses.replace(config, subwords=size)
-            if pairs is not None and args.corpus_dir is None:  # else encoding counts them
-                dropped = too_long(config, train[: config.train_limit], vocabs)
-                notes += [dropped] if dropped else []
             args.vocabularies = vocabs
     except BadInput as err:
         fail(str(err))
@@ -682,24 +662,6 @@ def encoded_pairs(config: TrainConfig, pairs: dict[str, Any] | None, folder: Pat
     return {"train": corpus, "val": pairs["val"]}
 
 
-def launch(config: TrainConfig, devices: int, options: dict[str, Any]) -> None:
-    """train_distributed, which passes no stop rule and no vocabularies on: with either, the
-    same start made here."""
-    extra = {name: options.pop(name, None) for name in ("stop", "vocabularies")}
-    if all(value is None for value in extra.values()):
-        train_distributed(config, devices, **options)
-    elif devices == 1:
-        train_worker(0, 1, config, **options, **extra)
-    else:
-        if torch.cuda.is_available() and devices > torch.cuda.device_count():
-            raise ValueError(f"world_size={devices} is more than the "
-                             f"{torch.cuda.device_count()} GPUs here")
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(free_port()))
-        torch.multiprocessing.spawn(_spawned_worker, nprocs=devices,
-                                    args=(devices, config, options | extra))
-
-
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ  # one of torchrun's processes
@@ -734,7 +696,7 @@ def main(argv: list[str] | None = None) -> None:
         if message is None and torchrun:
             train_worker(config=config, **options)
         elif message is None:
-            launch(config, args.devices, options)
+            train_distributed(config, args.devices, **options)
         if message is not None:
             if rank0:
                 print(f"annotated-transformer train: {message}", file=sys.stderr)

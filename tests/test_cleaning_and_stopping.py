@@ -293,9 +293,9 @@ def test_gzipped_files_are_cleaned_too(tmp_path):
 
 
 def test_two_processes_stop_together_at_the_same_update(corpus, tmp_path, capfd):
-    """--devices 2 with a stop rule (the command starts the processes itself, since
-    train_distributed passes no rule on): the clock's all-reduce runs at every step, and both
-    ranks stop at max_updates, the run finished with its model folder."""
+    """--devices 2 with a stop rule, which train_distributed passes on to both processes: the
+    clock's all-reduce runs at every step, and both ranks stop at max_updates, the run
+    finished with its model folder."""
     folder = tmp_path / "run"
     train_cli.main(["--train", *corpus["train"], "--valid", *corpus["valid"], "--clean", *TINY,
                     "--checkpoint-dir", str(folder), "--devices", "2", "--max-updates", "2",

@@ -72,7 +72,8 @@ def test_every_grown_definition_has_a_behaviour_test_here():
     assert grown_names() == {
         "beam_search", "decode_text", "encode_examples", "encode_text", "greedy_decode",
         "evaluate", "multi30k_loader", "multi30k_vocabularies", "read_vocabularies",
-        "run_groups", "TokenBudgetSampler", "train_epoch", "training_config", "TrainConfig",
+        "run_groups", "TokenBudgetSampler", "train_distributed", "train_epoch",
+        "training_config", "TrainConfig",
     }
 
 
@@ -111,6 +112,46 @@ def test_grown_beam_search_gives_chapter_15s_outputs_with_and_without_the_cache(
                                                   **options)
         assert torch.equal(grown_ids, ids)
         assert torch.allclose(grown_scores, scores, atol=1e-5)
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_grown_train_distributed_starts_the_workers_as_chapter_22s_with_its_defaults(
+    world_size, monkeypatch
+):
+    """The same train_worker calls, or the same spawn, once the worker's defaults are filled
+    in; given a stop rule and vocabularies, the grown one passes them on to each worker."""
+    plain = first_and_grown("train_distributed")
+    worker = inspect.signature(tat.train_worker)
+    started = []
+
+    def record_worker(*args, **kwargs):
+        bound = worker.bind(*args, **kwargs)
+        bound.apply_defaults()
+        started.append(dict(bound.arguments))
+
+    def record_spawn(fn, args=(), nprocs=1, **_):
+        for rank in range(nprocs):
+            fn(rank, *args)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.multiprocessing, "spawn", record_spawn)
+    monkeypatch.setattr(tat, "train_worker", record_worker)
+    monkeypatch.setitem(plain.__globals__, "train_worker", record_worker)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    config = tat.TrainConfig(epochs=3)
+    options = {"resume": True, "threads": 1, "save_every": 5}
+    plain(config, world_size, **options)
+    expected, started[:] = list(started), []
+    tat.train_distributed(config, world_size, **options)
+    assert started == expected and [s["rank"] for s in started] == list(range(world_size))
+    assert all(s["stop"] is None and s["vocabularies"] is None for s in started)
+    started.clear()
+    rule, vocabs = tat.StopRule(max_updates=7), ("source", "target")
+    tat.train_distributed(config, world_size, stop=rule, vocabularies=vocabs, **options)
+    assert [(s["stop"], s["vocabularies"]) for s in started] == [(rule, vocabs)] * world_size
+    with pytest.raises(ValueError, match="world_size must be a positive integer"):
+        tat.train_distributed(config, 0)
 
 
 def random_batches(n: int, seed: int = 0) -> list[tat.Batch]:

@@ -455,14 +455,28 @@ def test_config_for_corpus_keeps_the_papers_peak_rate_and_prints_true_reasons(pa
     assert (config.dropout == 0.3) == (pairs < 10_000) == ("three times" in reasons)
 
 
-def test_train_says_how_many_pairs_are_longer_than_max_len(data):
-    from annotated_transformer_cli.train import parse_args, prepare
+def test_train_says_once_how_many_pairs_are_longer_than_max_len(data, tmp_path, capfd):
+    """One line per run, the worker's, with the counts that the run's own subword model gives."""
+    import sentencepiece
 
-    argv = [*own_files(data), "--set", "max_len=16"]
-    notes = prepare(parse_args(argv), 1)[3]
-    [line] = [note for note in notes if "are left out of training" in note]
-    assert re.match(r"[\d,]+ of 300 training pairs \(\d+\.\d%\) are longer than max_len=16 ",
-                    line), line
+    from annotated_transformer_cli.parallel_text import read_parallel
+    from annotated_transformer_cli.train import main
+
+    folder = tmp_path / "run"
+    main([*own_files(data), *tiny_with("--set", "max_len=36", "--max-updates", "1"),
+          "--checkpoint-dir", str(folder)])
+    out, err = capfd.readouterr()
+    lines = [line for line in (out + err).splitlines() if "max_len=36" in line]
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(folder / "subwords.model"))
+    longer = {split: sum(max(len(sp.encode(src)), len(sp.encode(tgt))) + 2 > 36
+                         for src, tgt in read_parallel(*files))
+              for split, files in (("train", own_files(data)[1:3]),
+                                   ("val", own_files(data)[4:6]))}
+    assert 0 < longer["train"] < N_TRAIN
+    assert lines == [
+        f"left out, longer than max_len=36 tokens with <s> and </s>: {longer['train']} of "
+        f"{N_TRAIN} training pairs ({longer['train'] / N_TRAIN:.1%}) and {longer['val']} of "
+        f"{N_VAL} validation pairs"], lines
 
 
 def test_four_hundred_pairs_given_only_train_and_valid_pass_every_check(data, tmp_path):
