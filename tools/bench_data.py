@@ -239,6 +239,7 @@ def measure(pairs: int, work: Path, options: argparse.Namespace) -> dict:
         rank = in_child("rank", files | {"max_tokens": options.max_tokens,
                                          "ranks": options.ranks, "draws": options.draws})
         header = encode["header"]
+        load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
         row = {
             "pairs_read": header["read"], "pairs": header["pairs"], "dropped": header["dropped"],
             "subwords": subword["pieces"], "sample": min(options.sample, 2 * pairs),
@@ -256,10 +257,12 @@ def measure(pairs: int, work: Path, options: argparse.Namespace) -> dict:
             "rank_peak_mb": round(rank["peak_rss_mb"], 1),
             "rank_data_mb": round(rank["added_peak_mb"], 1),
             "rank_held_mb": round(rank["added_rss_mb"], 1),
+            "rank_private_mb": round(rank["added_peak_mb"] - rank["mapped_rss_mb"], 1),
             "rank_mapped_mb": round(rank["mapped_rss_mb"], 1),
             "batches_per_rank": rank["batches_per_rank"],
             "batching_s": round(rank["batching_seconds"], 2),
             "drawn": rank["drawn"], "draw_s": round(rank["draw_seconds"], 2),
+            "load_average_1_5_15_min": [round(x, 2) for x in load],  # others' work shares cores
         }
     finally:
         if not options.keep:
@@ -272,18 +275,19 @@ def print_table(rows: list[dict], options: argparse.Namespace) -> None:
           f"max_tokens {options.max_tokens}, {options.draws} batches drawn")
     print(f"{'pairs':>10} {'dropped':>8} {'pieces':>6} {'text MB':>8} {'disk MB':>8} "
           f"{'spm s':>6} {'spm MB':>7} {'enc s':>7} {'enc MB':>7} {'pairs/s':>8} "
-          f"{'rank MB':>8} {'mapped':>7} {'batch s':>8}")
+          f"{'rank MB':>8} {'mapped':>7} {'own MB':>7} {'batch s':>8}")
     for row in rows:
         print(f"{row['pairs_read']:>10,} {row['dropped']:>8,} {row['subwords']:>6} "
               f"{row['text_mb']:>8.1f} {row['disk_mb']:>8.1f} {row['subwords_s']:>6.1f} "
               f"{row['subwords_peak_mb']:>7.0f} {row['encode_s']:>7.1f} "
               f"{row['encode_peak_mb']:>7.0f} {row['pairs_per_s']:>8,} "
               f"{row['rank_data_mb']:>8.1f} {row['rank_mapped_mb']:>7.1f} "
-              f"{row['batching_s']:>8.2f}")
+              f"{row['rank_private_mb']:>7.1f} {row['batching_s']:>8.2f}")
     print("spm: sentencepiece on the sample, enc: encode_corpus (seconds, peak RSS of the whole "
           "process); rank MB: a rank's peak RSS above its RSS before it opened the corpus (of a "
           f"bare process's {rows[0]['bare_rss_mb']:.0f} MB: torch and the module), mapped: the "
-          "corpus pages it touched (shared among ranks); batch s: making its batches")
+          "corpus pages it touched (page cache, shared among ranks; at most the corpus on disk), "
+          "own MB: the rest, its own; batch s: making its batches")
     print(f"\nper million pairs\n{'pairs':>10} {'disk MB':>8} {'enc s':>7} {'rank MB':>8} "
           f"{'batch s':>8}   (and, not per million: encoding's peak above its start)")
     for row in rows:
