@@ -3283,35 +3283,6 @@ def _spawned_worker(rank: int, world_size: int, config: TrainConfig, options: di
     train_worker(rank, world_size, config, **options)
 
 
-def train_distributed(
-    config: TrainConfig,
-    world_size: int,
-    *,
-    resume: bool = False,
-    overwrite: bool = False,
-    progress: bool = True,
-    threads: int | None = None,
-    pairs: dict[str, Sequence[tuple[str, str]]] | None = None,
-    save_every: int = 0,
-) -> None:
-    """Train with world_size processes on this machine: one per GPU, or CPU processes (gloo)."""
-    if not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
-    if torch.cuda.is_available() and world_size > torch.cuda.device_count():
-        raise ValueError(
-            f"world_size={world_size} is more than the {torch.cuda.device_count()} GPUs here"
-        )
-    options = {"resume": resume, "overwrite": overwrite, "progress": progress,
-               "threads": threads, "pairs": pairs, "save_every": save_every}
-    if world_size == 1:
-        train_worker(0, 1, config, **options)
-        return
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(free_port()))
-    torch.multiprocessing.spawn(_spawned_worker, args=(world_size, config, options),
-                                nprocs=world_size)
-
-
 # %% [markdown]
 # ## From book/23_transformer_as_a_graph.ipynb
 
@@ -6101,6 +6072,47 @@ def train_worker(
     finally:
         if process.distributed:
             dist.destroy_process_group()
+
+
+# %%
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+
+def train_distributed(
+    config: TrainConfig,
+    world_size: int,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+    threads: int | None = None,
+    pairs: dict[str, Sequence[tuple[str, str]]] | None = None,
+    save_every: int = 0,
+    stop: StopRule | None = None,
+    vocabularies: tuple[Any, Any] | None = None,
+) -> None:
+    """Chapter 22's world_size processes on this machine, each given the stop rule and the
+    vocabularies that train_worker takes (None: every epoch; vocabularies built by rank 0)."""
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    if torch.cuda.is_available() and world_size > torch.cuda.device_count():
+        raise ValueError(
+            f"world_size={world_size} is more than the {torch.cuda.device_count()} GPUs here"
+        )
+    options = {"resume": resume, "overwrite": overwrite, "progress": progress,
+               "threads": threads, "pairs": pairs, "save_every": save_every, "stop": stop,
+               "vocabularies": vocabularies}
+    if world_size == 1:
+        train_worker(0, 1, config, **options)
+        return
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    torch.multiprocessing.spawn(_spawned_worker, args=(world_size, config, options),
+                                nprocs=world_size)
 
 
 # %% [markdown]

@@ -30,6 +30,7 @@ from the_annotated_transformer import (
     TrainConfig,
     TrainState,
     Vocab,
+    _spawned_worker,
     autocast_dtype_for,
     bleu,
     config_for_devices,
@@ -37,6 +38,7 @@ from the_annotated_transformer import (
     encode_examples,
     evaluate,
     export_for_shipping,
+    free_port,
     line_chart,
     linear_rate,
     load_checkpoint,
@@ -952,6 +954,52 @@ def train_worker(
     finally:
         if process.distributed:
             dist.destroy_process_group()
+
+# %% [markdown]
+# `train_distributed` (chapter 22) grows by the same two options, `stop` and `vocabularies`,
+# and passes them on to `train_worker`, so that a run on several devices can also stop early
+# and use vocabularies its caller has trained already:
+
+# %% tags=["export", "extends"]
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+
+def train_distributed(
+    config: TrainConfig,
+    world_size: int,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+    threads: int | None = None,
+    pairs: dict[str, Sequence[tuple[str, str]]] | None = None,
+    save_every: int = 0,
+    stop: StopRule | None = None,
+    vocabularies: tuple[Any, Any] | None = None,
+) -> None:
+    """Chapter 22's world_size processes on this machine, each given the stop rule and the
+    vocabularies that train_worker takes (None: every epoch; vocabularies built by rank 0)."""
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    if torch.cuda.is_available() and world_size > torch.cuda.device_count():
+        raise ValueError(
+            f"world_size={world_size} is more than the {torch.cuda.device_count()} GPUs here"
+        )
+    options = {"resume": resume, "overwrite": overwrite, "progress": progress,
+               "threads": threads, "pairs": pairs, "save_every": save_every, "stop": stop,
+               "vocabularies": vocabularies}
+    if world_size == 1:
+        train_worker(0, 1, config, **options)
+        return
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    torch.multiprocessing.spawn(_spawned_worker, args=(world_size, config, options),
+                                nprocs=world_size)
+
 
 # %% [markdown]
 # ## When a machine dies
