@@ -404,28 +404,40 @@ def check_vocabulary(config: TrainConfig, train: list[tuple[str, str]], *,
     """Train the run's sentencepiece vocabularies as the run would (multi30k_vocabularies), so
     that a size the text cannot give is refused before the run starts; with adjust, the
     nearest size the text allows instead. The size and the vocabularies trained with it,
-    which the run then uses rather than training them again."""
-    try:
-        return config.subwords, multi30k_vocabularies(config, (None, None), pairs=train,
-                                                      save=False)
-    except ValueError as err:
-        most = re.search(r"value <= (\d+)", str(err))
-        least = re.search(r"smaller than required_chars\. \d+ vs (\d+)", str(err))
-        if adjust and (most or least):
-            size = int((most or least)[1])
-            sized = dataclasses.replace(config, subwords=size)
-            return size, multi30k_vocabularies(sized, (None, None), pairs=train, save=False)
-        if most is not None:
+    which the run then uses rather than training them again. With share_vocab=False the size
+    must fit each language's side: sentencepiece names one side's limit at a time, so the
+    size it names is tried again until both sides take it."""
+    size, tried = config.subwords, []
+    while True:
+        try:
+            vocabs = multi30k_vocabularies(dataclasses.replace(config, subwords=size),
+                                           (None, None), pairs=train, save=False)
+        except ValueError as err:
+            most = re.search(r"value <= (\d+)", str(err))
+            least = re.search(r"smaller than required_chars\. \d+ vs (\d+)", str(err))
+            limit = int((most or least)[1]) if most or least else None
+            # the other side's limit: only separate vocabularies have one, at most two tries
+            again = adjust or (not config.share_vocab and most is not None)
+            if limit is not None and again and limit not in tried and len(tried) < 3:
+                tried.append(size)
+                size = limit
+                continue
+            if most is None and least is None:
+                raise BadInput(" ".join(str(err).split())) from None
+            size = limit
+        else:
+            if adjust or size == config.subwords:
+                return size, vocabs
+        sides = "" if config.share_vocab else " for each language, share_vocab=False"
+        if size < config.subwords:
             raise BadInput(
                 f"subwords={config.subwords} is a larger vocabulary than the {len(train):,} "
-                f"training pairs allow (at most {most[1]} pieces): lower it, e.g. --set "
-                f"subwords={most[1]}") from None
-        if least is not None:
-            raise BadInput(
-                f"subwords={config.subwords} is a smaller vocabulary than the characters of the "
-                f"{len(train):,} training pairs need (at least {least[1]} pieces): raise it, "
-                f"e.g. --set subwords={least[1]}") from None
-        raise BadInput(" ".join(str(err).split())) from None
+                f"training pairs allow (at most {size} pieces{sides}): lower it, e.g. --set "
+                f"subwords={size}") from None
+        raise BadInput(
+            f"subwords={config.subwords} is a smaller vocabulary than the characters of the "
+            f"{len(train):,} training pairs need{sides} (at least {size} pieces): raise it, "
+            f"e.g. --set subwords={size}") from None
 
 
 def stop_options(args: argparse.Namespace, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -477,18 +489,41 @@ def resumed_config(folder: Path, overrides: dict[str, Any]) -> TrainConfig | Non
                        | overrides)
 
 
+# what a clause of config_for_corpus's reasons speaks of: a clause about a field given on the
+# command line no longer holds, and the note leaves it out
+CLAUSE_TOPICS = {"epochs": ("epochs", "times a run"), "bleu_every": ("validation BLEU",),
+                 "warmup": ("warm-up", "peak rate"), "lr_factor": ("lr_factor",),
+                 "d_model": ("peak rate",)}
+
+
 def sized_settings(pairs: int, overrides: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """config_for_corpus's fields for a text of this many pairs, less those given on the
-    command line, and one line for each group: the values and the reason."""
+    command line, and one line for each group: the values and the reason, less the clauses of
+    the reason about a given field (validation BLEU with --set bleu_every=0), and the given
+    fields named."""
     settings, notes = {}, []
     for fields, why in config_for_corpus(pairs):
         kept = {name: value for name, value in fields.items() if name not in overrides}
         if "batch_tokens" in kept and "accum_iter" in overrides:
             kept.pop("batch_tokens")
-        if kept:
-            settings |= kept
-            notes.append(" ".join(f"{name}={value}" for name, value in kept.items())
-                         + f": {why}")
+        if not kept:
+            continue
+        settings |= kept
+        clauses = re.split(r"; (?![^(]*\))", why)  # at the semicolons outside parentheses
+        given = {name for name in overrides if name in fields and name not in kept} | {
+            name for name, topic in CLAUSE_TOPICS.items() if name in overrides
+            and any(word in clause for word in topic for clause in clauses)}
+        held = [clause for clause in clauses if not any(
+            word in clause for name in given for word in CLAUSE_TOPICS.get(name, ()))]
+        if given:
+            sized_with = " ".join(f"{name}={value}" for name, value in fields.items()
+                                  if name in given)
+            held = held or [f"config_for_corpus's value for {pairs:,} pairs"
+                            + (f", with {sized_with}" if sized_with else "")]
+            held.append("given: " + " ".join(f"{name}={overrides[name]}" for name in
+                                             sorted(given, key=list(overrides).index)))
+        notes.append(" ".join(f"{name}={value}" for name, value in kept.items())
+                     + ": " + "; ".join(held))
     return settings, notes
 
 
@@ -569,7 +604,9 @@ def prepare(args: argparse.Namespace, world_size: int
             size, vocabs = check_vocabulary(config, train[: config.train_limit], adjust=adjust)
             if size != config.subwords:
                 notes.append(f"subwords={size}: the nearest size to {config.subwords} that "
-                             f"the {len(train[: config.train_limit]):,} training pairs allow")
+                             f"the {len(train[: config.train_limit]):,} training pairs allow"
+                             + ("" if config.share_vocab else " on both sides (share_vocab="
+                                "False: a vocabulary of this size for each language)"))
                 config = dataclasses.replace(config, subwords=size)
             args.vocabularies = vocabs
     except BadInput as err:
