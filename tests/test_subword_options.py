@@ -3,6 +3,7 @@ of at most subword_sentences sentences, with character_coverage, and with share_
 model per language, which a run saves, resumes from, ships, loads and translates with."""
 
 import io
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -175,3 +176,79 @@ def test_the_command_trains_each_vocabulary_once_and_the_run_uses_it(own_files, 
     assert len(trainer_calls) == len(files)
     saved = [(tmp_path / "run" / name).read_bytes() for name in files]
     assert [(tmp_path / "run" / "model" / name).read_bytes() for name in files] == saved
+
+
+def test_own_text_with_separate_vocabularies_is_sized_to_fit_each_side(tmp_path, capfd):
+    """300 German and Greek-lettered pairs without --config: config_for_corpus's 1,000 subwords
+    are more than either side can give, and each side allows another size, so the run takes
+    the size both sides allow, says so, and trains (one update, a tiny model)."""
+    pairs = [(de, en.translate(GREEK)) for de, en in synthetic_sentence_pairs(300, 0)]
+    files = []
+    for name, split in (("train", pairs), ("valid", PAIRS["val"])):
+        for language, side in (("de", 0), ("el", 1)):
+            path = tmp_path / f"{name}.{language}"
+            path.write_text("\n".join(pair[side] for pair in split) + "\n", "utf-8")
+            files.append(str(path))
+    run = tmp_path / "run"
+    train_cli.main(["--train", *files[:2], "--valid", *files[2:], "--set", "share_vocab=false",
+                    "--set", "N=1", "--set", "d_model=32", "--set", "d_ff=64", "--set", "h=2",
+                    "--max-updates", "1", "--threads", "1", "--checkpoint-dir", str(run)])
+    err = capfd.readouterr().err
+    [note] = [line.strip() for line in err.splitlines() if "the nearest size to 1000" in line]
+    size = int(re.match(r"subwords=(\d+): ", note)[1])
+    assert note == (f"subwords={size}: the nearest size to 1000 that the 300 training pairs "
+                    "allow on both sides (share_vocab=False: a vocabulary of this size for "
+                    "each language)")
+    config = tat.load_checkpoint(run / "last.pt")["config"]
+    assert (config["subwords"], config["share_vocab"], config["share_embeddings"]) == (
+        size, False, False)
+    models = tat.read_run_vocabularies(run, tat.TrainConfig(**config))
+    assert [len(sp) for sp in models] == [size, size]
+    sides = [[pair[side] for pair in pairs] for side in (0, 1)]
+    limits = []  # the largest size that each side's text allows, as sentencepiece says it
+    for text in sides:
+        with pytest.raises(ValueError, match=r"value <= \d+") as refused:
+            tat.train_subword_model(text, vocab_size=1000)
+        limits.append(int(re.search(r"value <= (\d+)", str(refused.value))[1]))
+    assert limits[0] != limits[1] and size == min(limits)  # the smaller side decides
+    assert (run / "model" / tat.SUBWORD_FILES[1]).is_file()  # a finished (stopped) run
+
+
+def test_a_given_subword_size_too_large_for_one_side_names_the_size_both_allow(tmp_path,
+                                                                              capfd):
+    from annotated_transformer_cli.train import parse_args, prepare
+
+    pairs = [(de, en.translate(GREEK)) for de, en in synthetic_sentence_pairs(300, 0)]
+    files = []
+    for name, split in (("train", pairs), ("valid", PAIRS["val"])):
+        for language, side in (("de", 0), ("el", 1)):
+            path = tmp_path / f"{name}.{language}"
+            path.write_text("\n".join(pair[side] for pair in split) + "\n", "utf-8")
+            files.append(str(path))
+    argv = ["--train", *files[:2], "--valid", *files[2:], "--set", "share_vocab=false",
+            "--set", "subwords=1000", "--checkpoint-dir", str(tmp_path / "run")]
+    with pytest.raises(SystemExit) as stopped:
+        prepare(parse_args(argv), 1)
+    [line] = capfd.readouterr().err.splitlines()
+    assert stopped.value.code == 2
+    most = int(re.search(r"--set subwords=(\d+)$", line)[1])
+    assert "(at most" in line and "for each language, share_vocab=False)" in line
+    config = prepare(parse_args([*argv[:-4], "--set", f"subwords={most}", *argv[-2:]]), 1)[0]
+    assert config.subwords == most  # the size it names is taken by both sides
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_sized_settings_note_leaves_out_what_a_given_field_makes_untrue():
+    """--set bleu_every=0: no 'validation BLEU every N epoch(s)' in the note, the given value
+    named; a given warm-up leaves lr_factor without its 'peak rate' reason."""
+    settings, notes = train_cli.sized_settings(300, {"bleu_every": 0})
+    assert "bleu_every" not in settings and not any("validation BLEU" in n for n in notes)
+    assert notes[-1].startswith(f"epochs={settings['epochs']}: ")
+    assert notes[-1].endswith("; given: bleu_every=0")
+    _, plain = train_cli.sized_settings(300, {})
+    assert "validation BLEU every" in plain[-1]  # said when it holds
+    settings, notes = train_cli.sized_settings(300, {"warmup": 100})
+    [line] = [n for n in notes if n.startswith("lr_factor=")]
+    assert "peak rate" not in line and line.endswith("given: warmup=100")
+    _, notes = train_cli.sized_settings(300, {"epochs": 5})
+    assert notes[-1].startswith("bleu_every=") and "times a run" not in notes[-1]
