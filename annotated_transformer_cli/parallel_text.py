@@ -14,8 +14,10 @@ read_clean_parallel drops and counts the pairs that read_parallel would refuse (
 undecodable line) and those that are over-long, badly length-matched or exact repeats.
 """
 
+import copy
 import gzip
 import hashlib
+import itertools
 import os
 import re
 import zlib
@@ -80,10 +82,10 @@ MAX_CHARS = 1000  # --clean's default limit per side, in characters
 MAX_RATIO = 3.0  # --clean's default limit on the longer side's characters over the shorter's
 
 
-def lines_or_none(path: str | os.PathLike) -> Iterator[str | None]:
-    """The lines of a plain or gzipped file one at a time, None for a line that is not UTF-8
-    (a byte-order mark dropped, CRLF endings fine); a missing or unreadable file raises
-    BadInput. Streamed: a corpus of millions of lines is never held as bytes."""
+def raw_lines(path: str | os.PathLike) -> Iterator[bytes]:
+    """The lines of a plain or gzipped file one at a time, as bytes (a byte-order mark
+    dropped, CRLF endings fine); a missing or unreadable file raises BadInput. Streamed: a
+    corpus of millions of lines is never held as bytes."""
     path = Path(path)
     if not path.is_file():
         raise BadInput(f"{path} does not exist" if not path.exists() else f"{path} is not a file")
@@ -93,14 +95,18 @@ def lines_or_none(path: str | os.PathLike) -> Iterator[str | None]:
         with (gzip.open if gzipped else open)(path, "rb") as f:
             for number, line in enumerate(f, start=1):
                 line = line.removesuffix(b"\n").removesuffix(b"\r")
-                if number == 1:
-                    line = line.removeprefix(b"\xef\xbb\xbf")
-                try:
-                    yield line.decode("utf-8")
-                except UnicodeDecodeError:
-                    yield None
+                yield line.removeprefix(b"\xef\xbb\xbf") if number == 1 else line
     except (OSError, EOFError, zlib.error) as err:
         raise BadInput(f"{path} cannot be read ({type(err).__name__}: {err})") from err
+
+
+def lines_or_none(path: str | os.PathLike) -> Iterator[str | None]:
+    """raw_lines decoded, None for a line that is not UTF-8."""
+    for line in raw_lines(path):
+        try:
+            yield line.decode("utf-8")
+        except UnicodeDecodeError:
+            yield None
 
 
 def parallel_lines(src_path: str | os.PathLike, tgt_path: str | os.PathLike
@@ -168,6 +174,114 @@ def read_clean_parallel(src_path: str | os.PathLike, tgt_path: str | os.PathLike
         raise BadInput(f"--clean leaves no pair of {src_path} and {tgt_path} "
                        f"({cleaning_summary(dropped, 0)})")
     return pairs, dropped
+
+
+class StreamedPairs:
+    """--train's pairs read from their two files each time they are iterated, never held in
+    memory: the train command's way with --corpus-dir, for corpora of millions of pairs.
+
+    Built by one pass over the files that refuses what read_parallel refuses, with the same
+    one-line messages (with clean, the limits of clean_pairs: drops what read_clean_parallel
+    drops, and refuses what it refuses), counts the pairs and hashes their text as
+    pairs_sha256 does. What it keeps: with clean, one byte a line (kept or not) and, while
+    checking, clean_pairs's hashes. streamed[:n] is its first n pairs, side(k) one side's
+    sentences."""
+
+    def __init__(self, src_path: str | os.PathLike, tgt_path: str | os.PathLike, *,
+                 clean: dict | None = None) -> None:
+        self.paths = (src_path, tgt_path)
+        self.limit: int | None = None
+        self.keep: bytearray | None = None  # with clean: 1 for each line kept, else 0
+        self.dropped: Counter | None = None
+        self._digest = hashlib.sha256()  # pairs_sha256's lines for "train", so far
+        if clean is None:
+            self.pairs = self._check()
+            return
+        self.keep, self.dropped = bytearray(), Counter()
+
+        def marked() -> Iterator[tuple[str | None, str | None]]:
+            for pair in parallel_lines(src_path, tgt_path):
+                self.keep.append(0)
+                yield pair
+
+        self.pairs = 0
+        for src, tgt in clean_pairs(marked(), self.dropped, **clean):
+            self.keep[-1] = 1  # clean_pairs yields the pair it read last, or reads on
+            self.pairs += 1
+            self._digest.update(f"train\t{src}\t{tgt}\n".encode())
+        if not self.pairs:
+            raise BadInput(f"--clean leaves no pair of {src_path} and {tgt_path} "
+                           f"({cleaning_summary(self.dropped, 0)})")
+
+    def _check(self) -> int:
+        """read_parallel's checks in one pass over both files; the number of pairs."""
+        end = object()
+        counts, bad, empty = [0, 0], [0, 0], [0, 0]  # lines, undecodable ones, empty ones
+        first: dict[tuple[str, int], str | int] = {}  # (kind, side): the first such line
+        for raws in itertools.zip_longest(*map(raw_lines, self.paths), fillvalue=end):
+            texts = []
+            for side, raw in enumerate(raws):
+                if raw is end:
+                    continue
+                counts[side] += 1
+                try:
+                    texts.append(raw.decode("utf-8"))
+                except UnicodeDecodeError as err:
+                    bad[side] += 1
+                    first.setdefault(("bad", side), (
+                        f"line {counts[side]} is not valid UTF-8 (byte {raw[err.start]:#04x} "
+                        f"at column {err.start + 1})"))
+                    continue
+                if not texts[-1].strip():
+                    empty[side] += 1
+                    first.setdefault(("empty", side), counts[side])
+            if len(texts) == 2:
+                self._digest.update(f"train\t{texts[0]}\t{texts[1]}\n".encode())
+        for side, path in enumerate(self.paths):
+            if bad[side]:
+                more = f" (and {bad[side] - 1} more such lines)" if bad[side] > 1 else ""
+                raise BadInput(f"{path}: {first['bad', side]}{more}: the text must be UTF-8")
+            if empty[side]:
+                more = f" (and {empty[side] - 1} more empty lines)" if empty[side] > 1 else ""
+                raise BadInput(f"{path}: line {first['empty', side]} is empty{more}: every line "
+                               "must hold one sentence; remove the pair from both files")
+            if not counts[side]:
+                raise BadInput(f"{path} is empty: it holds no sentence")
+        if counts[0] != counts[1]:
+            raise BadInput(f"{self.paths[0]} has {counts[0]:,} lines but {self.paths[1]} has "
+                           f"{counts[1]:,}: a parallel text has the same number of lines on "
+                           "both sides")
+        return counts[0]
+
+    def __len__(self) -> int:
+        return self.pairs if self.limit is None else min(self.limit, self.pairs)
+
+    def __getitem__(self, cut: slice) -> "StreamedPairs":
+        if not isinstance(cut, slice) or cut.start not in (None, 0) or cut.step not in (None, 1):
+            raise ValueError(f"streamed pairs are cut from their start only ([:n]), got {cut!r}")
+        streamed = copy.copy(self)
+        if cut.stop is not None:
+            streamed.limit = len(range(len(self))[: cut.stop])
+        return streamed
+
+    def side(self, k: int) -> Iterator[str]:
+        """The sentences of one side (0: source, 1: target), read from its file."""
+        lines = lines_or_none(self.paths[k])
+        return itertools.islice(lines if self.keep is None else
+                                itertools.compress(lines, self.keep), len(self))
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return zip(self.side(0), self.side(1), strict=True)
+
+    def train_digest(self) -> "hashlib._Hash":
+        """A sha256 fed pairs_sha256's lines for these pairs as its "train" split: the one the
+        checking pass computed, or, when cut shorter, one more pass."""
+        if len(self) == self.pairs:
+            return self._digest.copy()
+        digest = hashlib.sha256()
+        for src, tgt in self:
+            digest.update(f"train\t{src}\t{tgt}\n".encode())
+        return digest
 
 
 def cleaning_summary(dropped: Counter, kept: int, *, max_chars: int = MAX_CHARS,

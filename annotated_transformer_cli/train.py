@@ -79,6 +79,7 @@ from annotated_transformer_cli.parallel_text import (
     MAX_CHARS,
     MAX_RATIO,
     BadInput,
+    StreamedPairs,
     cleaning_summary,
     language_of,
     read_clean_parallel,
@@ -200,8 +201,9 @@ def pairs_sha256(pairs: dict[str, Any] | None) -> str | None:
     folder's info.json so that a finished run is not taken for a run on other text."""
     if pairs is None:
         return None
-    digest = hashlib.sha256()
-    for split in ("train", "val"):
+    streamed = isinstance(pairs["train"], StreamedPairs)  # hashed while it was checked
+    digest = pairs["train"].train_digest() if streamed else hashlib.sha256()
+    for split in ("val",) if streamed else ("train", "val"):
         for source, target in pairs[split]:
             digest.update(f"{split}\t{source}\t{target}\n".encode())
     return digest.hexdigest()
@@ -463,14 +465,23 @@ def resumed_stop(folder: Path) -> dict[str, Any]:
         return {}
 
 
-def read_train(args: argparse.Namespace) -> tuple[list[tuple[str, str]], str | None]:
+def read_train(args: argparse.Namespace
+               ) -> tuple[list[tuple[str, str]] | StreamedPairs, str | None]:
     """--train's pairs; with --clean, less the bad ones, and the line that counts them (also
-    kept in args.cleaning for the model folder's info.json)."""
-    if not args.clean:
-        return read_parallel(*args.train), None
+    kept in args.cleaning for the model folder's info.json). With --corpus-dir they are
+    StreamedPairs, read from the files each time they are needed: the command's memory does
+    not grow with the text."""
     limits = {"max_chars": args.clean_max_chars or MAX_CHARS,
               "max_ratio": args.clean_max_ratio or MAX_RATIO}
-    pairs, dropped = read_clean_parallel(*args.train, **limits)
+    if args.corpus_dir is not None:
+        pairs = StreamedPairs(*args.train, clean=limits if args.clean else None)
+        if not args.clean:
+            return pairs, None
+        dropped = pairs.dropped
+    elif not args.clean:
+        return read_parallel(*args.train), None
+    else:
+        pairs, dropped = read_clean_parallel(*args.train, **limits)
     args.cleaning = limits | {"dropped": {reason: dropped[reason] for reason in CLEAN_REASONS}}
     return pairs, (f"--clean {args.train[0]} {args.train[1]}: "
                    + cleaning_summary(dropped, len(pairs), **limits))
@@ -661,7 +672,8 @@ def encoded_pairs(config: TrainConfig, pairs: dict[str, Any] | None, folder: Pat
                        "--set subwords=N")
     if pairs is None:
         pairs = {split: load_multi30k(split) for split in ("train", "val")}
-    train = list(pairs["train"])[: config.train_limit]
+    train = pairs["train"]  # StreamedPairs stay on disk
+    train = (train if isinstance(train, StreamedPairs) else list(train))[: config.train_limit]
     vocabulary = {name: value for name, value in dataclasses.asdict(config).items()
                   if "subword" in name or "vocab" in name or "character" in name}
     stamp = {"text_sha256": pairs_sha256({"train": train, "val": []}),
@@ -685,18 +697,13 @@ def encoded_pairs(config: TrainConfig, pairs: dict[str, Any] | None, folder: Pat
         header_path.unlink(missing_ok=True)  # no process takes the old arrays for the new text
         stamp_path.write_text(json.dumps(stamp) + "\n", "utf-8")
         print(f"encoding {len(train):,} training pairs into {folder} ...", file=sys.stderr)
-        encode_corpus((src for src, _ in train), (tgt for _, tgt in train), vocabs[0], folder,
-                      max_len=config.max_len, sp_tgt=vocabs[1])
+        sides = ((train.side(0), train.side(1)) if isinstance(train, StreamedPairs) else
+                 ((src for src, _ in train), (tgt for _, tgt in train)))
+        encode_corpus(*sides, vocabs[0], folder, max_len=config.max_len, sp_tgt=vocabs[1])
     while not ready():  # another torchrun process: rank 0 is encoding
         time.sleep(5)
-    corpus = EncodedCorpus(folder)
-    dropped, read = corpus.header["dropped"], corpus.header["read"]
-    if rank0 and dropped:
-        print(f"  {dropped:,} of {read:,} training pairs ({dropped / read:.1%}) are longer "
-              f"than max_len={config.max_len} pieces with <s> and </s>, and are left out of "
-              "training (--set max_len=N keeps more, with max_tokens at least N)",
-              file=sys.stderr)
-    return {"train": corpus, "val": pairs["val"]}
+    # the pairs that max_len left out are said by the worker, from the corpus's header
+    return {"train": EncodedCorpus(folder), "val": pairs["val"]}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -200,3 +200,138 @@ def test_train_command_with_corpus_dir_trains_as_the_in_memory_run_and_reuses_th
     assert again.returncode == 0, again.stderr[-2000:]
     assert "encoding" not in again.stderr  # the folder holds this text's encoding already
     assert json.loads((tmp_path / "corpus" / "corpus.json").read_text())["pairs"] == 300
+
+
+def write_side_files(folder: Path, name: str, pairs: list) -> list[str]:
+    """The two files of a parallel text; None stands for a line of bad bytes."""
+    paths = []
+    for side, language in enumerate(("de", "en")):
+        lines = [b"\xff\xfe bad" if pair[side] is None else pair[side].encode()
+                 for pair in pairs]
+        path = folder / f"{name}.{language}"
+        path.write_bytes(b"\n".join(lines) + b"\n")
+        paths.append(str(path))
+    return paths
+
+
+def messy_pairs(n: int, seed: int) -> list:
+    """Synthetic pairs with what --clean drops among them: bad bytes, an empty side, a pair
+    far longer on one side, and repeats."""
+    pairs = list(dict.fromkeys(synthetic_sentence_pairs(n, seed)))
+    return (pairs[:7] + [(None, "A dog runs."), ("", "A man."), ("Ja.", "Yes " * 30)]
+            + pairs[7:] + pairs[2:5])
+
+
+def test_streamed_pairs_are_read_parallels_and_read_clean_parallels_pairs_and_hash(tmp_path):
+    from annotated_transformer_cli.parallel_text import (
+        StreamedPairs,
+        read_clean_parallel,
+        read_parallel,
+    )
+    from annotated_transformer_cli.train import pairs_sha256
+
+    clean_text = synthetic_sentence_pairs(50, 4)
+    paths = write_side_files(tmp_path, "clean", clean_text)
+    gz = Path(paths[0] + ".gz")  # gzipped, with a byte-order mark and CRLF endings
+    gz.write_bytes(gzip.compress(b"\xef\xbb\xbf" + Path(paths[0]).read_bytes()
+                                 .replace(b"\n", b"\r\n")))
+    streamed = StreamedPairs(str(gz), paths[1])
+    assert list(streamed) == read_parallel(gz, paths[1]) == clean_text
+    assert len(streamed) == 50 and list(streamed[:7]) == clean_text[:7] and len(streamed[:7]) == 7
+    val = synthetic_sentence_pairs(5, 5)
+    assert (pairs_sha256({"train": streamed, "val": val})
+            == pairs_sha256({"train": clean_text, "val": val}))
+    assert (pairs_sha256({"train": streamed[:7], "val": []})
+            == pairs_sha256({"train": clean_text[:7], "val": []}))
+    messy = write_side_files(tmp_path, "messy", messy_pairs(60, 6))
+    limits = {"max_chars": 1000, "max_ratio": 3.0}
+    kept, dropped = read_clean_parallel(*messy, **limits)
+    streamed = StreamedPairs(*messy, clean=limits)
+    assert list(streamed) == kept and len(streamed) == len(kept) and streamed.dropped == dropped
+    assert list(streamed.side(1)) == [tgt for _, tgt in kept]
+    assert sum(dropped.values()) == 6  # 1 not UTF-8, 1 empty, 1 ratio, 3 repeats
+    assert pairs_sha256({"train": streamed, "val": []}) == pairs_sha256({"train": kept,
+                                                                         "val": []})
+
+
+@pytest.mark.parametrize("lines", [
+    ([b"a", b"\xff b", b"c", b"\xfe"], [b"a", b"b", b"c", b"d"]),  # bad bytes, twice
+    ([b"a", b"b", b"c"], [b"a", b"  ", b"c", b""]),  # empty lines, then unequal counts
+    ([b"a", b"b", b"c"], [b"a", b"b"]),  # unequal counts
+    ([], [b"a"]),  # an empty file
+])
+def test_streamed_pairs_refuse_what_read_parallel_refuses_with_its_message(tmp_path, lines):
+    from annotated_transformer_cli.parallel_text import BadInput, StreamedPairs, read_parallel
+
+    paths = []
+    for side, name in enumerate(("t.de", "t.en")):
+        (tmp_path / name).write_bytes(b"".join(line + b"\n" for line in lines[side]))
+        paths.append(tmp_path / name)
+    with pytest.raises(BadInput) as expected:
+        read_parallel(*paths)
+    with pytest.raises(BadInput) as streamed:
+        StreamedPairs(*paths)
+    assert str(streamed.value) == str(expected.value)
+
+
+def corpus_arrays(folder: Path) -> dict[str, list[int]]:
+    return {name: np.load(folder / f"{name}.npy").tolist()
+            for name in ("src_tokens", "tgt_tokens", "src_lengths", "tgt_lengths")}
+
+
+@pytest.mark.parametrize("clean", [False, True])
+def test_the_streamed_corpus_dir_run_encodes_and_trains_as_the_in_memory_text(tmp_path, clean):
+    """--corpus-dir reads --train from its files as it goes; the corpus it encodes is the
+    one encode_corpus makes from the pairs read into memory (less those --clean drops), and
+    training on it gives the in-memory run's losses and the same data hash."""
+    from annotated_transformer_cli.parallel_text import read_clean_parallel, read_parallel
+    from the_annotated_transformer import load_checkpoint, load_subwords
+
+    text = messy_pairs(300, 1) if clean else synthetic_sentence_pairs(300, 1)
+    train = write_side_files(tmp_path, "train", text)
+    write_side_files(tmp_path, "val", synthetic_sentence_pairs(30, 2))
+    options = ["--set", "max_len=10", "--set", "max_tokens=100"] + (["--clean"] if clean else [])
+    mapped = train_command(tmp_path, "--checkpoint-dir", str(tmp_path / "mapped"),
+                           "--corpus-dir", str(tmp_path / "corpus"), *options)
+    assert mapped.returncode == 0, mapped.stderr[-2000:]
+    in_memory = train_command(tmp_path, "--checkpoint-dir", str(tmp_path / "in_memory"),
+                              *options)
+    assert in_memory.returncode == 0, in_memory.stderr[-2000:]
+    pairs = read_clean_parallel(*train)[0] if clean else read_parallel(*train)
+    assert f"encoding {len(pairs)} training pairs into" in mapped.stderr
+    sp = load_subwords(tmp_path / "mapped" / "subwords.model")
+    expected = tmp_path / "expected"
+    header = encode_corpus((de for de, _ in pairs), (en for _, en in pairs), sp, expected,
+                           max_len=10)
+    assert header["dropped"] > 0  # max_len leaves some out, said once, from the header
+    dropped = (f"left out, longer than max_len=10 tokens with <s> and </s>: {header['dropped']} "
+               f"of {len(pairs)} training pairs ({header['dropped'] / len(pairs):.1%}) when "
+               f"{tmp_path / 'corpus'} was encoded and ")
+    assert mapped.stdout.count(dropped) == 1 and "left out" not in mapped.stderr
+    assert corpus_arrays(tmp_path / "corpus") == corpus_arrays(expected)
+    assert (tmp_path / "in_memory" / "subwords.model").read_bytes() == sp.serialized_model_proto()
+    histories = [load_checkpoint(tmp_path / run / "last.pt")["history"]
+                 for run in ("mapped", "in_memory")]
+    assert ([[(e["train_loss"], e["val_loss"]) for e in history] for history in histories][0]
+            == [[(e["train_loss"], e["val_loss"]) for e in history] for history in histories][1])
+    data = [json.loads((tmp_path / run / "model" / "info.json").read_text())["data"]
+            for run in ("mapped", "in_memory")]
+    assert data[0] == data[1] and data[0]["train_pairs"] == len(pairs)
+
+
+def test_a_bad_line_is_refused_in_one_line_by_the_streamed_run_and_nothing_is_written(tmp_path):
+    text = synthetic_sentence_pairs(40, 1)
+    text[25] = (text[25][0], "   ")
+    write_side_files(tmp_path, "train", text)
+    write_side_files(tmp_path, "val", synthetic_sentence_pairs(10, 2))
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("kept\n", "utf-8")
+    result = train_command(tmp_path, "--checkpoint-dir", str(folder), "--corpus-dir",
+                           str(tmp_path / "corpus"))
+    assert result.returncode == 2
+    assert result.stderr == (f"annotated-transformer train: error: {tmp_path / 'train.en'}: "
+                             "line 26 is empty: every line must hold one sentence; remove the "
+                             "pair from both files\n")
+    assert [p.name for p in folder.iterdir()] == ["notes.txt"]
+    assert not (tmp_path / "corpus").exists()
