@@ -110,6 +110,9 @@ from the_annotated_transformer import (
 )
 
 DEFAULT_CONFIG = "cpu_fast_dropout"  # the book's best recipe (chapter 21)
+# --corpus-dir under torchrun: how often a process other than rank 0 looks for the encoding,
+# and how long it waits for rank 0 to begin it (a DIR that this machine does not share)
+CORPUS_POLL_S, CORPUS_WAIT_S = 5, 1_800
 MULTI30K_LANGUAGES = ("de", "en")
 TRUE, FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
 
@@ -255,6 +258,13 @@ def finished_run(config: TrainConfig, model_dir: Path, *, world_size: int = 1,
             + shlex.quote(str(model_dir if (model_dir / "model.pt").is_file() else path)))
 
 
+def restarted_by_torchrun() -> bool:
+    """Whether torchrun (--max-restarts) has restarted this process after one of the run's
+    processes died: its last.pt is then this run's own, which it continues, as train_worker
+    does, instead of refusing the folder as another run's."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+
+
 def check_folder(config: TrainConfig, args: argparse.Namespace) -> None:
     """Refuse a folder that holds another run, or --resume without a last.pt, before the
     vocabulary is trained; it only looks (a finished run is answered later, once the
@@ -322,7 +332,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="encode the training pairs once into DIR (encode_corpus: flat id "
                              "arrays, reused while they match the text and the vocabulary) and "
                              "let every process map them, instead of each process encoding the "
-                             "text itself: for corpora of millions of pairs")
+                             "text itself: for corpora of millions of pairs (every process still "
+                             "reads the text and trains the vocabulary; on several machines DIR "
+                             "must be shared, as --checkpoint-dir must)")
     parser.add_argument("--save-every", type=int, default=0, metavar="N",
                         help="also write last.pt every N optimizer steps inside an epoch, so "
                              "that a resumed run loses at most N steps (default 0: per epoch)")
@@ -511,9 +523,9 @@ def sized_settings(pairs: int, overrides: dict[str, Any]) -> tuple[dict[str, Any
     """config_for_corpus's fields for a text of this many pairs, less those given on the
     command line, and one line for each group: the values and the reason, less the clauses of
     the reason about a given field (validation BLEU with --set bleu_every=0), and the given
-    fields named."""
+    fields named. A given max_tokens is the micro-batch that the sized warm-up is counted in."""
     settings, notes = {}, []
-    for fields, why in config_for_corpus(pairs):
+    for fields, why in config_for_corpus(pairs, max_tokens=overrides.get("max_tokens")):
         kept = {name: value for name, value in fields.items() if name not in overrides}
         if "batch_tokens" in kept and "accum_iter" in overrides:
             kept.pop("batch_tokens")
@@ -586,6 +598,8 @@ def prepare(args: argparse.Namespace, world_size: int
         if pairs is not None and "checkpoint_dir" not in overrides:
             folder = f"checkpoints/{'-'.join(languages)}" + ("" if sized else f"_{name}")
             config = dataclasses.replace(config, checkpoint_dir=folder)
+        if restarted_by_torchrun() and (Path(config.checkpoint_dir) / "last.pt").is_file():
+            args.resume, args.overwrite = True, False  # the run itself, restarted: continue it
         resumed = resumed_config(Path(config.checkpoint_dir), overrides) if args.resume else None
         if resumed is not None:
             config, sized = resumed, False
@@ -700,8 +714,18 @@ def encoded_pairs(config: TrainConfig, pairs: dict[str, Any] | None, folder: Pat
         sides = ((train.side(0), train.side(1)) if isinstance(train, StreamedPairs) else
                  ((src for src, _ in train), (tgt for _, tgt in train)))
         encode_corpus(*sides, vocabs[0], folder, max_len=config.max_len, sp_tgt=vocabs[1])
+    waited = 0.0
     while not ready():  # another torchrun process: rank 0 is encoding
-        time.sleep(5)
+        try:  # rank 0 writes the stamp before it encodes
+            started = json.loads(stamp_path.read_text("utf-8")) == stamp
+        except (OSError, ValueError):  # none yet, or being written
+            started = False
+        if not started and waited >= CORPUS_WAIT_S:  # rank 0 never began here
+            raise BadInput(f"--corpus-dir {folder}: rank 0 has not begun encoding there after "
+                           f"{waited:.0f} s; on several machines DIR must be on storage that "
+                           "every machine sees")
+        time.sleep(CORPUS_POLL_S)
+        waited += CORPUS_POLL_S
     # the pairs that max_len left out are said by the worker, from the corpus's header
     return {"train": EncodedCorpus(folder), "val": pairs["val"]}
 

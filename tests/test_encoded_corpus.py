@@ -26,6 +26,7 @@ from the_annotated_transformer import (
     read_lines,
     train_sentencepiece,
     train_worker,
+    training_config,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -335,3 +336,23 @@ def test_a_bad_line_is_refused_in_one_line_by_the_streamed_run_and_nothing_is_wr
                              "pair from both files\n")
     assert [p.name for p in folder.iterdir()] == ["notes.txt"]
     assert not (tmp_path / "corpus").exists()
+
+
+def test_a_process_that_never_sees_rank_0_begin_encoding_stops_naming_shared_storage(
+        tmp_path, monkeypatch):
+    """Under torchrun on several machines, a --corpus-dir that only rank 0's machine sees stays
+    empty on the others: their processes stop with one line naming DIR instead of waiting
+    for ever, and write nothing there."""
+    import annotated_transformer_cli.train as train
+
+    monkeypatch.setattr(train, "CORPUS_POLL_S", 0)
+    monkeypatch.setattr(train, "CORPUS_WAIT_S", 0)
+    pairs = {"train": synthetic_sentence_pairs(5, 1), "val": []}
+    folder = tmp_path / "ids"
+    with pytest.raises(train.BadInput) as refused:
+        train.encoded_pairs(training_config("cpu_fast_dropout"), pairs, folder, resume=False,
+                            rank0=False)
+    assert str(refused.value).startswith(f"--corpus-dir {folder}: rank 0 has not begun "
+                                         "encoding there")
+    assert str(refused.value).endswith("DIR must be on storage that every machine sees")
+    assert "\n" not in str(refused.value) and not folder.exists()

@@ -396,6 +396,25 @@ def test_a_finished_run_is_answered_with_status_0_only_for_its_own_request(data,
     assert "other sentence pairs" in line, line
 
 
+@pytest.mark.parametrize("given", [[], ["--overwrite"]], ids=["as-started", "overwrite"])
+def test_a_process_that_torchrun_restarted_continues_the_run_from_its_last_pt(
+        data, finished, capfd, monkeypatch, given):
+    """torchrun --max-restarts runs the same command again after a process dies, with
+    TORCHELASTIC_RESTART_COUNT > 0: the run's last.pt is then continued, neither refused as
+    another run's (as the same request is without the count, above) nor deleted by the
+    --overwrite that started the run."""
+    from annotated_transformer_cli.train import main
+
+    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+                        "TORCHELASTIC_RESTART_COUNT": "1"}.items():
+        monkeypatch.setenv(name, value)
+    main([*own_files(data), *tiny_with("--epochs", "3", *given), "--checkpoint-dir",
+          str(finished)])
+    assert f"settings from {finished / 'last.pt'}" in capfd.readouterr().err
+    state = tat.load_checkpoint(finished / "last.pt")
+    assert state["epoch"] == 3 and [row["epoch"] for row in state["history"]] == [1, 2, 3]
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["--set", "warmup=2000"], "the run would take "),
     (["--resume"], "cannot resume: the checkpoint folder {folder} holds no last.pt"),
@@ -453,6 +472,25 @@ def test_config_for_corpus_keeps_the_papers_peak_rate_and_prints_true_reasons(pa
     else:
         assert config.warmup <= 2_000 and "scaled down with the pairs" in reasons
     assert (config.dropout == 0.3) == (pairs < 10_000) == ("three times" in reasons)
+
+
+@pytest.mark.parametrize("max_tokens", [None, 4096, 8192])
+def test_a_given_max_tokens_keeps_the_papers_warm_up_steps_and_peak_at_wmt_size(max_tokens):
+    """From a million pairs the sized warm-up is counted in the micro-batches that the run
+    takes: --max-tokens (a GPU's larger micro-batch) keeps 4,000 warm-up steps and the
+    paper's peak on one device, and the note says what it counts in."""
+    from annotated_transformer_cli.train import sized_settings
+
+    given = {} if max_tokens is None else {"max_tokens": max_tokens}
+    settings, notes = sized_settings(4_500_000, given)
+    config = tat.config_for_devices(tat.training_config("cpu_fast_dropout", **settings, **given),
+                                    1)
+    warmup = tat.schedule_steps(config, batches_per_epoch=10**6, world_size=1)["warmup"]
+    assert warmup == 4_000 and config.lr_factor == 1.0 and config.d_model == 512
+    assert tat.rate(warmup, config.d_model, config.lr_factor, warmup) == pytest.approx(
+        512**-0.5 * 4_000**-0.5)
+    micro = max_tokens or tat.training_config("cpu_fast_dropout").max_tokens
+    assert f"({config.accum_iter} micro-batches of {micro};" in " ".join(notes)
 
 
 def test_train_says_once_how_many_pairs_are_longer_than_max_len(data, tmp_path, capfd):
