@@ -29,8 +29,10 @@ the run prints each choice and why. --resume takes the settings stored in last.p
 what changes (--epochs) needs giving. With --corpus-dir, the training pairs are encoded once, by
 the first process, into flat id arrays in that folder (encode_corpus, book/appendix_data.ipynb),
 and every training process maps them and makes its batches from their stored lengths, instead
-of each encoding the whole text: the way for corpora of millions of pairs. The folder is reused
-while the text, max_len and the vocabulary settings are the same.
+of each encoding the whole text: the way for corpora of millions of pairs. The command then
+reads --train from its files each time it needs it (checks, the vocabulary's sample, the
+encoding) instead of holding it in memory. The folder is reused while the text, max_len and the
+vocabulary settings are the same.
 
 A run can also stop before its last epoch: after --max-updates optimizer steps, after
 --max-minutes of training, or after --patience validations without a new best BLEU (each also
@@ -276,7 +278,8 @@ def check_folder(config: TrainConfig, args: argparse.Namespace) -> None:
             return
     try:
         prepare_checkpoint_dir(config.checkpoint_dir, resume=args.resume,
-                               overwrite=args.overwrite, check_only=True)
+                               overwrite=args.overwrite, restarted=restarted_by_torchrun(),
+                               check_only=True)
     except (FileExistsError, FileNotFoundError, ValueError) as err:
         raise BadInput(user_error(err)) from None
 
@@ -332,9 +335,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="encode the training pairs once into DIR (encode_corpus: flat id "
                              "arrays, reused while they match the text and the vocabulary) and "
                              "let every process map them, instead of each process encoding the "
-                             "text itself: for corpora of millions of pairs (every process still "
-                             "reads the text and trains the vocabulary; on several machines DIR "
-                             "must be shared, as --checkpoint-dir must)")
+                             "text itself: for corpora of millions of pairs (--train is then "
+                             "read from its files as it is needed, never held in memory; every "
+                             "process still reads the text and trains the vocabulary; on "
+                             "several machines DIR must be shared, as --checkpoint-dir must)")
     parser.add_argument("--save-every", type=int, default=0, metavar="N",
                         help="also write last.pt every N optimizer steps inside an epoch, so "
                              "that a resumed run loses at most N steps (default 0: per epoch)")
