@@ -1,17 +1,26 @@
 """The peer comparison's data: tools/peer/collect.py gathers a pair of runs, refuses pairs
 scored or run unlike each other, and the stored pair in book/data is one such pair."""
 
+import importlib.util
 import json
 from pathlib import Path
 
 import pytest
-from test_own_data import load_tool
 
 import the_annotated_transformer as tat
 
 ROOT = Path(__file__).resolve().parents[1]
 SIGNATURE = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"
 HARDWARE = "1 CPU process(es) x 2 thread(s), Some CPU, 2 cores"
+
+
+def load_collect():
+    """tools/peer/collect.py, a maintainer's script, as a module."""
+    path = ROOT / "tools" / "peer" / "collect.py"
+    spec = importlib.util.spec_from_file_location("peer_collect", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def entry(decoding: str, description: str, split: str, bleu: float, **extra) -> dict:
@@ -62,7 +71,7 @@ def peer_results(path: Path, alpha: float, *, signature: str = SIGNATURE,
 
 
 def test_collect_keeps_both_runs_and_every_decoding(tmp_path: Path) -> None:
-    collect = load_tool("peer/collect")
+    collect = load_collect()
     results = book_run(tmp_path / "book")
     peer = [peer_results(tmp_path / "a.json", 1.0), peer_results(tmp_path / "b.json", 0.6)]
     out = tmp_path / "peer.json"
@@ -88,7 +97,7 @@ def test_collect_keeps_both_runs_and_every_decoding(tmp_path: Path) -> None:
 @pytest.mark.parametrize("change", ["signature", "hardware"])
 def test_collect_refuses_runs_made_unlike_each_other(tmp_path: Path, change: str,
                                                      capsys: pytest.CaptureFixture) -> None:
-    collect = load_tool("peer/collect")
+    collect = load_collect()
     results = book_run(tmp_path / "book")
     other = {change: "nrefs:1|tok:intl" if change == "signature" else "1 x 2, Another CPU"}
     peer = peer_results(tmp_path / "a.json", 1.0, **other)
@@ -116,7 +125,7 @@ def test_stored_pair_had_the_same_seconds_machine_and_metric() -> None:
 @pytest.mark.parametrize("damage", ["missing", "bad bytes", "no field"])
 def test_collect_refuses_bad_input_in_one_line(tmp_path: Path, damage: str,
                                                capsys: pytest.CaptureFixture) -> None:
-    collect = load_tool("peer/collect")
+    collect = load_collect()
     results = book_run(tmp_path / "book")
     peer = peer_results(tmp_path / "a.json", 1.0)
     if damage == "missing":

@@ -295,14 +295,14 @@ def score(average: Path, device: torch.device, limit: int | None) -> tuple[list[
     annotated-transformer evaluate decodes (the beam with the cache), in float32."""
     from annotated_transformer_cli import evaluate  # its decodings, so that the scores compare
 
-    model, vocab_src, vocab_tgt, _ = load_trained_model(average, device=device)
+    model, vocab_src, vocab_tgt, config = load_trained_model(average, device=device)
     rows = []
     for split in SPLITS:
         sources, references = zip(*load_multi30k(split)[:limit], strict=True)
         for decoding in DECODINGS:
             start = time.perf_counter()
             outputs = evaluate.decode(model, list(sources), (vocab_src, vocab_tgt), None,
-                                      decoding)
+                                      decoding, max_len=config.max_len)
             bench.sync(device)
             seconds = time.perf_counter() - start
             value, signature = bleu(outputs, list(references))
