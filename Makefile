@@ -76,8 +76,11 @@ book: $(BOOK_LAYER)
 locales: $(BOOK_LAYER)
 	$(PY) tools/locales.py $(if $(START),--start $(START))
 
+# The unit tests run in two processes of one thread each (pytest-xdist; a file's tests stay in one
+# process): 2 x 1 threads on the 2 cores that make test is sized for.
 test: lint
-	$(PY) -m pytest tests --ignore=tests/test_browser.py --ignore=tests/test_jupyterlab.py
+	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadfile tests --ignore=tests/test_browser.py \
+		--ignore=tests/test_jupyterlab.py
 	$(MAKE) --no-print-directory test-portable
 	$(PY) tools/build_book.py
 	bash tools/ensure_chromium.sh
