@@ -6053,9 +6053,13 @@ def train_worker(
                   f"{plan['steps_per_epoch']}), warm-up {plan['warmup']} steps", flush=True)
         if process.rank == 0 and any(data.left_out):  # said even without progress
             (train, val), total = data.left_out, len(split_pairs["train"])
+            when = ""
+            if isinstance(split_pairs["train"], EncodedCorpus):  # counted at its encoding
+                total = split_pairs["train"].header["read"]
+                when = f" when {split_pairs['train'].folder} was encoded"
             print(f"left out, longer than max_len={config.max_len} tokens with <s> and </s>: "
-                  f"{train:,} of {total:,} training pairs ({train / total:.1%}) and {val:,} "
-                  f"of {len(split_pairs['val']):,} validation pairs", flush=True)
+                  f"{train:,} of {total:,} training pairs ({train / total:.1%}){when} and "
+                  f"{val:,} of {len(split_pairs['val']):,} validation pairs", flush=True)
         run = build_training(process, config, len(data.vocab_src), len(data.vocab_tgt),
                              warmup=plan["warmup"], total=plan["total_steps"])
         resume_run(process, config, run, resuming=resuming)
@@ -6332,11 +6336,14 @@ from typing import Any
 SMALL_CORPUS, HUGE_CORPUS = 10_000, 1_000_000
 
 
-def config_for_corpus(pairs: int) -> list[tuple[dict[str, Any], str]]:
+def config_for_corpus(pairs: int, *, max_tokens: int | None = None
+                      ) -> list[tuple[dict[str, Any], str]]:
     """The TrainConfig fields that depend on how many training pairs there are, in groups,
     each with its reason: the book's extrapolation of the directions in chapter 18's table,
     anchored at Multi30k's size, which gets cpu_fast_dropout's values. Every size peaks at
-    Multi30k's rate, which is also the paper's (6.99e-4)."""
+    Multi30k's rate, which is also the paper's (6.99e-4). max_tokens: the micro-batch that
+    the run's devices will take (None: cpu_fast_dropout's), which the paper's warm-up steps
+    are counted in from HUGE_CORPUS pairs on."""
     if isinstance(pairs, bool) or not isinstance(pairs, int) or pairs < 1:
         raise ValueError(f"pairs must be a positive integer, got {pairs!r}")
     anchor, recipe = MULTI30K_SPLITS["train"], training_config("cpu_fast_dropout")
@@ -6369,11 +6376,12 @@ def config_for_corpus(pairs: int) -> list[tuple[dict[str, Any], str]]:
     # 4) the warm-up and the peak rate, factor x d_model^-0.5 x warmup^-0.5 (rate): lr_factor
     # keeps the peak where Multi30k's is (and the paper's: 1 x 512^-0.5 x 4000^-0.5 is the same)
     if pairs >= HUGE_CORPUS:
-        accum = round(25_000 / recipe.max_tokens)  # micro-batches in one step of 25,000 tokens
+        micro = max_tokens or recipe.max_tokens
+        accum = max(1, round(25_000 / micro))  # micro-batches in one step of 25,000 tokens
         choices.append(({"batch_tokens": 25_000, "warmup": 4_000 * accum, "lr_factor": 1.0},
                         f"from {HUGE_CORPUS:,} pairs, the paper's 4,000 warm-up steps and factor "
                         f"1, so its peak rate, at 25,000 padded tokens a step ({accum} "
-                        f"micro-batches of {recipe.max_tokens}; the paper's step held about "
+                        f"micro-batches of {micro}; the paper's step held about "
                         "25,000 source and 25,000 target tokens, without padding)"))
     else:
         warmup = max(1, round(recipe.warmup * min(1.0, scale)))
@@ -7045,6 +7053,6 @@ def load_encoded_data(process: Process, config: TrainConfig,
              "rank": process.rank, "seed": config.seed}
     train_loader = corpus_loader(corpus, shuffle=True, **shard)
     val_loader = multi30k_loader(val_data, shuffle=False, **shard)
-    # the training pairs that max_len left out were counted (and said) when it was encoded
+    # the training pairs that max_len left out were counted when the corpus was encoded
     return RunData(vocab_src, vocab_tgt, train_loader, val_loader, list(pairs["val"]),
-                   (None, None), (0, len(pairs["val"]) - len(val_data)))
+                   (None, None), (header["dropped"], len(pairs["val"]) - len(val_data)))

@@ -72,7 +72,7 @@ enable_book_charts()
 # `max_tokens` is a budget **per device and per micro-batch**, what one process's memory must
 # hold; with $R$ processes one optimizer step sees $R \times$ `accum_iter` $\times$ `max_tokens`
 # padded tokens, so more devices enlarge the global batch. A batch of the paper's size is reached
-# by accumulation: `annotated-transformer train --batch-tokens 25000` picks the `accum_iter` that comes nearest
+# by accumulation: `annotated-transformer train --config base --batch-tokens 25000` picks the `accum_iter` that comes nearest
 # 25,000 padded tokens for the processes it runs with (6 on one GPU, 1 on eight); the paper
 # counted real tokens, and padded ones hold fewer (chapter 22 prints how many). With
 # $k = R \times$ `accum_iter` micro-batches per step an epoch has about $k$ times fewer optimizer
@@ -159,7 +159,8 @@ def training_config(name: str, **overrides) -> TrainConfig:
 # The `cpu` preset is sized for this book's 2-core CPU: about an hour of training on one thread.
 # One thread, because the two threads of a matrix product wait for each other, and on a shared
 # machine another job keeps taking one of their cores; so `annotated-transformer train` has a
-# `--threads` option, and the training worker ({doc}`appendix_distributed`) never gives its processes more threads than there are cores.
+# `--threads` option, and the training worker ({doc}`appendix_distributed`) by default never gives its processes more
+# threads than there are cores.
 # Its warm-up of 1,000 steps covers a little over three of its twelve epochs of 305 steps (chapter 22
 # counts them), and `lr_factor=0.5` makes its peak learning rate
 # $0.5 \cdot 256^{-0.5} \cdot 1000^{-0.5} \approx 0.001$.
@@ -1033,7 +1034,9 @@ assert detokenize(tokens) == 'A man in a T-shirt doesn\'t smile (really), he\'s 
 #     command='annotated-transformer train --config cpu --threads 1')"
 # ```
 #
-# (`annotated-transformer` is the command that installing the package provides,
+# (`train` also writes such a folder itself, `checkpoints/multi30k_cpu/model`; the second call
+# is how the shipped one was made. `annotated-transformer` is the command that
+# installing the package provides,
 # `.venv/bin/annotated-transformer` in a copy of the repository; `make train CONFIG=cpu` runs the first line without `--threads 1`, and `make train CONFIG=cpu RESUME=1` continues an interrupted run from
 # its last checkpoint.) `export_for_shipping` keeps the weights in half precision, the two
 # vocabularies, and an `info.json` with the configuration, the variant, the command, the training

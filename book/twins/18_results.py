@@ -645,25 +645,50 @@ context
 # %% [markdown]
 # ## Another language pair
 #
-# Nothing in the recipe is specific to German. `annotated-transformer train` takes a language pair as two files
-# for training and two for validation, one sentence per line; it builds one joint sentencepiece
-# vocabulary from the training side, trains chapter 21's recipe, averages the last two epochs, and
-# writes a model folder that `annotated-transformer translate` and `evaluate` read as they read the
-# shipped models (the README lists the options; any field of the recipe can be set from the
-# command line). Pairs longer than `max_len=72` pieces on either side, `<s>` and `</s>` included,
-# are left out of training, and the run says how many: Multi30k has none (chapter 17), but
-# longer text may, and `--set max_len=...` raises the limit. Multi30k's captions exist in French
-# and Czech too, line for line with the same English, so one flag turns the book around, English
-# to French:
+# Nothing in the recipe is specific to German. `annotated-transformer train` needs only a
+# language pair's text: two files for training and two for validation, one sentence per line.
+# From the number of training pairs it chooses the settings that depend on it
+# (`config_for_corpus`, appendix {doc}`appendix_data`, which prints them by size) and prints each
+# choice with its reason; `--set FIELD=VALUE` overrides any of them. The rules are the book's
+# extrapolation of the table in the next section, and no run has tried them at any size but
+# Multi30k's, where they give chapter 21's recipe exactly. They move in steps, not gradually: a
+# smaller model with three times the paper's dropout below ten thousand pairs, chapter 21's model
+# with the paper's dropout from there, and the paper's base model, with steps of about 25,000 padded
+# tokens and the paper's warm-up, from a million. So they do not follow the table's second row, which
+# grows the model with the text and raises dropout at its small end; only the vocabulary, and
+# below Multi30k's size the warm-up and the epochs, follow the number of pairs. Nothing of WMT's
+# size has been trained with them, and what such a run costs is not measured. On GPUs, give a
+# larger micro-batch with `--max-tokens` (chapter 22): from a million pairs the warm-up is
+# counted in it, so the run still warms up for about the paper's 4,000 steps {cite}`vaswani2017attention`.
+#
+# It builds one joint sentencepiece vocabulary from the training side, trains, averages the last two epochs, and writes a model
+# folder that `annotated-transformer translate` and `evaluate` read as they read the shipped
+# models. Pairs longer than `max_len=72` pieces on either side, `<s>` and `</s>` included, are
+# left out of training, and the run says how many; Multi30k has none (chapter 17). `--set
+# max_len=N` (with `max_tokens` at least N) keeps longer ones, and `max_len` also bounds
+# translation: `translate` splits a longer source and `evaluate` cuts it (its score suffers), and
+# no output runs past `max_len` pieces. Real corpora
+# need more, and the README lists the options: `--clean` drops and counts empty, over-long,
+# badly matched and repeated pairs instead of stopping at the first; a run can stop after a
+# number of updates or minutes, or when validation BLEU stops improving; languages written in
+# other scripts can have their own vocabularies and a character coverage below 1, and `evaluate
+# --tokenize` scores them with sacreBLEU's tokenizer for their language; and `--corpus-dir`
+# encodes millions of pairs once for every process (chapter 22). Multi30k's captions exist in
+# French and Czech too, line for line with the same English, so one flag turns the book around,
+# English to French:
 #
 # ```bash
-# annotated-transformer train --langs en fr   # your own text: --train SRC TGT --valid SRC TGT
+# annotated-transformer train --langs en fr   # ends by naming its model folder
+# python -c "import the_annotated_transformer as t
+# t.load_multi30k('test_2016_flickr', languages=('en', 'fr'))"   # the test files too
+# D=~/.cache/annotated-transformer   # where they are (../shared/data beside a repository copy)
 # annotated-transformer evaluate --model en-fr=checkpoints/en-fr_cpu_fast_dropout/model \
-#     --decodings greedy beam4 --test val.en.gz val.fr.gz \
-#     --test test_2016_flickr.en.gz test_2016_flickr.fr.gz
+#     --decodings greedy beam4 --test $D/multi30k/val.en.gz $D/multi30k-fr-cs/val.fr.gz \
+#     --test $D/multi30k/test_2016_flickr.en.gz $D/multi30k-fr-cs/test_2016_flickr.fr.gz
 # ```
 #
-# The run's notes and scores are stored with the book:
+# The stored run was made by giving Multi30k's English and French train and val files to
+# `--train` and `--valid`, which at 29,000 pairs chooses the same settings as `--langs en fr`; its notes and scores are stored with the book:
 
 # %%
 en_fr = book_data("multi30k_en_fr.json")  # the run's notes and scores (chapter 18's data)
@@ -699,14 +724,14 @@ assert all(e["bleu"] > 30 for e in en_fr["results"]), "the French model should t
 #
 # | training pairs | model and vocabulary | dropout | warm-up | when to stop |
 # |---|---|---|---|---|
-# | tens of thousands (Multi30k) | chapter 21's small model, one joint subword vocabulary of a few thousand pieces, tied embeddings | the paper's rate at the paper's sites (chapter 21) | a small part of a short run: the rate peaks when warm-up ends, and the paper's long warm-up would leave little of the run at the peak | once validation BLEU flattens; average the last epochs (chapter 16) |
+# | tens of thousands (Multi30k) | chapter 21's small model, one joint subword vocabulary of a few thousand pieces, tied embeddings | the paper's rate at the paper's sites (chapter 21) | about a quarter of a short run: the rate peaks when warm-up ends, and the paper's long warm-up would leave little of the run at the peak | once validation BLEU flattens; average the last epochs (chapter 16) |
 # | tens to hundreds of thousands | grow width and depth with the text, but tuned studies found smaller, shallower models, stronger dropout and fewer subword merges than the paper's better at this size {cite}`sennrich2019revisiting,araabi2020optimizing` | above the paper's rate at the small end | as for Multi30k until runs grow long | by validation BLEU, checked every epoch |
 # | millions (WMT) | the paper's base or big model and a shared vocabulary of tens of thousands of pieces {cite}`vaswani2017attention` | the paper's | the paper's | long runs keep paying off {cite}`popel2018training`; average the last checkpoints, as the paper does |
 #
 # Two rules hold at every size. The schedule needs a run well past its warm-up, which is why
-# `annotated-transformer train` refuses a run that would spend less than a fifth of its steps after the peak;
-# and the choice among settings is made on the validation set, with the test set read once at
-# the end.
+# `annotated-transformer train` refuses a run that would spend less than a fifth of its steps
+# after the peak; and the choice among settings is made on the validation set, with the test set
+# read once at the end.
 
 # %% [markdown]
 # ## What the numbers show, and what they do not

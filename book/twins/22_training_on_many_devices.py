@@ -2,8 +2,8 @@
 # # Training on many devices
 #
 # Chapter 14 trained the shipped model with one command,
-# `annotated-transformer train --config cpu --threads 1`. The same command trains on several GPUs of one machine, or on several machines, with PyTorch's
-# `DistributedDataParallel` (DDP): every device holds a copy of the model and trains on its own
+# `annotated-transformer train --config cpu --threads 1`. The same command trains on several GPUs
+# of one machine, or on several machines, with PyTorch's `DistributedDataParallel` (DDP): every device holds a copy of the model and trains on its own
 # share of the batches, and the copies stay equal because each takes the same averaged gradient
 # step. This chapter grows Part II's data loader and training loop for that. Four rules carry it:
 # every process gets an equal share of the batches, the loss is divided by the tokens of all
@@ -185,8 +185,7 @@ assert not set(indices[0]) & set(indices[1]) and len(set(indices[0] + indices[1]
 # Chapter 14's `train_epoch` and `evaluate` run chapter 8's `run_groups` in one process. Many
 # processes need three hooks in that loop, and a progress bar a fourth. This chapter grows
 # `run_groups` with them, as keyword arguments whose defaults give chapter 8's loop, and grows
-# `train_epoch` and `evaluate` to pass them (appendix {doc}`appendix_infrastructure` describes
-# how the book grows a definition).
+# `train_epoch` and `evaluate` to pass them.
 #
 # **Gradient averaging.** DDP keeps a full copy of the model on each of the $R$ ranks
 # {cite}`li2020pytorch`. Every rank computes gradients on its own batch; during `backward` DDP
@@ -213,15 +212,11 @@ assert not set(indices[0]) & set(indices[1]) and len(set(indices[0] + indices[1]
 # the forward pass runs under `torch.autocast(dtype=torch.bfloat16)` (the new `forward_context`):
 # matrix multiplications take 16-bit inputs, while reductions such as softmax and the loss, the
 # weights and the optimizer state stay float32 {cite}`micikevicius2018mixed`. bfloat16 keeps
-# float32's exponent range, so no loss scaling is needed {cite}`kalamkar2019study`.
-# `autocast_dtype_for` asks for the compute capability, because
-# `torch.cuda.is_bf16_supported()` also says yes on older GPUs that only emulate bfloat16. On a
-# CPU, autocast runs only when the run asks for it (`cpu_bf16=True`) and the CPU computes
-# bfloat16 natively (appendix {doc}`appendix_performance`).
+# float32's exponent range, so no loss scaling is needed {cite}`kalamkar2019study`. On a
+# CPU it runs only when asked (`cpu_bf16=True`) and the CPU computes bfloat16 natively (appendix
+# {doc}`appendix_performance`).
 #
-# **Progress.** With `bar` (a tqdm bar that rank 0 passes), `after_group` moves the bar once per
-# optimizer step and shows the running loss per token, the tokens per second and the learning
-# rate.
+# **Progress.** `after_group` moves rank 0's tqdm bar (`bar`) once per optimizer step.
 #
 # The test suite checks that two processes take the same steps as one process on the same
 # global batches.
@@ -402,13 +397,26 @@ def evaluate(
 # ## The worker
 #
 # `train_worker` is everything one process does, from its rank to its last checkpoint. It sets up
-# its device and process group, builds the vocabularies on rank 0 and sends them to the other
-# ranks, takes its share of the batches, builds the model from the same seed as every other rank,
-# resumes from rank 0's checkpoint when asked, and then trains, validates and saves, epoch by
-# epoch, with the loop above. Checks between these steps stop every rank at once, with one clear
-# error, when a rank holds other data or other weights. That is plumbing: appendix
-# {doc}`appendix_distributed` lists the worker, with the rules of its checkpoint folder, resuming
-# inside an epoch, and what to do when a machine dies. One of its steps belongs here.
+# its device and process group, gets rank 0's vocabularies, takes its share of the batches, builds
+# the model from the same seed as every other rank, resumes from rank 0's checkpoint when asked,
+# and trains, validates and saves, epoch by epoch, with the loop above; checks between these steps
+# stop every rank at once, with one clear error, when a rank holds other data or other weights.
+# Appendix {doc}`appendix_distributed` lists it, with the rules of its checkpoint folder and resuming
+# inside an epoch.
+#
+# Each rank here keeps the whole training text and its ids in Python lists, which suits
+# Multi30k; at the paper's 4.5 million pairs {cite}`vaswani2017attention` every rank would hold
+# all of it. With `--corpus-dir DIR` every process still reads the text and trains the subword
+# vocabulary, but rank 0 alone encodes it, into flat arrays in DIR; every rank maps those files
+# (one copy in memory per machine) and cuts batches from the stored lengths, so a rank's own
+# memory grows much more slowly than the text (appendix {doc}`appendix_data` prints it at up to
+# the paper's size). DIR, like the checkpoint folder, must be on storage that every machine sees.
+# For WMT's English-German, sized as chapter 18 describes:
+#
+# ```bash
+# torchrun --nproc_per_node=8 -m annotated_transformer_cli train --train train.en train.de \
+#     --valid dev.en dev.de --corpus-dir /shared/ids --max-tokens 4096
+# ```
 #
 # ## Steps are optimizer steps
 #
@@ -421,8 +429,8 @@ def evaluate(
 #
 # A preset with `batch_tokens` fixes the global batch instead. `config_for_devices` (appendix
 # {doc}`appendix_performance`) picks the `accum_iter` that comes nearest it for the devices
-# present; where that would overshoot the batch, each device takes an equal share of it, and `warmup` is scaled to count the same tokens.
-# A preset whose budget per device is its whole batch, as `gpu`'s is, thus keeps its padded
+# present; where that would overshoot the batch, each device takes an equal share of it, and
+# `warmup` is scaled to count the same tokens. A preset whose budget per device is its whole batch, as `gpu`'s is, thus keeps its padded
 # batch, warm-up and peak on any number of devices; its real tokens a step vary a little. The
 # `base` preset with `batch_tokens` keeps the paper's peak rate: its `lr_factor` shrinks by the
 # square root of `batch_tokens` / 4,096, its own budget, which undoes the shorter warm-up's rise.
@@ -457,8 +465,8 @@ def schedule_steps(config: TrainConfig, *, batches_per_epoch: int, world_size: i
 
 # %% [markdown]
 # The `base` preset's schedule on one GPU and on eight, and `cpu`'s, counted on Multi30k's own
-# sentence lengths: each of the eight GPUs gets an eighth of the micro-batches, and the warm-up shrinks
-# with the number of steps.
+# sentence lengths: each of the eight GPUs gets an eighth of the micro-batches, and the warm-up
+# shrinks with the number of steps.
 
 # %%
 tokenizers = load_tokenizers()
@@ -523,16 +531,15 @@ for devices in (1, 8):
 # process drives one GPU and the processes talk through NCCL; without GPUs they share the CPU and
 # talk through gloo, which runs the same code on any machine (the tests run it so).
 # On several machines PyTorch's launcher `torchrun` starts the processes and sets `RANK`,
-# `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR` and `MASTER_PORT` for each; `annotated-transformer train` notices
-# and calls `train_worker` directly. The commands:
+# `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR` and `MASTER_PORT` for each; `annotated-transformer
+# train` notices and calls `train_worker` directly. The commands:
 #
 # ```bash
 # annotated-transformer train --config cpu               # one CPU process
-# annotated-transformer train --config cpu --threads 1   # the same on a machine shared with others
 # annotated-transformer train --config base --devices 4  # four GPUs: batch x4, peak x2
 # # one GPU, 25,000 padded tokens (accum 6):
 # annotated-transformer train --config base --batch-tokens 25000
-# # eight GPUs: batch x8, peak x2.8 (torchrun starts Python, so the command runs as a module, -m):
+# # eight GPUs: batch x8, peak x2.8 (-m: torchrun starts Python):
 # torchrun --nproc_per_node=8 -m annotated_transformer_cli train --config base
 # # two machines with 8 GPUs each; the same command on both, meeting on the first:
 # torchrun --nnodes=2 --nproc_per_node=8 --max-restarts=3 --rdzv-backend=c10d \
@@ -540,13 +547,13 @@ for devices in (1, 8):
 #     --config base
 # ```
 #
-# An interrupted run continues with the same command plus `--resume`; a fresh run into a folder
-# that holds a checkpoint needs `--overwrite`. Under `torchrun` with `--max-restarts`, a process
-# that dies makes the launcher restart all of them, and they continue from the last checkpoint by
-# themselves; appendix {doc}`appendix_distributed` says what a failure costs and what to do when
-# a whole machine is lost. The test suite runs these paths on one CPU, with two `torchrun` agents
-# as two simulated machines: they must end with the weights of one process trained on the same
-# global batches, also when a worker is killed in the middle of an epoch.
+# Under `torchrun` with `--max-restarts`, a process that dies makes the launcher restart all of
+# them, and they continue from the last checkpoint by themselves; appendix
+# {doc}`appendix_distributed` says what a failure costs and what to do when a whole machine is
+# lost. The test suite runs `train_worker` under `torchrun` on one CPU, with two agents as two
+# simulated machines: they must end with the weights of one process trained on the same global
+# batches, also when a worker is killed in the middle of an epoch; the command, restarted, must
+# continue its run.
 
 # %% tags=["export"]
 import os
@@ -646,9 +653,7 @@ assert history[-1]["val_loss"] < history[0]["val_loss"]
 shutil.rmtree(demo_dir)
 
 # %% [markdown]
-# Each line gives the epoch's training loss, the validation loss, perplexity and greedy BLEU,
-# the speed, and the training time so far with an estimate of the time left. Look for the validation loss falling from one epoch to the
-# next; a run this small shows that the system works, not how well it translates. Appendix
+# Each line is one epoch. Look for the validation loss falling from one epoch to the next; a run this small shows that the system works, not how well it translates. Appendix
 # {doc}`appendix_distributed` trains the same tiny model, stops it, resumes it, translates with it
 # and ships it.
 
@@ -659,4 +664,4 @@ shutil.rmtree(demo_dir)
 # batches, divides its loss by the tokens of all ranks, exchanges gradients once per optimizer
 # step, and counts its schedule in those steps. `train_worker` runs that loop alone, under
 # `spawn` on one machine or under `torchrun` on many, on CPUs or GPUs. Part IV goes beyond the
-# paper, starting with attention seen as message passing on a graph.
+# paper.

@@ -32,6 +32,7 @@ from the_annotated_transformer import (
     TokenBudgetSampler,
     TrainConfig,
     Vocab,
+    book_data,
     collate_to_batch,
     config_for_devices,
     download_file,
@@ -407,7 +408,10 @@ def length_histogram(pairs: Sequence[tuple[Sequence[str], Sequence[str]]], *, ti
 # table's rows, the model is smaller and dropout 0.3 (the table says only "above the paper's
 # rate at the small end"); chapter 21's model, already smaller and shallower than the paper's,
 # serves up to a million pairs, and the table's last row, millions, gets the paper's base model
-# and its 4,000-step warm-up at 25,000 padded tokens a step. The vocabulary grows with the square
+# and its 4,000-step warm-up at 25,000 padded tokens a step; `warmup` counts micro-batches, so
+# the rule takes the micro-batch the run will use (`max_tokens`: `cpu_fast_dropout`'s, or the
+# command's `--max-tokens`, a GPU's larger one), and on one device the run warms up for 4,000
+# steps to the paper's peak with either. The vocabulary grows with the square
 # root of the text (the book's rule, within the table's "fewer merges" for less text). Fewer
 # pairs than Multi30k's get a warm-up that covers the same share of the text and more epochs, up
 # to about as many optimizer steps as the Multi30k run; at every size `lr_factor` keeps the
@@ -423,11 +427,14 @@ from typing import Any
 SMALL_CORPUS, HUGE_CORPUS = 10_000, 1_000_000
 
 
-def config_for_corpus(pairs: int) -> list[tuple[dict[str, Any], str]]:
+def config_for_corpus(pairs: int, *, max_tokens: int | None = None
+                      ) -> list[tuple[dict[str, Any], str]]:
     """The TrainConfig fields that depend on how many training pairs there are, in groups,
     each with its reason: the book's extrapolation of the directions in chapter 18's table,
     anchored at Multi30k's size, which gets cpu_fast_dropout's values. Every size peaks at
-    Multi30k's rate, which is also the paper's (6.99e-4)."""
+    Multi30k's rate, which is also the paper's (6.99e-4). max_tokens: the micro-batch that
+    the run's devices will take (None: cpu_fast_dropout's), which the paper's warm-up steps
+    are counted in from HUGE_CORPUS pairs on."""
     if isinstance(pairs, bool) or not isinstance(pairs, int) or pairs < 1:
         raise ValueError(f"pairs must be a positive integer, got {pairs!r}")
     anchor, recipe = MULTI30K_SPLITS["train"], training_config("cpu_fast_dropout")
@@ -460,11 +467,12 @@ def config_for_corpus(pairs: int) -> list[tuple[dict[str, Any], str]]:
     # 4) the warm-up and the peak rate, factor x d_model^-0.5 x warmup^-0.5 (rate): lr_factor
     # keeps the peak where Multi30k's is (and the paper's: 1 x 512^-0.5 x 4000^-0.5 is the same)
     if pairs >= HUGE_CORPUS:
-        accum = round(25_000 / recipe.max_tokens)  # micro-batches in one step of 25,000 tokens
+        micro = max_tokens or recipe.max_tokens
+        accum = max(1, round(25_000 / micro))  # micro-batches in one step of 25,000 tokens
         choices.append(({"batch_tokens": 25_000, "warmup": 4_000 * accum, "lr_factor": 1.0},
                         f"from {HUGE_CORPUS:,} pairs, the paper's 4,000 warm-up steps and factor "
                         f"1, so its peak rate, at 25,000 padded tokens a step ({accum} "
-                        f"micro-batches of {recipe.max_tokens}; the paper's step held about "
+                        f"micro-batches of {micro}; the paper's step held about "
                         "25,000 source and 25,000 target tokens, without padding)"))
     else:
         warmup = max(1, round(recipe.warmup * min(1.0, scale)))
@@ -1298,9 +1306,37 @@ with tempfile.TemporaryDirectory() as folder:
 # refuses a corpus that was cut at another `max_len` or encoded with another model than the run's,
 # and encodes only the validation pairs in memory. `annotated-transformer train --corpus-dir DIR`
 # takes this path: the first process encodes the training pairs into `DIR` once, with the run's
-# subword models, before any rank loads data, and later runs on the same text reuse the folder. `tools/bench_data.py` measures this path on generated corpora up to the
-# paper's size: the memory and time of encoding, the size on disk, and each rank's memory while it
-# draws batches; its results are in `book/data/bench_data_cpu.json`.
+# subword models, before any rank loads data, and later runs on the same text reuse the folder.
+
+# %% [markdown]
+# `tools/bench_data.py` measured this path on generated corpora of 0.1, 1 and 4.5 million pairs,
+# each step in a fresh process (`book/data/bench_data_cpu.json`): the size on disk, the speed and
+# peak memory of encoding and of training sentencepiece on its sample, and what one rank holds
+# while it draws batches, in its own memory and in mapped pages of the corpus, which every rank
+# shares. The machine was shared with other work, so the speeds are rough.
+
+# %%
+bench = book_data("bench_data_cpu.json")  # written by tools/bench_data.py
+machine, settings = bench["machine"], bench["settings"]
+print(f"{machine['cpu']}, {machine['cores']} cores, one thread; a rank is 1 of "
+      f"{settings['ranks']}, batches of {settings['max_tokens']} padded tokens")
+print(f"{'pairs':>10} {'on disk':>8} {'encoding':>11} {'its peak':>9} "
+      f"{'sentencepiece peak':>19} {'a rank: own':>12} {'mapped':>7}")
+for size in bench["sizes"]:
+    print(f"{size['pairs_read']:>10,} {size['disk_mb']:>5.0f} MB {size['pairs_per_s']:>7,}/s "
+          f"{size['encode_peak_mb']:>6.0f} MB {size['subwords_peak_mb']:>16.0f} MB "
+          f"{size['rank_private_mb']:>9.0f} MB {size['rank_mapped_mb']:>4.0f} MB")
+largest = max(bench["sizes"], key=lambda size: size["pairs_read"])
+assert largest["pairs_read"] >= 4_500_000, "the benchmark should reach the paper's size"
+assert largest["rank_private_mb"] + largest["rank_mapped_mb"] < 1_000, "a rank's data under 1 GB"
+
+# %% [markdown]
+# Look at what grows with the text and what does not. The files on disk and a rank's mapped
+# pages grow in proportion to the pairs, and the mapped pages are one copy for all the ranks of a
+# machine. Encoding's peak stays flat, because it holds one chunk of lines at a time, and
+# sentencepiece's stops growing once the text passes its sample's cap. A rank's own memory, the
+# offsets and lengths of the pairs and its batches, grows with the pairs too, but at the paper's
+# size the rank's data stays under a gigabyte.
 
 # %% tags=["export"]
 from typing import Any
@@ -1340,6 +1376,6 @@ def load_encoded_data(process: Process, config: TrainConfig,
              "rank": process.rank, "seed": config.seed}
     train_loader = corpus_loader(corpus, shuffle=True, **shard)
     val_loader = multi30k_loader(val_data, shuffle=False, **shard)
-    # the training pairs that max_len left out were counted (and said) when it was encoded
+    # the training pairs that max_len left out were counted when the corpus was encoded
     return RunData(vocab_src, vocab_tgt, train_loader, val_loader, list(pairs["val"]),
-                   (None, None), (0, len(pairs["val"]) - len(val_data)))
+                   (None, None), (header["dropped"], len(pairs["val"]) - len(val_data)))

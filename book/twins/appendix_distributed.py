@@ -935,9 +935,13 @@ def train_worker(
                   f"{plan['steps_per_epoch']}), warm-up {plan['warmup']} steps", flush=True)
         if process.rank == 0 and any(data.left_out):  # said even without progress
             (train, val), total = data.left_out, len(split_pairs["train"])
+            when = ""
+            if isinstance(split_pairs["train"], EncodedCorpus):  # counted at its encoding
+                total = split_pairs["train"].header["read"]
+                when = f" when {split_pairs['train'].folder} was encoded"
             print(f"left out, longer than max_len={config.max_len} tokens with <s> and </s>: "
-                  f"{train:,} of {total:,} training pairs ({train / total:.1%}) and {val:,} "
-                  f"of {len(split_pairs['val']):,} validation pairs", flush=True)
+                  f"{train:,} of {total:,} training pairs ({train / total:.1%}){when} and "
+                  f"{val:,} of {len(split_pairs['val']):,} validation pairs", flush=True)
         run = build_training(process, config, len(data.vocab_src), len(data.vocab_tgt),
                              warmup=plan["warmup"], total=plan["total_steps"])
         resume_run(process, config, run, resuming=resuming)
