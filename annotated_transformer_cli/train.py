@@ -313,8 +313,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="processes on this machine: GPUs if there are any, else CPU processes")
     parser.add_argument("--epochs", type=int, help="train until this many epochs are done")
     parser.add_argument("--max-tokens", type=int,
-                        help="padded tokens per micro-batch on EACH device (not shared among "
-                             "devices); one optimizer step sees processes x accum-iter x this")
+                        help="padded tokens per micro-batch on EACH device, at most (not shared "
+                             "among devices; batch_tokens, given or sized, may lower it to fit "
+                             "the step); one "
+                             "optimizer step sees processes x accum-iter x this")
     parser.add_argument("--accum-iter", type=int,
                         help="micro-batches accumulated per optimizer step on each device")
     parser.add_argument("--batch-tokens", type=int,
@@ -336,7 +338,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "arrays, reused while they match the text and the vocabulary) and "
                              "let every process map them, instead of each process encoding the "
                              "text itself: for corpora of millions of pairs (--train is then "
-                             "read from its files as it is needed, never held in memory; every "
+                             "read from its files as it is needed, never held in memory, "
+                             "--clean keeping 8 bytes a pair while it checks; every "
                              "process still reads the text and trains the vocabulary; on "
                              "several machines DIR must be shared, as --checkpoint-dir must)")
     parser.add_argument("--save-every", type=int, default=0, metavar="N",
@@ -486,7 +489,8 @@ def read_train(args: argparse.Namespace
     """--train's pairs; with --clean, less the bad ones, and the line that counts them (also
     kept in args.cleaning for the model folder's info.json). With --corpus-dir they are
     StreamedPairs, read from the files each time they are needed: the command's memory does
-    not grow with the text."""
+    not grow with the text, except --clean's 8-byte key a kept pair (and a byte a line) while
+    it checks."""
     limits = {"max_chars": args.clean_max_chars or MAX_CHARS,
               "max_ratio": args.clean_max_ratio or MAX_RATIO}
     if args.corpus_dir is not None:
@@ -527,12 +531,12 @@ def sized_settings(pairs: int, overrides: dict[str, Any]) -> tuple[dict[str, Any
     """config_for_corpus's fields for a text of this many pairs, less those given on the
     command line, and one line for each group: the values and the reason, less the clauses of
     the reason about a given field (validation BLEU with --set bleu_every=0), and the given
-    fields named. A given max_tokens is the micro-batch that the sized warm-up is counted in."""
+    fields named. A given max_tokens is the micro-batch, and a given accum_iter the step, that
+    the sized warm-up is counted in."""
     settings, notes = {}, []
-    for fields, why in config_for_corpus(pairs, max_tokens=overrides.get("max_tokens")):
+    for fields, why in config_for_corpus(pairs, max_tokens=overrides.get("max_tokens"),
+                                         accum_iter=overrides.get("accum_iter")):
         kept = {name: value for name, value in fields.items() if name not in overrides}
-        if "batch_tokens" in kept and "accum_iter" in overrides:
-            kept.pop("batch_tokens")
         if not kept:
             continue
         settings |= kept

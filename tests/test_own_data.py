@@ -474,14 +474,19 @@ def test_config_for_corpus_keeps_the_papers_peak_rate_and_prints_true_reasons(pa
     assert (config.dropout == 0.3) == (pairs < 10_000) == ("three times" in reasons)
 
 
-@pytest.mark.parametrize("max_tokens", [None, 4096, 8192])
-def test_a_given_max_tokens_keeps_the_papers_warm_up_steps_and_peak_at_wmt_size(max_tokens):
+@pytest.mark.parametrize("max_tokens,accum_iter", [(None, None), (4096, None), (8192, None),
+                                                   (32768, None), (65536, None), (None, 8),
+                                                   (4096, 3), (None, 1)])
+def test_a_given_max_tokens_keeps_the_papers_warm_up_steps_and_peak_at_wmt_size(max_tokens,
+                                                                                 accum_iter):
     """From a million pairs the sized warm-up is counted in the micro-batches that the run
-    takes: --max-tokens (a GPU's larger micro-batch) keeps 4,000 warm-up steps and the
+    takes: --max-tokens (a GPU's larger micro-batch, one above 25,000 cut to the step) or
+    --accum-iter (a step of that many micro-batches) keeps 4,000 warm-up steps and the
     paper's peak on one device, and the note says what it counts in."""
     from annotated_transformer_cli.train import sized_settings
 
-    given = {} if max_tokens is None else {"max_tokens": max_tokens}
+    given = {name: value for name, value in (("max_tokens", max_tokens),
+                                             ("accum_iter", accum_iter)) if value is not None}
     settings, notes = sized_settings(4_500_000, given)
     config = tat.config_for_devices(tat.training_config("cpu_fast_dropout", **settings, **given),
                                     1)
@@ -489,8 +494,15 @@ def test_a_given_max_tokens_keeps_the_papers_warm_up_steps_and_peak_at_wmt_size(
     assert warmup == 4_000 and config.lr_factor == 1.0 and config.d_model == 512
     assert tat.rate(warmup, config.d_model, config.lr_factor, warmup) == pytest.approx(
         512**-0.5 * 4_000**-0.5)
-    micro = max_tokens or tat.training_config("cpu_fast_dropout").max_tokens
-    assert f"({config.accum_iter} micro-batches of {micro};" in " ".join(notes)
+    note = " ".join(notes)
+    if accum_iter is None:  # the step is 25,000 tokens of the micro-batches the device takes
+        micro = "micro-batch" if config.accum_iter == 1 else "micro-batches"
+        assert f"25,000 padded tokens a step ({config.accum_iter} {micro} of " \
+               f"{config.max_tokens};" in note
+        assert config.max_tokens == min(max_tokens or 750, 25_000)
+    else:
+        assert config.batch_tokens == 0 and config.accum_iter == accum_iter
+        assert f"at {accum_iter} micro-batch" in note and "25,000 padded" not in note
 
 
 def test_train_says_once_how_many_pairs_are_longer_than_max_len(data, tmp_path, capfd):
