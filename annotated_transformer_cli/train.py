@@ -36,8 +36,9 @@ vocabulary settings are the same.
 
 A run can also stop before its last epoch: after --max-updates optimizer steps, after
 --max-minutes of training, or after --patience validations without a new best BLEU (each also
-a --set field; 0, the default, is no limit). A stopped run is a finished one (last.pt, best.pt,
-the model folder) that says why it stopped; --resume with a larger limit continues it.
+a --set field; 0, the default, is no limit). A stopped run is a finished one (last.pt, best.pt
+with validation BLEU, the model folder) that says why it stopped; --resume with a larger
+limit continues it.
 
 Under torchrun (which sets RANK and WORLD_SIZE) each process trains directly; otherwise
 --devices processes are started here: one per GPU, or CPU processes talking through gloo.
