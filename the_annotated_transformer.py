@@ -6336,14 +6336,15 @@ from typing import Any
 SMALL_CORPUS, HUGE_CORPUS = 10_000, 1_000_000
 
 
-def config_for_corpus(pairs: int, *, max_tokens: int | None = None
-                      ) -> list[tuple[dict[str, Any], str]]:
+def config_for_corpus(pairs: int, *, max_tokens: int | None = None,
+                      accum_iter: int | None = None) -> list[tuple[dict[str, Any], str]]:
     """The TrainConfig fields that depend on how many training pairs there are, in groups,
     each with its reason: the book's extrapolation of the directions in chapter 18's table,
-    anchored at Multi30k's size, which gets cpu_fast_dropout's values. Every size peaks at
-    Multi30k's rate, which is also the paper's (6.99e-4). max_tokens: the micro-batch that
-    the run's devices will take (None: cpu_fast_dropout's), which the paper's warm-up steps
-    are counted in from HUGE_CORPUS pairs on."""
+    anchored at Multi30k's size, which gets cpu_fast_dropout's values. On one device every
+    size peaks at Multi30k's rate, which is also the paper's (6.99e-4).
+    max_tokens: the micro-batch that the run's devices will take (None: cpu_fast_dropout's),
+    which the paper's warm-up steps are counted in from HUGE_CORPUS pairs on; accum_iter: a
+    step of that many micro-batches instead of 25,000 tokens (None: batch_tokens sets it)."""
     if isinstance(pairs, bool) or not isinstance(pairs, int) or pairs < 1:
         raise ValueError(f"pairs must be a positive integer, got {pairs!r}")
     anchor, recipe = MULTI30K_SPLITS["train"], training_config("cpu_fast_dropout")
@@ -6377,12 +6378,21 @@ def config_for_corpus(pairs: int, *, max_tokens: int | None = None
     # keeps the peak where Multi30k's is (and the paper's: 1 x 512^-0.5 x 4000^-0.5 is the same)
     if pairs >= HUGE_CORPUS:
         micro = max_tokens or recipe.max_tokens
-        accum = max(1, round(25_000 / micro))  # micro-batches in one step of 25,000 tokens
-        choices.append(({"batch_tokens": 25_000, "warmup": 4_000 * accum, "lr_factor": 1.0},
+        if accum_iter:  # the given accumulation makes the step: accum_iter micro-batches
+            accum, share, step = accum_iter, micro, {}
+            size = f"{accum} micro-batch{'es' * (accum > 1)} of {micro} padded tokens a step"
+        else:  # micro-batches in one step of 25,000 tokens, a larger one cut to 25,000
+            accum = max(1, round(25_000 / micro))
+            share = min(micro, 25_000 // accum)  # each micro-batch, as config_for_devices cuts it
+            step = {"batch_tokens": 25_000}
+            size = (f"25,000 padded tokens a step ({accum} micro-batch{'es' * (accum > 1)} of "
+                    f"{share}; the paper's step held about 25,000 source and 25,000 target "
+                    "tokens, without padding)")
+        # warmup counts micro-batches of max_tokens, which config_for_devices scales by
+        # max_tokens / share where it cuts them: 4,000 steps of accum micro-batches after it
+        choices.append((step | {"warmup": round(4_000 * accum * share / micro), "lr_factor": 1.0},
                         f"from {HUGE_CORPUS:,} pairs, the paper's 4,000 warm-up steps and factor "
-                        f"1, so its peak rate, at 25,000 padded tokens a step ({accum} "
-                        f"micro-batches of {micro}; the paper's step held about "
-                        "25,000 source and 25,000 target tokens, without padding)"))
+                        f"1, so its peak rate on one device, at {size}"))
     else:
         warmup = max(1, round(recipe.warmup * min(1.0, scale)))
         lr_factor = round(recipe.lr_factor * math.sqrt(warmup / recipe.warmup)
@@ -6897,7 +6907,7 @@ class EncodedCorpus:
                              f"{self.header['pairs']} pairs that {CORPUS_HEADER} counts")
         self.pairs = len(src_lengths) if pairs is None else min(pairs, len(src_lengths))
         self.src_lengths, self.tgt_lengths = src_lengths[: self.pairs], tgt_lengths[: self.pairs]
-        # where each pair's ids start: the only arrays a process holds (8 bytes a pair a side)
+        # where each pair's ids start, in the process's own memory (8 bytes a pair a side)
         self.src_starts = np.concatenate([[0], np.cumsum(self.src_lengths, dtype=np.int64)])
         self.tgt_starts = np.concatenate([[0], np.cumsum(self.tgt_lengths, dtype=np.int64)])
 
@@ -6939,7 +6949,8 @@ from torch.utils.data import DataLoader, Sampler
 
 class StoredLengthSampler(Sampler[list[int]]):
     """TokenBudgetSampler's batches, the same ones, computed with numpy from length arrays:
-    no Python object per example, so a rank's batches of millions of pairs stay small."""
+    no Python object per example in the batches (check_token_budget walks the lengths once as
+    lists), so a rank's batches of millions of pairs stay small."""
 
     def __init__(self, src_lengths: Sequence[int], tgt_lengths: Sequence[int], *, max_tokens: int,
                  pool_size: int | None = None, shuffle: bool = True, seed: int = 0,

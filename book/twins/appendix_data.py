@@ -398,7 +398,8 @@ def length_histogram(pairs: Sequence[tuple[Sequence[str], Sequence[str]]], *, ti
 # %% [markdown]
 # ## Settings for your own data
 #
-# `annotated-transformer train --train SRC TGT --valid SRC TGT` trains on a text of any size, and the settings
+# `annotated-transformer train --train SRC TGT --valid SRC TGT` trains on a text of any size
+# (from about a million pairs, with `--corpus-dir`, below), and the settings
 # that suit Multi30k do not suit them all: a few hundred pairs are spread thin over 8,000
 # subwords, and a run on them would end before a 2,000-step warm-up does. Chapter 18's table of
 # settings by data size says in which direction each setting moves; `config_for_corpus` is this
@@ -409,13 +410,18 @@ def length_histogram(pairs: Sequence[tuple[Sequence[str], Sequence[str]]], *, ti
 # rate at the small end"); chapter 21's model, already smaller and shallower than the paper's,
 # serves up to a million pairs, and the table's last row, millions, gets the paper's base model
 # and its 4,000-step warm-up at 25,000 padded tokens a step; `warmup` counts micro-batches, so
-# the rule takes the micro-batch the run will use (`max_tokens`: `cpu_fast_dropout`'s, or the
-# command's `--max-tokens`, a GPU's larger one), and on one device the run warms up for 4,000
-# steps to the paper's peak with either. The vocabulary grows with the square
+# the rule takes the micro-batch the run will use (`max_tokens`: `cpu_fast_dropout`'s 750 tokens,
+# a CPU's, unless the command's `--max-tokens` gives a GPU's larger one, such as 4096), and on one
+# device the run warms up for 4,000 steps to the paper's peak with either (a given `--accum-iter`
+# makes the step that many micro-batches instead of 25,000 tokens; a micro-batch above 25,000
+# tokens is cut to 25,000). The vocabulary grows with the square
 # root of the text (the book's rule, within the table's "fewer merges" for less text). Fewer
 # pairs than Multi30k's get a warm-up that covers the same share of the text and more epochs, up
 # to about as many optimizer steps as the Multi30k run; at every size `lr_factor` keeps the
-# rate's peak where Multi30k's is, which is also the paper's. Each choice comes with its reason,
+# rate's peak, on one device, where Multi30k's is, which is also the paper's. On $R$ devices
+# below a million pairs, chapter 22's rule divides the warm-up by $R$, so the peak rises
+# $\sqrt{R}$ times; from a million pairs `batch_tokens` fixes the global step, and the warm-up and
+# peak stay about the paper's. Each choice comes with its reason,
 # which the training script prints. These are starting points, not settings tuned on each size:
 # `--set` changes any of them, and `--config` trains a preset as it is.
 
@@ -427,14 +433,15 @@ from typing import Any
 SMALL_CORPUS, HUGE_CORPUS = 10_000, 1_000_000
 
 
-def config_for_corpus(pairs: int, *, max_tokens: int | None = None
-                      ) -> list[tuple[dict[str, Any], str]]:
+def config_for_corpus(pairs: int, *, max_tokens: int | None = None,
+                      accum_iter: int | None = None) -> list[tuple[dict[str, Any], str]]:
     """The TrainConfig fields that depend on how many training pairs there are, in groups,
     each with its reason: the book's extrapolation of the directions in chapter 18's table,
-    anchored at Multi30k's size, which gets cpu_fast_dropout's values. Every size peaks at
-    Multi30k's rate, which is also the paper's (6.99e-4). max_tokens: the micro-batch that
-    the run's devices will take (None: cpu_fast_dropout's), which the paper's warm-up steps
-    are counted in from HUGE_CORPUS pairs on."""
+    anchored at Multi30k's size, which gets cpu_fast_dropout's values. On one device every
+    size peaks at Multi30k's rate, which is also the paper's (6.99e-4).
+    max_tokens: the micro-batch that the run's devices will take (None: cpu_fast_dropout's),
+    which the paper's warm-up steps are counted in from HUGE_CORPUS pairs on; accum_iter: a
+    step of that many micro-batches instead of 25,000 tokens (None: batch_tokens sets it)."""
     if isinstance(pairs, bool) or not isinstance(pairs, int) or pairs < 1:
         raise ValueError(f"pairs must be a positive integer, got {pairs!r}")
     anchor, recipe = MULTI30K_SPLITS["train"], training_config("cpu_fast_dropout")
@@ -468,12 +475,21 @@ def config_for_corpus(pairs: int, *, max_tokens: int | None = None
     # keeps the peak where Multi30k's is (and the paper's: 1 x 512^-0.5 x 4000^-0.5 is the same)
     if pairs >= HUGE_CORPUS:
         micro = max_tokens or recipe.max_tokens
-        accum = max(1, round(25_000 / micro))  # micro-batches in one step of 25,000 tokens
-        choices.append(({"batch_tokens": 25_000, "warmup": 4_000 * accum, "lr_factor": 1.0},
+        if accum_iter:  # the given accumulation makes the step: accum_iter micro-batches
+            accum, share, step = accum_iter, micro, {}
+            size = f"{accum} micro-batch{'es' * (accum > 1)} of {micro} padded tokens a step"
+        else:  # micro-batches in one step of 25,000 tokens, a larger one cut to 25,000
+            accum = max(1, round(25_000 / micro))
+            share = min(micro, 25_000 // accum)  # each micro-batch, as config_for_devices cuts it
+            step = {"batch_tokens": 25_000}
+            size = (f"25,000 padded tokens a step ({accum} micro-batch{'es' * (accum > 1)} of "
+                    f"{share}; the paper's step held about 25,000 source and 25,000 target "
+                    "tokens, without padding)")
+        # warmup counts micro-batches of max_tokens, which config_for_devices scales by
+        # max_tokens / share where it cuts them: 4,000 steps of accum micro-batches after it
+        choices.append((step | {"warmup": round(4_000 * accum * share / micro), "lr_factor": 1.0},
                         f"from {HUGE_CORPUS:,} pairs, the paper's 4,000 warm-up steps and factor "
-                        f"1, so its peak rate, at 25,000 padded tokens a step ({accum} "
-                        f"micro-batches of {micro}; the paper's step held about "
-                        "25,000 source and 25,000 target tokens, without padding)"))
+                        f"1, so its peak rate on one device, at {size}"))
     else:
         warmup = max(1, round(recipe.warmup * min(1.0, scale)))
         lr_factor = round(recipe.lr_factor * math.sqrt(warmup / recipe.warmup)
@@ -977,12 +993,14 @@ for coverage in (1.0, 0.9995):
 # Chapter 14 keeps every training pair's ids as Python lists, and chapter 22's ranks each encode
 # and sort the whole text themselves. At Multi30k's size that costs little. The paper's WMT 2014
 # English-German set has 4.5 million sentence pairs {cite}`vaswani2017attention`, and there
-# lists of Python integers take memory in proportion to the text, on every rank. The path below is the
+# lists of Python integers take memory in proportion to the text, on every rank: by arithmetic,
+# a Python integer and its slot in a list take about 36 bytes an id, 18 times the two bytes an id
+# of the encoded files measured below: some 8 GB a rank at that size. The path below is the
 # one that binarized data sets take in fairseq {cite}`ott2019fairseq`: encode the text once, store
 # the ids as compact arrays on disk, and let every rank map the same files.
 #
-# `encode_corpus` reads the two sides line by line (`read_lines` opens a plain or gzipped file),
-# encodes a chunk of lines at a time with the sentencepiece model, and appends the ids of the pairs
+# `encode_corpus` takes the two sides as iterables of lines (`read_lines` streams a plain or
+# gzipped file; the train command streams `--train`'s files), encodes a chunk of lines at a time with the sentencepiece model, and appends the ids of the pairs
 # that fit `max_len` to one flat array per side, with each pair's length beside them. Pairs that do
 # not fit are left out and counted, as `filter_by_length` counts them. The ids are `uint16` (two
 # bytes each) when the vocabulary has at most 65,536 pieces. A header, `corpus.json`, is written
@@ -1104,8 +1122,8 @@ def encode_corpus(
 # `EncodedCorpus` opens such a folder with `numpy.load(mmap_mode="r")`: the arrays are mapped,
 # not read. `corpus[i]` reads pair $i$'s ids from the mapped pages when a batch asks for them, and
 # the operating system keeps one copy of each page in memory for all the processes that map the
-# file. Of the corpus, a rank holds in its own memory only where each pair starts (eight bytes a
-# pair a side). Sent to another
+# file. A rank's own memory holds where each pair starts (eight bytes a pair a side), the pairs'
+# lengths and its batches, but none of the ids. Sent to another
 # process, the corpus travels as its folder's name, and that process maps the files itself.
 
 # %% tags=["export"]
@@ -1144,7 +1162,7 @@ class EncodedCorpus:
                              f"{self.header['pairs']} pairs that {CORPUS_HEADER} counts")
         self.pairs = len(src_lengths) if pairs is None else min(pairs, len(src_lengths))
         self.src_lengths, self.tgt_lengths = src_lengths[: self.pairs], tgt_lengths[: self.pairs]
-        # where each pair's ids start: the only arrays a process holds (8 bytes a pair a side)
+        # where each pair's ids start, in the process's own memory (8 bytes a pair a side)
         self.src_starts = np.concatenate([[0], np.cumsum(self.src_lengths, dtype=np.int64)])
         self.tgt_starts = np.concatenate([[0], np.cumsum(self.tgt_lengths, dtype=np.int64)])
 
@@ -1182,7 +1200,8 @@ class EncodedCorpus:
 # shuffle of the batches draw the same random numbers, and a batch is cut where the next example
 # would push its padded size over `max_tokens`. In a pool sorted by the longer side, a batch's
 # padded size is its size times its last example's longer side, so each cut is one vectorized
-# comparison instead of a Python loop over the examples. `corpus_loader` is `multi30k_loader` for
+# comparison instead of a Python loop over the examples (only the first check of the lengths,
+# `check_token_budget`'s, still walks them as Python lists). `corpus_loader` is `multi30k_loader` for
 # an encoded corpus.
 
 # %% tags=["export"]
@@ -1195,7 +1214,8 @@ from torch.utils.data import DataLoader, Sampler
 
 class StoredLengthSampler(Sampler[list[int]]):
     """TokenBudgetSampler's batches, the same ones, computed with numpy from length arrays:
-    no Python object per example, so a rank's batches of millions of pairs stay small."""
+    no Python object per example in the batches (check_token_budget walks the lengths once as
+    lists), so a rank's batches of millions of pairs stay small."""
 
     def __init__(self, src_lengths: Sequence[int], tgt_lengths: Sequence[int], *, max_tokens: int,
                  pool_size: int | None = None, shuffle: bool = True, seed: int = 0,
@@ -1302,18 +1322,28 @@ with tempfile.TemporaryDirectory() as folder:
 
 # %% [markdown]
 # `train_worker` trains on an encoded corpus when `pairs["train"]` is an `EncodedCorpus`:
-# `load_data` then hands over to `load_encoded_data`, which takes the corpus's own subword model,
-# refuses a corpus that was cut at another `max_len` or encoded with another model than the run's,
-# and encodes only the validation pairs in memory. `annotated-transformer train --corpus-dir DIR`
+# `load_data` then hands over to `load_encoded_data`, which takes the corpus's own subword models
+# (a resumed run refuses a corpus encoded with other models than its checkpoint's), refuses a
+# corpus cut at another `max_len` than the run's, or with one vocabulary per side for a run that
+# shares one, and encodes only the validation pairs in memory. `annotated-transformer train --corpus-dir DIR`
 # takes this path: the first process encodes the training pairs into `DIR` once, with the run's
 # subword models, before any rank loads data, and later runs on the same text reuse the folder.
+# That saves the encoding only: every process of every run still reads the whole text once, to
+# check and hash it, and trains the subword model on its sample (which must come out the same as
+# the folder's), so eight processes on one machine pay sentencepiece's time and memory, below,
+# eight times. On several machines `DIR` must be on storage that all of them see, like the
+# checkpoint folder; a process that never sees rank 0 begin encoding stops after `CORPUS_WAIT_S`
+# with one line naming `DIR`.
 
 # %% [markdown]
-# `tools/bench_data.py` measured this path on generated corpora of 0.1, 1 and 4.5 million pairs,
+# `tools/bench_data.py` measured this path on generated corpora of 0.1, 1 and 4.5 million pairs
+# (made-up lower-case words from a fixed list a language, with Zipf-like frequencies),
 # each step in a fresh process (`book/data/bench_data_cpu.json`): the size on disk, the speed and
 # peak memory of encoding and of training sentencepiece on its sample, and what one rank holds
 # while it draws batches, in its own memory and in mapped pages of the corpus, which every rank
-# shares. The machine was shared with other work, so the speeds are rough.
+# shares. The machine was shared with other work, so the speeds are rough. Real text, with hundreds of
+# characters and far more word types, makes sentencepiece's training slower and larger, so its
+# column is a lower bound.
 
 # %%
 bench = book_data("bench_data_cpu.json")  # written by tools/bench_data.py
@@ -1333,7 +1363,8 @@ assert largest["rank_private_mb"] + largest["rank_mapped_mb"] < 1_000, "a rank's
 # %% [markdown]
 # Look at what grows with the text and what does not. The files on disk and a rank's mapped
 # pages grow in proportion to the pairs, and the mapped pages are one copy for all the ranks of a
-# machine. Encoding's peak stays flat, because it holds one chunk of lines at a time, and
+# machine. Encoding's peak stays nearly flat: it holds one chunk of lines at a time, and only the kept
+# pairs' lengths (two bytes a pair a side) grow; and
 # sentencepiece's stops growing once the text passes its sample's cap. A rank's own memory, the
 # offsets and lengths of the pairs and its batches, grows with the pairs too, but at the paper's
 # size the rank's data stays under a gigabyte.

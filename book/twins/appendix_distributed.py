@@ -89,9 +89,11 @@ enable_book_charts()
 #    continues from `last.pt` when there is one.
 # 3. **`load_data`: vocabularies and batches.** Rank 0 builds the vocabularies (or, resuming,
 #    reads them from its folder) and sends them to the other ranks, which may run on machines
-#    that cannot see rank 0's files. Each rank encodes its sentence pairs and takes its share of
-#    the batches; pairs longer than `max_len` are left out (chapter 14's `filter_by_length`),
-#    and rank 0 prints how many of each split when there are any. Chapter 22's
+#    that cannot see rank 0's files. Each rank encodes all the sentence pairs and takes its share
+#    of the batches (given an `EncodedCorpus`, it maps training pairs encoded once instead:
+#    {doc}`appendix_data`); pairs longer than `max_len` are left out (chapter 14's
+#    `filter_by_length`), and rank 0 prints how many of each split when there are any (for an
+#    encoded corpus, the training count made when it was encoded). Chapter 22's
 #    `schedule_steps` then counts the run's optimizer steps.
 # 4. **`build_training`: model, optimizer, schedule, loss.** Every rank seeds the generator
 #    identically before building the model, so all copies start from the same weights. The
@@ -145,9 +147,13 @@ enable_book_charts()
 # the same steps and computes the same BLEU; for the clock the ranks take the slowest one's time
 # (one small all-reduce at each check, only with `max_minutes`), so that all of them stop at the
 # same step. A stop inside an epoch validates the weights it stopped with, writes `best.pt` when they
-# score best, and writes `last.pt` marked with the micro-batches done, like a checkpoint inside an
+# score best (with `bleu_every` above 0), and writes `last.pt` marked with the micro-batches done, like a checkpoint inside an
 # epoch, together with the rule and the reason. The learning-rate schedule follows `epochs`, not
-# the limit, so a run resumed with a larger limit goes on where it stopped.
+# the limit, so a run resumed with a larger limit goes on where it stopped (with as many
+# processes, when it stopped inside an epoch). Nothing in this appendix runs a `StopRule`:
+# `tests/test_cleaning_and_stopping.py` checks these claims, from exactly `max_updates` steps and
+# a resumed run that goes on as if it had not stopped to two processes that stop at the same
+# update.
 #
 # The same function runs in three ways: called directly for one process, started by
 # `train_distributed`, or started by `torchrun`, in which case it reads `RANK`, `WORLD_SIZE` and

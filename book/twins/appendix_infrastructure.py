@@ -66,10 +66,11 @@ from the_annotated_transformer import (
 # vocabulary: two fields and the `cpu_subword` preset, a `subwords` option of
 # `read_vocabularies`, and a sentencepiece branch inside `multi30k_vocabularies`,
 # `encode_examples`, `encode_text` and `decode_text`, whose signatures do not change; chapter 21's
-# recipe grows `TrainConfig` and the presets again ({doc}`appendix_performance` defines it), by `fast`, `decay`, `cpu_bf16`, `paper_dropout`
-# and the `cpu_fast` and `cpu_fast_dropout` presets; {doc}`appendix_data` grows `TrainConfig` by
-# three fields for subword vocabularies of large corpora and other scripts, and
-# `multi30k_vocabularies` with them. The
+# recipe grows `TrainConfig` and the presets again ({doc}`appendix_performance` defines it), by
+# `fast`, `decay`, `cpu_bf16`, `paper_dropout`, `batch_tokens` and the `cpu_fast` and
+# `cpu_fast_dropout` presets; that class also holds three fields for {doc}`appendix_data`'s
+# subword vocabularies of large corpora, and the data appendix grows `multi30k_vocabularies`
+# with them. The
 # module's signatures, each parameter (or field) with the chapter that brought it:
 
 # %%
@@ -88,8 +89,8 @@ grown_in = {  # the parameters a later chapter added, with that chapter
     "beam_search": {"use_cache": 21},
     "TrainConfig": {"subwords": 17, "share_embeddings": 17, "fast": 21, "decay": 21,
                     "cpu_bf16": 21, "paper_dropout": 21, "batch_tokens": 21,
-                    "subword_sentences": "appendix_data", "character_coverage": "appendix_data",
-                    "share_vocab": "appendix_data"},
+                    **dict.fromkeys(["subword_sentences", "character_coverage", "share_vocab"],
+                                    "appendix_performance (for appendix_data)")},
     "read_vocabularies": {"subwords": 17},
 }
 for function in [greedy_decode, run_groups, TokenBudgetSampler, train_epoch, evaluate,
