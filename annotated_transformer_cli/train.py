@@ -559,6 +559,30 @@ def sized_settings(pairs: int, overrides: dict[str, Any]) -> tuple[dict[str, Any
     return settings, notes
 
 
+def schedule_warning(pairs: int, config: TrainConfig, world_size: int,
+                     overrides: dict[str, Any]) -> str | None:
+    """One line when the run's warm-up (in optimizer steps) or peak rate is more than 5% from
+    what config_for_corpus sized for this many pairs on one device (a step of world_size x
+    accum_iter micro-batches walks the warm-up in that many times fewer steps, and peaks
+    sqrt of that higher), with the --set warmup that restores both; None when they hold or
+    warmup, lr_factor or d_model was given."""
+    if overrides.keys() & {"warmup", "lr_factor", "d_model"}:
+        return None
+    sized = {name: value for group, _ in config_for_corpus(pairs) for name, value in group.items()}
+    aim = config_for_devices(training_config(DEFAULT_CONFIG, **sized), 1)
+    aim_warmup = max(1, round(aim.warmup / aim.accum_iter))
+    k = world_size * config.accum_iter
+    warmup = max(1, round(config.warmup / k))
+    peak, aim_peak = (config.lr_factor * config.d_model**-0.5 * steps**-0.5
+                      for steps in (warmup, aim_warmup))
+    if abs(warmup / aim_warmup - 1) <= 0.05 and abs(peak / aim_peak - 1) <= 0.05:
+        return None
+    return (f"warning: warm-up {warmup:,} optimizer steps and peak rate {peak:.3g}, where the "
+            f"sizing aimed at {aim_warmup:,} and {aim_peak:.3g}: each step takes {world_size} "
+            f"device(s) x accum_iter {config.accum_iter} micro-batches; --set "
+            f"warmup={aim_warmup * k} keeps the aim")
+
+
 def prepare(args: argparse.Namespace, world_size: int
             ) -> tuple[TrainConfig, tuple[str, str], dict | None, list[str]]:
     """The configuration, the languages, the sentence pairs (None: Multi30k) and the lines
@@ -625,6 +649,9 @@ def prepare(args: argparse.Namespace, world_size: int
             notes.insert(0, f"sized for {len(train):,} training pairs (config_for_corpus; "
                             "--set changes any setting, --config takes a preset as it is):")
         config = config_for_devices(config, world_size)  # batch_tokens: the same global batch
+        warning = schedule_warning(len(train), config, world_size, overrides) if sized else None
+        if warning:
+            notes.append(warning)
         if not config.subwords and languages != MULTI30K_LANGUAGES:
             raise BadInput(
                 f"--config {name} has word vocabularies, which need spaCy's German and "

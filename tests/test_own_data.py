@@ -3,6 +3,7 @@ English-French pairs of Multi30k), then annotated-transformer translate and anno
 evaluate on its model folder; and every bad input refused in one line with exit status 2 before
 anything trains."""
 
+import dataclasses
 import gzip
 import importlib
 import io
@@ -503,6 +504,40 @@ def test_a_given_max_tokens_keeps_the_papers_warm_up_steps_and_peak_at_wmt_size(
     else:
         assert config.batch_tokens == 0 and config.accum_iter == accum_iter
         assert f"at {accum_iter} micro-batch" in note and "25,000 padded" not in note
+
+
+@pytest.mark.parametrize("pairs,given,devices,warned", [
+    (4_500_000, {"max_tokens": 4096, "accum_iter": 2}, 8, (500, 1.98e-3, 4_000)),
+    (4_500_000, {"max_tokens": 4096, "accum_iter": 2}, 1, None),
+    (4_500_000, {"max_tokens": 4096}, 8, None),
+    (100_000, {"accum_iter": 4}, 1, (500, 1.40e-3, 2_000)),
+    (100_000, {}, 8, (250, 1.98e-3, 2_000)),
+    (100_000, {}, 1, None), (400, {}, 1, None)])
+def test_train_warns_when_devices_or_accum_iter_move_the_sized_warm_up_and_peak(
+        pairs, given, devices, warned):
+    """The sized reasons hold on one device (and below a million pairs without --accum-iter);
+    a run whose step takes more micro-batches than that gets one line with its own warm-up and
+    peak, and the --set warmup that brings both back to the aim."""
+    from annotated_transformer_cli.train import schedule_warning, sized_settings
+
+    settings, notes = sized_settings(pairs, given)
+    config = tat.config_for_devices(tat.training_config("cpu_fast_dropout", **settings, **given),
+                                    devices)
+    line = schedule_warning(pairs, config, devices, given)
+    if warned is None:
+        assert line is None
+        return
+    steps, peak, aim = warned
+    assert line.startswith(f"warning: warm-up {steps:,} optimizer steps and peak rate {peak:.3g}, "
+                           f"where the sizing aimed at {aim:,} and 0.000699")
+    warmup = int(line.rsplit("--set warmup=", 1)[1].split()[0])
+    fixed = dataclasses.replace(config, warmup=warmup)  # no batch_tokens: nothing rescales it
+    plan = tat.schedule_steps(fixed, batches_per_epoch=10**6, world_size=devices)
+    assert plan["warmup"] == aim
+    assert tat.rate(aim, fixed.d_model, fixed.lr_factor, aim) == pytest.approx(6.99e-4, rel=0.01)
+    assert schedule_warning(pairs, config, devices, given | {"warmup": warmup}) is None
+    if pairs < 1_000_000 and "accum_iter" in given:  # the printed reason says its condition
+        assert "on one device without accum_iter" in " ".join(notes)
 
 
 def test_train_says_once_how_many_pairs_are_longer_than_max_len(data, tmp_path, capfd):
