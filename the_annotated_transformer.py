@@ -6340,8 +6340,9 @@ def config_for_corpus(pairs: int, *, max_tokens: int | None = None,
                       accum_iter: int | None = None) -> list[tuple[dict[str, Any], str]]:
     """The TrainConfig fields that depend on how many training pairs there are, in groups,
     each with its reason: the book's extrapolation of the directions in chapter 18's table,
-    anchored at Multi30k's size, which gets cpu_fast_dropout's values. On one device every
-    size peaks at Multi30k's rate, which is also the paper's (6.99e-4).
+    anchored at Multi30k's size, which gets cpu_fast_dropout's values. On one device, and
+    below HUGE_CORPUS pairs without accum_iter, every size peaks at Multi30k's rate, which is
+    also the paper's (6.99e-4).
     max_tokens: the micro-batch that the run's devices will take (None: cpu_fast_dropout's),
     which the paper's warm-up steps are counted in from HUGE_CORPUS pairs on; accum_iter: a
     step of that many micro-batches instead of 25,000 tokens (None: batch_tokens sets it)."""
@@ -6390,9 +6391,10 @@ def config_for_corpus(pairs: int, *, max_tokens: int | None = None,
                     "tokens, without padding)")
         # warmup counts micro-batches of max_tokens, which config_for_devices scales by
         # max_tokens / share where it cuts them: 4,000 steps of accum micro-batches after it
+        where = "on one device, " if accum_iter else ""  # R devices: R x accum_iter a step
         choices.append((step | {"warmup": round(4_000 * accum * share / micro), "lr_factor": 1.0},
-                        f"from {HUGE_CORPUS:,} pairs, the paper's 4,000 warm-up steps and factor "
-                        f"1, so its peak rate on one device, at {size}"))
+                        f"from {HUGE_CORPUS:,} pairs, {where}the paper's 4,000 warm-up steps and "
+                        f"factor 1, so its peak rate on one device, at {size}"))
     else:
         warmup = max(1, round(recipe.warmup * min(1.0, scale)))
         lr_factor = round(recipe.lr_factor * math.sqrt(warmup / recipe.warmup)
@@ -6401,7 +6403,8 @@ def config_for_corpus(pairs: int, *, max_tokens: int | None = None,
                  if pairs < anchor else "kept, so that it covers a smaller share of more text")
         choices.append(({"warmup": warmup, "lr_factor": lr_factor},
                         f"{recipe.warmup:,} warm-up micro-batches at {anchor:,} pairs, {share}; "
-                        "lr_factor keeps the peak rate where Multi30k's is"))
+                        "lr_factor keeps the peak rate where Multi30k's is, on one device "
+                        "without accum_iter"))
     # 5) the run: Multi30k's optimizer steps for less text (at most 100 epochs), its epochs
     # for more; validation BLEU about as often per run as Multi30k's
     epochs = recipe.epochs if pairs >= anchor else min(100, round(recipe.epochs / scale))

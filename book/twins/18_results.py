@@ -657,11 +657,15 @@ context
 # tokens and the paper's warm-up, from a million. So they do not follow the table's second row, which
 # grows the model with the text and raises dropout at its small end; only the vocabulary, and
 # below Multi30k's size the warm-up and the epochs, follow the number of pairs. Nothing of WMT's
-# size has been trained with them, and what such a run costs is not measured. On GPUs, give a
-# larger micro-batch with `--max-tokens` (chapter 22): from a million pairs the warm-up is
-# counted in it, so the run still warms up for about the paper's 4,000 steps {cite}`vaswani2017attention`.
+# size has been trained with them, and what such a run costs is not measured. From a million
+# pairs, on GPUs, give a larger micro-batch with `--max-tokens` (chapter 22; on $R$ GPUs each
+# takes at most a $1/R$ share of that step): the warm-up is counted in it, so
+# the run still warms up for about the paper's 4,000 steps {cite}`vaswani2017attention`. Below a
+# million, the sized warm-up is a fixed number of micro-batches, so a larger one shortens the run
+# but not the warm-up, and can get the run refused (below); keep 750 tokens there, or lower
+# `warmup` with `--set`.
 #
-# It builds one joint sentencepiece vocabulary from the training side, trains, averages the last two epochs, and writes a model
+# It builds one joint sentencepiece vocabulary from both languages of the training pairs, trains, averages the last two epochs, and writes a model
 # folder that `annotated-transformer translate` and `evaluate` read as they read the shipped
 # models. Pairs longer than `max_len=72` pieces on either side, `<s>` and `</s>` included, are
 # left out of training, and the run says how many; Multi30k has none (chapter 17). `--set
@@ -726,7 +730,7 @@ assert all(e["bleu"] > 30 for e in en_fr["results"]), "the French model should t
 # |---|---|---|---|---|
 # | tens of thousands (Multi30k) | chapter 21's small model, one joint subword vocabulary of a few thousand pieces, tied embeddings | the paper's rate at the paper's sites (chapter 21) | about a quarter of a short run: the rate peaks when warm-up ends, and the paper's long warm-up would leave little of the run at the peak | once validation BLEU flattens; average the last epochs (chapter 16) |
 # | tens to hundreds of thousands | grow width and depth with the text, but tuned studies found smaller, shallower models, stronger dropout and fewer subword merges than the paper's better at this size {cite}`sennrich2019revisiting,araabi2020optimizing` | above the paper's rate at the small end | as for Multi30k until runs grow long | by validation BLEU, checked every epoch |
-# | millions (WMT) | the paper's base or big model and a shared vocabulary of tens of thousands of pieces {cite}`vaswani2017attention` | the paper's | the paper's | long runs keep paying off {cite}`popel2018training`; average the last checkpoints, as the paper does |
+# | millions (WMT) | the paper's base or big model and a shared vocabulary of tens of thousands of pieces {cite}`vaswani2017attention` | the paper's | the paper's | long runs keep paying off {cite}`popel2018training`; average the last checkpoints: the paper's last 5, written at 10-minute intervals {cite}`vaswani2017attention`, where the sized run here keeps Multi30k's 11 epochs and averages the last `keep_epochs` epoch ends (2) |
 #
 # Two rules hold at every size. The schedule needs a run well past its warm-up, which is why
 # `annotated-transformer train` refuses a run that would spend less than a fifth of its steps

@@ -3,9 +3,8 @@
 #
 # Chapter 14 trained the shipped model with one command,
 # `annotated-transformer train --config cpu --threads 1`. The same command trains on several GPUs
-# of one machine, or on several machines, with PyTorch's `DistributedDataParallel` (DDP): every device holds a copy of the model and trains on its own
-# share of the batches, and the copies stay equal because each takes the same averaged gradient
-# step. This chapter grows Part II's data loader and training loop for that. Four rules carry it:
+# of one machine, or on several machines, with PyTorch's `DistributedDataParallel` (DDP): every device trains its own copy of the model on
+# its share of the batches, and every copy takes the same averaged gradient step. This chapter grows Part II's data loader and training loop for that. Four rules carry it:
 # every process gets an equal share of the batches, the loss is divided by the tokens of all
 # processes, gradients are exchanged once per optimizer step, and the schedule counts optimizer
 # steps.
@@ -401,21 +400,22 @@ def evaluate(
 # the model from the same seed as every other rank, resumes from rank 0's checkpoint when asked,
 # and trains, validates and saves, epoch by epoch, with the loop above; checks between these steps
 # stop every rank at once, with one clear error, when a rank holds other data or other weights.
-# Appendix {doc}`appendix_distributed` lists it, with the rules of its checkpoint folder and resuming
-# inside an epoch.
+# Appendix {doc}`appendix_distributed` lists it, with its checkpoint folder's rules.
 #
 # Each rank here keeps the whole training text and its ids in Python lists, which suits
 # Multi30k; at the paper's 4.5 million pairs {cite}`vaswani2017attention` every rank would hold
-# all of it. With `--corpus-dir DIR` every process still reads the text and trains the subword
-# vocabulary, but rank 0 alone encodes it, into flat arrays in DIR; every rank maps those files
-# (one copy in memory per machine) and cuts batches from the stored lengths, so a rank's own
-# memory grows much more slowly than the text (appendix {doc}`appendix_data` prints it at up to
-# the paper's size). DIR, like the checkpoint folder, must be on storage that every machine sees.
-# For WMT's English-German, sized as chapter 18 describes:
+# all of it. With `--corpus-dir DIR` rank 0 alone encodes the text, into flat arrays in DIR;
+# every rank maps those files (one copy in memory per machine) and cuts batches from the stored
+# lengths, so a rank's own memory grows much more slowly than the text (appendix
+# {doc}`appendix_data` prints it at up to the paper's size). DIR, like the checkpoint folder, must
+# be on storage that every machine sees. Under torchrun every process still reads the text and
+# trains the vocabulary; `--devices 8` does that once, on one machine, without torchrun's
+# restarts. For WMT's English-German on one machine, sized as chapter 18 describes (pairs over 72
+# pieces are left out, long test sources cut: `--set max_len=N`):
 #
 # ```bash
-# torchrun --nproc_per_node=8 -m annotated_transformer_cli train --train train.en train.de \
-#     --valid dev.en dev.de --corpus-dir /shared/ids --max-tokens 4096
+# annotated-transformer train --devices 8 --train train.en train.de \
+#     --valid dev.en dev.de --corpus-dir ids --max-tokens 4096
 # ```
 #
 # ## Steps are optimizer steps
@@ -527,7 +527,7 @@ for devices in (1, 8):
 # ## Many processes
 #
 # On one machine, `train_distributed` starts one process per device with
-# `torch.multiprocessing.spawn`, after choosing a free port for them to meet on. With GPUs each
+# `torch.multiprocessing.spawn`. With GPUs each
 # process drives one GPU and the processes talk through NCCL; without GPUs they share the CPU and
 # talk through gloo, which runs the same code on any machine (the tests run it so).
 # On several machines PyTorch's launcher `torchrun` starts the processes and sets `RANK`,

@@ -412,17 +412,24 @@ def length_histogram(pairs: Sequence[tuple[Sequence[str], Sequence[str]]], *, ti
 # and its 4,000-step warm-up at 25,000 padded tokens a step; `warmup` counts micro-batches, so
 # the rule takes the micro-batch the run will use (`max_tokens`: `cpu_fast_dropout`'s 750 tokens,
 # a CPU's, unless the command's `--max-tokens` gives a GPU's larger one, such as 4096), and on one
-# device the run warms up for 4,000 steps to the paper's peak with either (a given `--accum-iter`
-# makes the step that many micro-batches instead of 25,000 tokens; a micro-batch above 25,000
-# tokens is cut to 25,000). The vocabulary grows with the square
+# device the run warms up for 4,000 steps to the paper's peak with either (a micro-batch above
+# 25,000 tokens is cut to 25,000, and on $R$ devices to at most 25,000 / $R$). A given `--accum-iter`
+# makes the step that many micro-batches on each device instead of 25,000 tokens, which keeps
+# that warm-up and peak on one device only: on $R$ devices the step holds $R$ times as many, the
+# warm-up is 4,000 / $R$ steps and the peak $\sqrt{R}$ times higher. The vocabulary grows with the square
 # root of the text (the book's rule, within the table's "fewer merges" for less text). Fewer
 # pairs than Multi30k's get a warm-up that covers the same share of the text and more epochs, up
 # to about as many optimizer steps as the Multi30k run; at every size `lr_factor` keeps the
-# rate's peak, on one device, where Multi30k's is, which is also the paper's. On $R$ devices
-# below a million pairs, chapter 22's rule divides the warm-up by $R$, so the peak rises
-# $\sqrt{R}$ times; from a million pairs `batch_tokens` fixes the global step, and the warm-up and
-# peak stay about the paper's. Each choice comes with its reason,
-# which the training script prints. These are starting points, not settings tuned on each size:
+# rate's peak, on one device (and below a million pairs without `--accum-iter`), where
+# Multi30k's is, which is also the paper's. Below a million pairs the warm-up is a number of
+# micro-batches whatever their size: a larger `--max-tokens` shortens the run but not its
+# warm-up, and can get it refused, so keep 750 tokens there or lower `warmup`; and a step
+# of $k$ micro-batches ($R$ devices times `--accum-iter`) divides the warm-up by $k$,
+# by chapter 22's rule, so the peak rises $\sqrt{k}$ times. From a million pairs without
+# `--accum-iter`, `batch_tokens` fixes the global step, and the warm-up and peak stay about the
+# paper's. Each choice comes with its reason, which the training script prints, and a run whose
+# warm-up or peak is more than 5% from the one its sizing aimed at, with `warmup`, `lr_factor` and
+# `d_model` left to the sizing, gets a warning with the `--set warmup` that restores both. These are starting points, not settings tuned on each size:
 # `--set` changes any of them, and `--config` trains a preset as it is.
 
 # %% tags=["export"]
@@ -437,8 +444,9 @@ def config_for_corpus(pairs: int, *, max_tokens: int | None = None,
                       accum_iter: int | None = None) -> list[tuple[dict[str, Any], str]]:
     """The TrainConfig fields that depend on how many training pairs there are, in groups,
     each with its reason: the book's extrapolation of the directions in chapter 18's table,
-    anchored at Multi30k's size, which gets cpu_fast_dropout's values. On one device every
-    size peaks at Multi30k's rate, which is also the paper's (6.99e-4).
+    anchored at Multi30k's size, which gets cpu_fast_dropout's values. On one device, and
+    below HUGE_CORPUS pairs without accum_iter, every size peaks at Multi30k's rate, which is
+    also the paper's (6.99e-4).
     max_tokens: the micro-batch that the run's devices will take (None: cpu_fast_dropout's),
     which the paper's warm-up steps are counted in from HUGE_CORPUS pairs on; accum_iter: a
     step of that many micro-batches instead of 25,000 tokens (None: batch_tokens sets it)."""
@@ -487,9 +495,10 @@ def config_for_corpus(pairs: int, *, max_tokens: int | None = None,
                     "tokens, without padding)")
         # warmup counts micro-batches of max_tokens, which config_for_devices scales by
         # max_tokens / share where it cuts them: 4,000 steps of accum micro-batches after it
+        where = "on one device, " if accum_iter else ""  # R devices: R x accum_iter a step
         choices.append((step | {"warmup": round(4_000 * accum * share / micro), "lr_factor": 1.0},
-                        f"from {HUGE_CORPUS:,} pairs, the paper's 4,000 warm-up steps and factor "
-                        f"1, so its peak rate on one device, at {size}"))
+                        f"from {HUGE_CORPUS:,} pairs, {where}the paper's 4,000 warm-up steps and "
+                        f"factor 1, so its peak rate on one device, at {size}"))
     else:
         warmup = max(1, round(recipe.warmup * min(1.0, scale)))
         lr_factor = round(recipe.lr_factor * math.sqrt(warmup / recipe.warmup)
@@ -498,7 +507,8 @@ def config_for_corpus(pairs: int, *, max_tokens: int | None = None,
                  if pairs < anchor else "kept, so that it covers a smaller share of more text")
         choices.append(({"warmup": warmup, "lr_factor": lr_factor},
                         f"{recipe.warmup:,} warm-up micro-batches at {anchor:,} pairs, {share}; "
-                        "lr_factor keeps the peak rate where Multi30k's is"))
+                        "lr_factor keeps the peak rate where Multi30k's is, on one device "
+                        "without accum_iter"))
     # 5) the run: Multi30k's optimizer steps for less text (at most 100 epochs), its epochs
     # for more; validation BLEU about as often per run as Multi30k's
     epochs = recipe.epochs if pairs >= anchor else min(100, round(recipe.epochs / scale))
@@ -1123,7 +1133,7 @@ def encode_corpus(
 # not read. `corpus[i]` reads pair $i$'s ids from the mapped pages when a batch asks for them, and
 # the operating system keeps one copy of each page in memory for all the processes that map the
 # file. A rank's own memory holds where each pair starts (eight bytes a pair a side), the pairs'
-# lengths and its batches, but none of the ids. Sent to another
+# lengths, a permutation of all pairs and the epoch's batches of every rank, but none of the ids. Sent to another
 # process, the corpus travels as its folder's name, and that process maps the files itself.
 
 # %% tags=["export"]
@@ -1328,10 +1338,12 @@ with tempfile.TemporaryDirectory() as folder:
 # shares one, and encodes only the validation pairs in memory. `annotated-transformer train --corpus-dir DIR`
 # takes this path: the first process encodes the training pairs into `DIR` once, with the run's
 # subword models, before any rank loads data, and later runs on the same text reuse the folder.
-# That saves the encoding only: every process of every run still reads the whole text once, to
-# check and hash it, and trains the subword model on its sample (which must come out the same as
-# the folder's), so eight processes on one machine pay sentencepiece's time and memory, below,
-# eight times. On several machines `DIR` must be on storage that all of them see, like the
+# That saves the encoding only: each run still reads the whole text, to check and hash it, and,
+# unless it resumes, reads it again to draw sentencepiece's sample and trains the subword model
+# on it (which must come out the same as the folder's). Under torchrun every process does this,
+# so eight processes on one machine pay sentencepiece's time and memory, below, eight times;
+# `--devices 8` pays them once, in the process that starts the others, but only torchrun
+# restarts a failed process. On several machines `DIR` must be on storage that all of them see, like the
 # checkpoint folder; a process that never sees rank 0 begin encoding stops after `CORPUS_WAIT_S`
 # with one line naming `DIR`.
 
