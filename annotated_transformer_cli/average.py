@@ -13,7 +13,6 @@ translates the Multi30k validation and 2016 Flickr test sets greedily and scores
 sacreBLEU, as chapter 14 does.
 """
 
-import argparse
 import datetime
 import json
 import shlex
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from annotated_transformer_cli.translate import OneLineParser
 from the_annotated_transformer import (
     TrainConfig,
     average_checkpoints,
@@ -87,8 +87,8 @@ def record(results: Path, entry: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="annotated-transformer average",
-                                     description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="annotated-transformer average",
+                           description=__doc__.splitlines()[0])
     parser.add_argument("checkpoints", nargs="+", type=Path,
                         help="checkpoint files of one run (epoch_NNN.pt, last.pt or model.pt)")
     parser.add_argument("--output", type=Path, help="write the averaged model to this file")
@@ -109,7 +109,10 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as folder:
         output = args.output or Path(folder) / "average.pt"
-        write_average(args.checkpoints, output)
+        try:  # missing, truncated or mismatched checkpoints: one line, not a traceback
+            write_average(args.checkpoints, output)
+        except (OSError, ValueError) as err:
+            parser.exit(2, f"{parser.prog}: error: {' '.join(str(err).split())}\n")
         print(f"averaged {len(args.checkpoints)} checkpoint(s)"
               + (f" into {args.output}" if args.output else ""))
         if not args.bleu:

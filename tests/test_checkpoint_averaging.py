@@ -1,6 +1,8 @@
 """Checkpoint averaging (chapter 16): the mean of state dicts, its checks, and the script."""
 
 import json
+import subprocess
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -179,3 +181,15 @@ def test_script_records_results_by_name(tmp_path):
     assert json.loads(results.read_text())["results"] == [
         {"name": "b", "scores": 2}, {"name": "a", "scores": 3}
     ]
+
+
+@pytest.mark.parametrize("args", [["{missing}", "--output", "{out}"], []])
+def test_average_command_refuses_in_one_line_and_writes_nothing(tmp_path, args):
+    """A missing checkpoint or no checkpoint at all: one line on stderr, exit 2, no output."""
+    words = [a.format(missing=tmp_path / "epoch_001.pt", out=tmp_path / "avg.pt") for a in args]
+    done = subprocess.run([sys.executable, "-m", "annotated_transformer_cli", "average", *words],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    [line] = done.stderr.splitlines()
+    assert line.startswith("annotated-transformer average: error: ")
+    assert not (tmp_path / "avg.pt").exists()
